@@ -1,0 +1,26 @@
+"""dtc, the distributed training compiler.
+
+The pipeline is a chain of pure stages over frozen types:
+``load_spec -> lower -> solve -> render`` (Spec -> Problem -> Plan -> ArtifactSet);
+``write_artifacts`` is the only disk writer.
+"""
+from compiler.spec.load import load_spec
+from compiler.problem import lower
+
+__all__ = ["load_spec", "lower", "solve", "render", "compile_spec", "write_artifacts"]
+
+
+def __getattr__(name: str):  # lazy: the solver and renderers are heavier than the spec layer
+    if name == "solve":
+        from compiler.solver import solve
+        return solve
+    if name == "render":
+        from compiler.render import render
+        return render
+    if name == "compile_spec":
+        from compiler.pipeline import compile_spec
+        return compile_spec
+    if name == "write_artifacts":
+        from compiler.artifacts import write_artifacts
+        return write_artifacts
+    raise AttributeError(name)

@@ -1,0 +1,87 @@
+"""The `dtc` command line: thin commands over the pipeline Spec -> Problem -> Plan -> Artifacts.
+
+Every command turns a ``DtcError`` into its rendered diagnostics on stderr and
+exit code 2 (or 3 for internal errors); any other exception is a bug and is
+reported as INTERNAL ERROR with exit code 3, never as a bare traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+import traceback
+
+import click
+
+from compiler.errors import EXIT_CODES_HELP, DtcError, ExitCode
+
+# name -> (module, attribute) of every subcommand, in --help order. Modules are imported
+# only when their command runs, so `dtc validate` never pays for torch or the solver.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("compiler.commands.validate", "validate_command"),
+    "compile": ("compiler.commands.compile", "compile_command"),
+    "plan": ("compiler.commands.plan", "plan_command"),
+    "estimate": ("compiler.commands.estimate", "estimate_command"),
+    "check": ("compiler.commands.check", "check_command"),
+    "diff": ("compiler.commands.diff", "diff_command"),
+    "smoke": ("compiler.commands.smoke", "smoke_command"),
+    "schema": ("compiler.commands.schema", "schema_command"),
+    "catalog": ("compiler.commands.catalog", "catalog_command"),
+}
+
+
+class DtcGroup(click.Group):
+    """A lazily-loading click group whose commands report DtcErrors and bugs with dtc's exit codes."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DtcError as exc:
+            click.echo(exc.render(), err=True)
+            ctx.exit(int(exc.exit_code))
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug
+            ctx.exit(report_internal_error(exc))
+
+
+def report_internal_error(exc: BaseException) -> int:
+    fd, path = tempfile.mkstemp(prefix="dtc-internal-error-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exception(exc, file=f)
+    click.echo(f"INTERNAL ERROR: {type(exc).__name__}: {exc}\n"
+               f"This is a bug in dtc; please report it with the traceback saved to {path}", err=True)
+    return int(ExitCode.INTERNAL_ERROR)
+
+
+@click.group(cls=DtcGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EXIT_CODES_HELP)
+@click.version_option(package_name="dtc", prog_name="dtc")
+def cli() -> None:
+    """dtc, the distributed training compiler.
+
+    One YAML spec (model, tokens, GPUs, budget) -> the best parallel layout under an
+    explicit cost model -> DeepSpeed JSON, FSDP2 Python, Megatron-LM arguments and SLURM
+    scripts, plus PLAN.md, all from one plan.
+    """
+
+
+def main() -> None:
+    cli.main(prog_name="dtc")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""User-facing errors and exit codes.
+
+A ``DtcError`` carries one or more ``Diagnostic``s (summary, location, detail,
+hint), rendered in the compiler style::
+
+    specs/70b.yaml:14:22: error: tensor_parallel must divide num_attention_heads (64), got 48
+       |
+    14 |   tensor_parallel: 48
+       |                    ^^
+      hint: use one of 1, 2, 4, 8
+
+``assert`` is used only for internal invariants; anything else the user can
+cause raises a ``DtcError`` subclass. Bugs surface as ``InternalError``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of every dtc command (as diff(1): 1 means differences)."""
+
+    OK = 0
+    DIFFERENCES = 1
+    USER_ERROR = 2
+    INTERNAL_ERROR = 3
+
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok / no differences; 1 differences found (check, diff, "
+    "compile --check); 2 user error (invalid spec, infeasible, bad usage); "
+    "3 internal error (a bug: please report)."
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in a source file; line and column are 1-based."""
+
+    path: str
+    line: int | None = None
+    column: int | None = None
+    end_column: int | None = None
+
+    def __str__(self) -> str:
+        if self.line is None:
+            return self.path
+        if self.column is None:
+            return f"{self.path}:{self.line}"
+        return f"{self.path}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    summary: str
+    location: Location | None = None
+    detail: str = ""
+    hint: str = ""
+    severity: str = "error"
+    source_line: str | None = None
+
+    def render(self) -> str:
+        head = f"{self.location}: " if self.location else ""
+        lines = [f"{head}{self.severity}: {self.summary}"]
+        loc = self.location
+        if loc is not None and loc.line is not None and self.source_line is not None:
+            gutter = str(loc.line)
+            pad = " " * len(gutter)
+            lines.append(f"{pad} |")
+            lines.append(f"{gutter} | {self.source_line.rstrip()}")
+            if loc.column is not None:
+                width = max(1, (loc.end_column or loc.column + 1) - loc.column)
+                lines.append(f"{pad} | {' ' * (loc.column - 1)}{'^' * width}")
+        for extra in self.detail.splitlines():
+            lines.append(f"  {extra}" if extra else "")
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+def source_line_of(path: str | Path, line: int | None, text: str | None = None) -> str | None:
+    """The 1-based ``line`` of a file (or of ``text``), for showing under a diagnostic."""
+    if line is None:
+        return None
+    try:
+        if text is None:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    rows = text.splitlines()
+    if 1 <= line <= len(rows):
+        return rows[line - 1][:300]
+    return None
+
+
+class DtcError(Exception):
+    """Base of every user-facing error; exits with ``exit_code``."""
+
+    exit_code = ExitCode.USER_ERROR
+
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic | str, *, hint: str = ""):
+        if isinstance(diagnostics, str):
+            diagnostics = [Diagnostic(summary=diagnostics, hint=hint)]
+        elif isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics: list[Diagnostic] = list(diagnostics)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        body = "\n\n".join(d.render() for d in self.diagnostics)
+        n = len(self.diagnostics)
+        if n > 1:
+            body += f"\n\n{n} errors"
+        return body
+
+
+class SpecError(DtcError):
+    """A spec that does not parse, validate or make sense."""
+
+
+class InfeasibleError(DtcError):
+    """No layout satisfies the spec; carries the search summary."""
+
+    def __init__(self, diagnostics, *, summary: object = None, closest: object = None):
+        self.summary = summary
+        self.closest = closest
+        super().__init__(diagnostics)
+
+
+class RenderError(DtcError):
+    """A renderer could not produce an artifact (usually a dtc bug)."""
+
+    exit_code = ExitCode.INTERNAL_ERROR
+
+
+class ArtifactError(DtcError):
+    """Output folders that dtc refuses to touch (hand-edited, outside --out)."""
+
+
+class SmokeError(DtcError):
+    """A smoke run that could not be set up."""
+
+
+class InternalError(DtcError):
+    """A bug in dtc."""
+
+    exit_code = ExitCode.INTERNAL_ERROR

@@ -1,0 +1,410 @@
+"""Read a spec file with positions, so every error can point at file:line:column.
+
+This module and ``artifacts.write_artifacts`` are the only places that touch the
+disk. YAML is read with ruamel.yaml's round-trip parser (which keeps line and
+column of every key and value); duplicate keys, custom tags, alias bombs, deep
+nesting and non-UTF-8 bytes are refused with a located error.
+"""
+from __future__ import annotations
+
+import datetime
+import difflib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from compiler.errors import Diagnostic, Location, SpecError
+from compiler.spec.models import Spec
+
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML
+MAX_NODES = 20_000  # alias-bomb guard: nodes after alias expansion
+MAX_DEPTH = 32
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class SourceMap:
+    """Where each key and value of a spec sits in its file (1-based line/column)."""
+
+    path: str
+    text: str
+    keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+
+    def line(self, n: int) -> str | None:
+        rows = self.text.splitlines()
+        return rows[n - 1] if 1 <= n <= len(rows) else None
+
+    def locate(self, loc: Path_, *, prefer_key: bool = False) -> Location:
+        """The best position for ``loc``: the value, else its key, else the nearest parent."""
+        for cut in range(len(loc), -1, -1):
+            sub = tuple(loc[:cut])
+            order = (self.keys, self.values) if (prefer_key or cut < len(loc)) else (self.values, self.keys)
+            for table in order:
+                if sub in table:
+                    line, col = table[sub]
+                    return Location(self.path, line, col, self._token_end(line, col))
+        return Location(self.path, 1, 1)
+
+    def _token_end(self, line: int, col: int) -> int:
+        row = self.line(line) or ""
+        rest = row[col - 1:]
+        cut = rest.find(" #")
+        if cut >= 0:
+            rest = rest[:cut]
+        rest = rest.rstrip()
+        if rest.endswith(":") and ": " not in rest:
+            rest = rest[:-1]
+        elif ": " in rest and not rest.startswith(("'", '"')):
+            rest = rest.split(": ", 1)[0]
+        return col + max(1, len(rest))
+
+    def diagnostic(self, loc: Path_, summary: str, hint: str = "", *, detail: str = "",
+                   prefer_key: bool = False) -> Diagnostic:
+        where = self.locate(loc, prefer_key=prefer_key)
+        return Diagnostic(summary=summary, location=where, hint=hint, detail=detail,
+                          source_line=self.line(where.line) if where.line else None)
+
+    def error(self, loc: Path_, summary: str, hint: str = "", **kw: Any) -> SpecError:
+        return SpecError(self.diagnostic(loc, summary, hint, **kw))
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A validated spec and the source map it came from."""
+
+    spec: Spec
+    source: SourceMap
+    sha256: str
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Read, parse and validate a spec file. Raises ``SpecError`` (located) on any problem."""
+    p = Path(path)
+    shown = str(path)
+    try:
+        if p.is_dir():
+            raise SpecError(Diagnostic(summary=f"expected a spec file, got a directory: {shown}",
+                                       hint="pass a .yaml file, e.g. specs/70b.yaml"))
+        size = p.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(Diagnostic(summary=f"spec file is too large ({size} bytes, at most {MAX_SPEC_BYTES})",
+                                       location=Location(shown), hint="a spec is a page of YAML"))
+        data = p.read_bytes()
+    except OSError as exc:
+        raise SpecError(Diagnostic(summary=f"cannot read spec: {exc.strerror or exc}", location=Location(shown),
+                                   hint="check the path")) from None
+    return load_spec_bytes(data, shown)
+
+
+def load_spec_bytes(data: bytes, path: str) -> LoadedSpec:
+    import hashlib
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(Diagnostic(
+            summary=f"spec is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
+            location=Location(path, line, col), hint="save the file as UTF-8")) from None
+    return load_spec_text(text, path, sha256=hashlib.sha256(data).hexdigest())
+
+
+def load_spec_text(text: str, path: str = "<spec>", *, sha256: str | None = None) -> LoadedSpec:
+    import hashlib
+
+    if sha256 is None:
+        sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise SpecError(Diagnostic(summary="spec contains a NUL character", location=Location(path, line),
+                                   hint="save the file as plain UTF-8 text"))
+    source = SourceMap(path=path, text=text)
+    raw = _parse_yaml(text, source)
+    data = _to_plain(raw, (), source, _Budget(), 0)
+    if data is None:
+        raise SpecError(source.diagnostic((), "spec is empty", "start from an example in specs/"))
+    if not isinstance(data, dict):
+        raise SpecError(source.diagnostic((), f"a spec must be a mapping of keys, got {_kind(data)}",
+                                          "start from an example in specs/"))
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_diagnostics(exc, data, source)) from None
+    return LoadedSpec(spec=spec, source=source, sha256=sha256)
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def _parse_yaml(text: str, source: SourceMap) -> Any:
+    yaml = YAML(typ="rt", pure=True)
+    yaml.allow_duplicate_keys = False
+    try:
+        docs = list(yaml.load_all(io.StringIO(text)))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = (exc.problem or exc.context or "invalid YAML").strip()
+        hint = "check indentation, colons and quotes on this line"
+        if "duplicate key" in problem or "found duplicate key" in str(exc):
+            key = str(exc).split('"')[1] if '"' in str(exc) else "?"
+            problem = f"duplicate key '{key}'"
+            hint = "each key may appear once in a mapping; remove one of them"
+            mark = exc.problem_mark or mark
+        loc = Location(source.path, mark.line + 1, mark.column + 1) if mark else Location(source.path)
+        raise SpecError(Diagnostic(summary=f"invalid YAML: {problem}", location=loc, hint=hint,
+                                   source_line=source.line(loc.line) if loc.line else None)) from None
+    except YAMLError as exc:
+        raise SpecError(Diagnostic(summary=f"invalid YAML: {exc}", location=Location(source.path),
+                                   hint="check the file's syntax")) from None
+    except RecursionError:
+        raise SpecError(Diagnostic(summary="invalid YAML: nested too deeply", location=Location(source.path),
+                                   hint=f"a spec nests at most {MAX_DEPTH} levels")) from None
+    if len(docs) > 1:
+        raise SpecError(Diagnostic(summary=f"a spec file holds one YAML document, got {len(docs)}",
+                                   location=Location(source.path), hint="remove the '---' separators"))
+    return docs[0] if docs else None
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.nodes = 0
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _tag_of(node: Any) -> str | None:
+    tag = getattr(node, "tag", None)
+    value = getattr(tag, "value", tag)
+    return value if isinstance(value, str) and value else None
+
+
+def _to_plain(node: Any, path: Path_, source: SourceMap, budget: _Budget, depth: int) -> Any:
+    """ruamel round-trip nodes -> plain dict/list/scalars, recording positions."""
+    budget.nodes += 1
+    if budget.nodes > MAX_NODES:
+        raise source.error(path, f"spec expands to more than {MAX_NODES} values (an alias bomb?)",
+                           "do not nest aliases of aliases")
+    if depth > MAX_DEPTH:
+        raise source.error(path, f"spec nests deeper than {MAX_DEPTH} levels", "flatten the structure")
+    tag = _tag_of(node)
+    if isinstance(node, TaggedScalar) or (tag and not tag.startswith("tag:yaml.org,2002:")):
+        raise source.error(path, f"custom YAML tags are not allowed, got {tag or '!'}",
+                           "remove the tag; write the plain value")
+    if isinstance(node, CommentedMap):
+        out: dict[str, Any] = {}
+        for key in node:
+            if not isinstance(key, str) or isinstance(key, bool):
+                pos = _pos(node, key, "key")
+                if pos:
+                    source.keys[path + (str(key),)] = pos
+                raise source.error(path + (str(key),), f"keys must be strings, got {_kind(key)} {key!r}",
+                                   "quote the key", prefer_key=True)
+            key_s = str(key)
+            kpos, vpos = _pos(node, key, "key"), _pos(node, key, "value")
+            if kpos:
+                source.keys[path + (key_s,)] = kpos
+            if vpos:
+                source.values[path + (key_s,)] = vpos
+            elif kpos:
+                source.values.setdefault(path + (key_s,), kpos)
+            out[key_s] = _to_plain(node[key], path + (key_s,), source, budget, depth + 1)
+        return out
+    if isinstance(node, CommentedSeq):
+        items = []
+        for i, item in enumerate(node):
+            try:
+                line, col = node.lc.item(i)
+                source.values[path + (i,)] = (line + 1, col + 1)
+            except (KeyError, IndexError, TypeError, AttributeError):
+                pass
+            items.append(_to_plain(item, path + (i,), source, budget, depth + 1))
+        return items
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, (datetime.date, datetime.datetime)):
+        return node.isoformat()
+    if node is None:
+        return None
+    if isinstance(node, (set, frozenset)):
+        raise source.error(path, "YAML sets are not allowed", "use a list")
+    raise source.error(path, f"unsupported YAML value of type {type(node).__name__}", "write a plain value")
+
+
+def _pos(node: CommentedMap, key: Any, which: str) -> tuple[int, int] | None:
+    try:
+        line, col = node.lc.key(key) if which == "key" else node.lc.value(key)
+        return line + 1, col + 1
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- pydantic -> diagnostics
+
+_TYPE_WORDS = {
+    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+    "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+}
+
+
+def _model_at(loc: Path_) -> type[BaseModel] | None:
+    """The pydantic model class that owns the mapping at ``loc`` (None past lists/dicts)."""
+    model: type[BaseModel] | None = Spec
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = _submodel(model.model_fields[part].annotation)
+    return model
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _normalise(loc: tuple, data: Any) -> Path_:
+    """Drop pydantic's union-member tags from ``loc``, keeping only real data keys/indices."""
+    out: list[str | int] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and isinstance(part, str) and (part in cur or _is_field(out, part)):
+            out.append(part)
+            cur = cur.get(part)
+        elif isinstance(cur, list) and isinstance(part, int):
+            out.append(part)
+            cur = cur[part] if 0 <= part < len(cur) else None
+        elif isinstance(cur, dict) and isinstance(part, str) and "[" not in part and part[:1].islower() and part not in (
+                "str", "int", "float", "bool", "list", "dict", "function-after", "function-before"):
+            out.append(part)
+            cur = None
+    return tuple(out)
+
+
+def _is_field(prefix: list, name: str) -> bool:
+    model = _model_at(tuple(prefix))
+    return model is not None and name in model.model_fields
+
+
+def _dotted(loc: Path_) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "spec"
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else (
+        "true" if value is True else "false" if value is False else "null" if value is None else
+        "a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else str(value))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def validation_diagnostics(exc: ValidationError, data: dict, source: SourceMap) -> list[Diagnostic]:
+    grouped: dict[Path_, list[dict]] = {}
+    for err in exc.errors(include_url=False):
+        grouped.setdefault(_normalise(err["loc"], data), []).append(err)
+    diags: list[Diagnostic] = []
+    seen: set[tuple[Path_, str]] = set()
+    for loc, errs in grouped.items():
+        specific = [e for e in errs if e["type"] not in _TYPE_WORDS] or errs
+        if len(specific) < len(errs) and all(e["type"] in _TYPE_WORDS for e in errs):
+            specific = errs
+        if all(e["type"] in _TYPE_WORDS for e in specific) and len(specific) > 1:
+            words = sorted({_TYPE_WORDS[e["type"]] for e in specific})
+            specific = [dict(specific[0], type="dtc_union", ctx={"words": words})]
+        for err in specific:
+            diag = _diagnostic_for(err, loc, source)
+            key = (loc, diag.summary)
+            if key not in seen:
+                seen.add(key)
+                diags.append(diag)
+    diags.sort(key=lambda d: (d.location.line or 0, d.location.column or 0) if d.location else (0, 0))
+    return diags
+
+
+def _diagnostic_for(err: dict, loc: Path_, source: SourceMap) -> Diagnostic:
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    name = _dotted(loc)
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        model = _model_at(parent)
+        valid = sorted(model.model_fields) if model else []
+        guess = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"valid keys here: {', '.join(valid)}"
+        where = f"in {_dotted(parent)}" if parent else "at the top level"
+        return source.diagnostic(loc, f"unknown key '{loc[-1]}' {where}", hint, prefer_key=True)
+    if kind == "missing":
+        parent = loc[:-1]
+        model = _model_at(parent)
+        desc = ""
+        if model is not None and loc[-1] in model.model_fields:
+            desc = model.model_fields[str(loc[-1])].description or ""
+        where = f"in {_dotted(parent)}" if parent else "at the top level"
+        return source.diagnostic(parent, f"missing required key '{loc[-1]}' {where}",
+                                 f"add {loc[-1]}: ... ({desc.rstrip('.')})" if desc else f"add {loc[-1]}",
+                                 prefer_key=True)
+    if kind == "dtc_rule":
+        field_loc = loc + (ctx["field"],) if ctx.get("field") and (not loc or loc[-1] != ctx["field"]) else loc
+        return source.diagnostic(field_loc, f"{_dotted(field_loc)}: {err['msg']}, got {_show(ctx.get('value'))}",
+                                 ctx.get("hint", ""))
+    if kind == "dtc_unit":
+        return source.diagnostic(loc, f"{name} must be {ctx['kind']}, got {_show(value)}", f"write {ctx['expected']}")
+    if kind == "dtc_int":
+        return source.diagnostic(loc, f"{name} must be a whole number, got {_show(value)}", "write e.g. 8")
+    if kind == "dtc_union":
+        return source.diagnostic(loc, f"{name} must be {' or '.join(ctx['words'])}, got {_show(value)}",
+                                 _field_hint(loc))
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        choices = [c.strip(" '") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
+        guess = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"choose one of: {', '.join(choices)}"
+        return source.diagnostic(loc, f"{name} must be one of {', '.join(choices)}, got {_show(value)}", hint)
+    if kind == "string_pattern_mismatch":
+        return source.diagnostic(loc, f"{name} has characters that are not allowed, got {_show(value)}",
+                                 "use letters, digits, '.', '_' and '-' (paths may also use '/'); no spaces, "
+                                 "quotes, '$', ';', or newlines")
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        bound = next(iter(ctx.values()), "")
+        words = {"greater_than_equal": "at least", "greater_than": "greater than",
+                 "less_than_equal": "at most", "less_than": "less than"}[kind]
+        return source.diagnostic(loc, f"{name} must be {words} {bound}, got {_show(value)}", _field_hint(loc))
+    if kind in _TYPE_WORDS:
+        return source.diagnostic(loc, f"{name} must be {_TYPE_WORDS[kind]}, got {_show(value)}", _field_hint(loc))
+    if kind in ("too_short", "too_long", "string_too_long", "string_too_short"):
+        return source.diagnostic(loc, f"{name}: {err['msg'].lower()}, got {_show(value)}", _field_hint(loc))
+    return source.diagnostic(loc, f"{name}: {err['msg']}, got {_show(value)}", _field_hint(loc))
+
+
+def _field_hint(loc: Path_) -> str:
+    model = _model_at(loc[:-1]) if loc else None
+    if model is not None and isinstance(loc[-1], str) and loc[-1] in model.model_fields:
+        desc = model.model_fields[loc[-1]].description or ""
+        return f"{loc[-1]}: {desc}" if desc else ""
+    return ""

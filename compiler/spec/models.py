@@ -1,0 +1,355 @@
+"""The dtc spec: one YAML file per training run, validated strictly.
+
+Every model is frozen and forbids unknown keys; every field has a description
+that flows into ``dtc schema`` and schemas/spec.schema.json. Human units
+(``70B``, ``15T``, ``80GiB``, ``400Gb/s``, ``$2.5M``, ``30d``) are parsed here,
+once, into SI numbers.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from compiler import units
+
+# ---------------------------------------------------------------------------- unit types
+
+
+def _unit(parser, kind: str):
+    def validate(value: Any) -> Any:
+        try:
+            return parser(value)
+        except units.UnitError as exc:
+            raise PydanticCustomError(
+                "dtc_unit", "expected {kind}", {"kind": kind, "expected": exc.expected, "reason": str(exc)}
+            ) from None
+
+    return BeforeValidator(validate)
+
+
+def _int_only(value: Any) -> Any:
+    """Reject floats and booleans where a whole count is meant (YAML `8.0`, `yes`)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise PydanticCustomError("dtc_int", "expected a whole number", {"expected": "a whole number such as 8"})
+    return value
+
+
+Count = Annotated[int, _unit(units.parse_count, "a count"), Field(json_schema_extra={"examples": ["70B", "15T", 8192]})]
+Bytes = Annotated[int, _unit(units.parse_bytes, "a size in bytes"), Field(json_schema_extra={"examples": ["80GiB"]})]
+Bandwidth = Annotated[float, _unit(units.parse_bandwidth, "a bandwidth"), Field(json_schema_extra={"examples": ["400Gb/s", "900GB/s"]})]
+Flops = Annotated[float, _unit(units.parse_flops, "a FLOP rate"), Field(json_schema_extra={"examples": ["989TFLOPS"]})]
+Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(json_schema_extra={"examples": ["$2.5M", 2.49]})]
+Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
+PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
+NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
+
+# Names that reach shell scripts and file names are restricted to what SLURM and the shell
+# accept unquoted; everything is also shell-quoted when rendered.
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SLURM_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
+MODULE_RE = r"^[A-Za-z0-9][A-Za-z0-9._+/-]{0,127}$"
+IMAGE_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/@#+-]{0,255}$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+PATH_RE = r"^[A-Za-z0-9_./%~+=@:-][A-Za-z0-9_./%~+=@:,-]{0,1023}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+
+
+# ---------------------------------------------------------------------------- model
+
+
+class MoESpec(_Strict):
+    """Mixture-of-experts MLP layers."""
+
+    num_experts: PosInt = Field(description="Routed experts per MoE layer.")
+    top_k: PosInt = Field(description="Experts each token is routed to.")
+    expert_ffn_hidden_size: PosInt = Field(description="FFN hidden size of one routed expert.")
+    num_shared_experts: NonNegInt = Field(0, description="Always-active shared experts per MoE layer (DeepSeek).")
+    shared_expert_ffn_hidden_size: NonNegInt = Field(0, description="FFN hidden size of one shared expert; 0 means expert_ffn_hidden_size.")
+    first_dense_layers: NonNegInt = Field(0, description="The first k layers use a dense MLP (DeepSeek-V3: 3).")
+    layer_freq: PosInt = Field(1, description="Every n-th layer after the dense ones is an MoE layer (1: all).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise PydanticCustomError(
+                "dtc_rule", "top_k must be at most num_experts ({n})",
+                {"n": self.num_experts, "field": "top_k", "value": self.top_k,
+                 "hint": "lower top_k or add experts"})
+        return self
+
+
+class ModelSpec(_Strict):
+    """The model: a catalog preset, a bare size, or an explicit shape.
+
+    Give exactly one of ``preset``, ``params`` or the shape fields (``num_layers``,
+    ``hidden_size``, ``num_attention_heads`` and the rest). Shape fields given
+    with ``preset`` override the preset's. ``params`` alone derives a
+    Llama-3-style dense shape (the rule is in the README).
+    """
+
+    preset: str | None = Field(None, description="A model from the catalog, e.g. llama3-70b (see `dtc catalog`).")
+    params: Count | None = Field(None, description="Just a size, e.g. 70B: dtc derives a dense Llama-3-style shape.")
+    num_layers: PosInt | None = Field(None, description="Transformer layers.")
+    hidden_size: PosInt | None = Field(None, description="Model (embedding) width.")
+    ffn_hidden_size: PosInt | None = Field(None, description="MLP hidden width (per matrix; SwiGLU uses three).")
+    num_attention_heads: PosInt | None = Field(None, description="Query heads.")
+    num_kv_heads: PosInt | None = Field(None, description="Key/value heads (GQA); default: num_attention_heads (MHA).")
+    head_dim: PosInt | None = Field(None, description="Per-head width; default hidden_size / num_attention_heads.")
+    vocab_size: PosInt | None = Field(None, description="Vocabulary size.")
+    mlp: Literal["swiglu", "gelu"] | None = Field(None, description="MLP type: swiglu (3 matrices) or gelu (2).")
+    norm: Literal["rmsnorm", "layernorm"] | None = Field(None, description="Normalisation layer.")
+    position: Literal["rope", "learned"] | None = Field(None, description="Position embedding type.")
+    max_position_embeddings: PosInt | None = Field(None, description="Learned position table size (learned positions only).")
+    tied_embeddings: bool | None = Field(None, description="Share the input embedding and output layer weights.")
+    attention_bias: bool | None = Field(None, description="Biases on the q/k/v projections (Qwen).")
+    linear_bias: bool | None = Field(None, description="Biases on every linear layer (GPT-2/3 style).")
+    moe: MoESpec | None = Field(None, description="Mixture-of-experts settings; absent for a dense model.")
+
+    def shape_fields(self) -> dict[str, Any]:
+        """The explicitly given shape fields (not preset/params)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("preset", "params") and v is not None}
+
+
+# ---------------------------------------------------------------------------- training
+
+
+class TrainingSpec(_Strict):
+    """What to train: tokens, sequence length, batch, precision, optimizer."""
+
+    tokens: Count = Field(description="Total training tokens, e.g. 15T.")
+    sequence_length: PosInt = Field(description="Tokens per sequence, e.g. 8192.")
+    global_batch: PosInt | str = Field(
+        description="Global batch per optimizer step: sequences (2048) or tokens ('16M tokens').")
+    global_batch_tolerance: float = Field(
+        0.0, ge=0.0, le=0.5,
+        description="Allowed relative deviation of the global batch, so the solver may round it to fit a layout (0: exact).")
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
+        "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), or fp32.")
+    optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
+    learning_rate: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    min_learning_rate: float = Field(3e-5, ge=0, le=10, description="Final learning rate of the cosine decay.")
+    warmup_tokens: Count = Field(0, description="Linear warm-up length in tokens (0: 1% of training).")
+    weight_decay: float = Field(0.1, ge=0, le=10, description="Decoupled weight decay.")
+    grad_clip: float = Field(1.0, ge=0, le=1e6, description="Gradient-norm clipping threshold (0: off).")
+    adam_beta1: float = Field(0.9, gt=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="Adam beta2.")
+    seed: NonNegInt = Field(1234, description="Random seed written into every artifact.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingSpec":
+        if self.min_learning_rate > self.learning_rate:
+            raise PydanticCustomError(
+                "dtc_rule", "min_learning_rate must not exceed learning_rate ({lr})",
+                {"lr": self.learning_rate, "field": "min_learning_rate", "value": self.min_learning_rate,
+                 "hint": "lower min_learning_rate"})
+        if self.tokens < self.sequence_length:
+            raise PydanticCustomError(
+                "dtc_rule", "tokens must be at least one sequence ({s})",
+                {"s": self.sequence_length, "field": "tokens", "value": self.tokens,
+                 "hint": "write tokens with a unit, e.g. 15T"})
+        return self
+
+
+# ---------------------------------------------------------------------------- cluster
+
+
+class CustomGpuSpec(_Strict):
+    """A GPU that is not in the catalog, described by its datasheet numbers."""
+
+    name: str = Field(pattern=NAME_RE, description="A name for reports.")
+    generation: Literal["ampere", "hopper", "blackwell", "cdna3", "ada"] = Field(
+        description="Architecture generation; selects the achievable-efficiency curve.")
+    bf16_flops: Flops = Field(description="Dense bf16 peak, e.g. 989TFLOPS.")
+    fp8_flops: Flops | None = Field(None, description="Dense fp8 peak; absent if unsupported.")
+    fp32_flops: Flops | None = Field(None, description="Dense fp32 (TF32 tensor-core) peak; default bf16_flops / 2.")
+    hbm: Bytes = Field(description="Memory per GPU, e.g. 80GiB.")
+    hbm_bandwidth: Bandwidth = Field(description="Memory bandwidth, e.g. 3.35TB/s.")
+    intra_node_bandwidth: Bandwidth = Field(description="GPU-to-GPU bandwidth inside a node, per direction.")
+    inter_node_bandwidth: Bandwidth = Field(description="Network bandwidth per GPU, per direction, e.g. 400Gb/s.")
+    pcie_bandwidth: Bandwidth = Field("64GB/s", description="Host link per direction (offload traffic).")
+    price_per_gpu_hour: Money = Field(description="Dollars per GPU-hour.")
+
+
+class NetworkSpec(_Strict):
+    """Overrides of the catalog's link bandwidths (per GPU, per direction)."""
+
+    intra_node_bandwidth: Bandwidth | None = Field(None, description="NVLink/xGMI bandwidth per GPU per direction.")
+    inter_node_bandwidth: Bandwidth | None = Field(None, description="Network bandwidth per GPU per direction, e.g. 400Gb/s.")
+
+
+class ClusterSpec(_Strict):
+    """Where it runs."""
+
+    gpu: str | list[str] | CustomGpuSpec = Field(
+        description="GPU type from the catalog (h100-sxm), a list to choose from, or a custom GPU.")
+    gpus_per_node: PosInt | None = Field(None, description="GPUs per node; default from the catalog (8 for HGX).")
+    num_gpus: PosInt | None = Field(None, description="Use exactly this many GPUs.")
+    max_gpus: PosInt | None = Field(None, description="Use at most this many GPUs (whole nodes); default 16384.")
+    min_gpus: PosInt | None = Field(None, description="Use at least this many GPUs.")
+    price_per_gpu_hour: Money | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
+    network: NetworkSpec | None = Field(None, description="Link bandwidth overrides.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        if self.num_gpus is not None and (self.max_gpus is not None or self.min_gpus is not None):
+            raise PydanticCustomError(
+                "dtc_rule", "give num_gpus, or min_gpus/max_gpus, not both",
+                {"field": "num_gpus", "value": self.num_gpus, "hint": "remove num_gpus to let the solver choose"})
+        if self.min_gpus is not None and self.max_gpus is not None and self.min_gpus > self.max_gpus:
+            raise PydanticCustomError(
+                "dtc_rule", "min_gpus must not exceed max_gpus ({m})",
+                {"m": self.max_gpus, "field": "min_gpus", "value": self.min_gpus, "hint": "raise max_gpus"})
+        if isinstance(self.gpu, list) and not self.gpu:
+            raise PydanticCustomError("dtc_rule", "gpu list must not be empty",
+                                      {"field": "gpu", "value": [], "hint": "name at least one GPU, e.g. h100-sxm"})
+        return self
+
+
+# ---------------------------------------------------------------------------- budget
+
+
+class BudgetSpec(_Strict):
+    """Limits and what to optimise."""
+
+    max_cost: Money | None = Field(None, description="Dollar budget for the whole run, e.g. $2.5M.")
+    deadline: Duration | None = Field(None, description="Wall-clock limit for the whole run, e.g. 60d.")
+    objective: Literal["fastest", "cheapest", "throughput"] = Field(
+        "fastest",
+        description="fastest: least time to train within the budget; cheapest: least cost within the deadline; "
+                    "throughput: most tokens/s per GPU on the given GPUs.")
+
+
+# ---------------------------------------------------------------------------- layout
+
+
+class LayoutSpec(_Strict):
+    """Optional pins; whatever is absent is searched by the solver."""
+
+    tensor_parallel: PosInt | None = Field(None, description="Tensor-parallel degree (tp).")
+    pipeline_parallel: PosInt | None = Field(None, description="Pipeline-parallel degree (pp).")
+    virtual_pipeline_stages: PosInt | None = Field(None, description="Model chunks per pipeline rank (interleaved 1F1B when > 1).")
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(None, description="Pipeline schedule.")
+    context_parallel: PosInt | None = Field(None, description="Context-parallel degree (cp): the sequence split across GPUs.")
+    expert_parallel: PosInt | None = Field(None, description="Expert-parallel degree (ep), MoE only; carved out of data parallel.")
+    data_parallel: PosInt | None = Field(None, description="Data-parallel degree (dp = dp_replicate x dp_shard).")
+    data_parallel_shard: PosInt | None = Field(
+        None, description="ZeRO/FSDP sharding group size; less than data_parallel means hybrid sharding (HSDP).")
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        None, description="0: replicate (DDP); 1: shard optimizer states (Megatron distributed optimizer); "
+                          "2: + gradients (FSDP SHARD_GRAD_OP); 3: + parameters (FSDP FULL_SHARD / HYBRID_SHARD).")
+    micro_batch_size: PosInt | None = Field(None, description="Sequences per GPU per micro-step.")
+    recompute: Literal["none", "selective", "full"] | None = Field(
+        None, description="Activation recomputation: none, selective (attention core, Korthikanti et al. 2022) or full.")
+    sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (with tp > 1).")
+    offload_optimizer: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where optimizer states live.")
+    offload_params: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where parameters live (ZeRO-3 only).")
+
+
+# ---------------------------------------------------------------------------- search
+
+
+class SearchSpec(_Strict):
+    """Solver settings."""
+
+    memory_headroom: float = Field(
+        0.05, ge=0.0, le=0.5, description="Fraction of HBM kept free on top of the modelled allowances.")
+    allow_cross_node_tp: bool = Field(False, description="Allow tensor parallel groups to span nodes.")
+    top_k: PosInt = Field(5, le=50, description="Alternatives kept in the plan.")
+
+
+# ---------------------------------------------------------------------------- slurm
+
+
+class SlurmSpec(_Strict):
+    """SLURM job settings for the sbatch scripts. Values are validated and shell-quoted."""
+
+    job_name: str | None = Field(None, pattern=NAME_RE, description="Job name; default: the spec's name.")
+    partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
+    account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
+    qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
+    time_limit: Duration | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
+    exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
+    output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
+    requeue: bool = Field(True, description="Requeue the job on node failure or preemption (--requeue).")
+    signal_seconds_before_end: NonNegInt = Field(
+        120, le=65535, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off).")
+    launcher: Literal["torchrun", "deepspeed", "srun"] | None = Field(
+        None, description="Launcher of the primary train.sbatch; default: the first target's own launcher.")
+    container_image: str | None = Field(None, pattern=IMAGE_RE, description="Container image for pyxis/enroot (srun --container-image).")
+    container_mounts: list[Annotated[str, Field(pattern=PATH_RE)]] = Field(
+        default_factory=list, description="Container mounts, SRC:DST.")
+    modules: list[Annotated[str, Field(pattern=MODULE_RE)]] = Field(default_factory=list, description="Environment modules to load.")
+    environment: dict[Annotated[str, Field(pattern=ENV_NAME_RE)], Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, description="Extra environment variables exported in the script.")
+    rdzv_port: PosInt = Field(29500, le=65535, description="Rendezvous / master port.")
+    workdir: str | None = Field(None, pattern=PATH_RE, description="cd here before launching.")
+    megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py.")
+    data_path: str | None = Field(None, pattern=PATH_RE, description="Megatron data prefix; absent: --mock-data.")
+    train_script: str | None = Field(
+        None, pattern=PATH_RE, description="Your training entry for torchrun/deepspeed; default: the generated fsdp_train.py / ds_train.py.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SlurmSpec":
+        for key, value in self.environment.items():
+            if "\n" in value or "\r" in value or "\x00" in value:
+                raise PydanticCustomError(
+                    "dtc_rule", "environment values must be one line",
+                    {"field": "environment", "value": value, "hint": f"remove the newline from {key}"})
+        for item in self.container_mounts:
+            if ".." in item.split("/"):
+                raise PydanticCustomError("dtc_rule", "container mounts must not use '..'",
+                                          {"field": "container_mounts", "value": item, "hint": "use absolute paths"})
+        return self
+
+
+TargetName = Literal["deepspeed", "fsdp", "megatron", "slurm"]
+ALL_TARGETS: tuple[str, ...] = ("deepspeed", "fsdp", "megatron", "slurm")
+
+
+class Spec(_Strict):
+    """A dtc spec: one training run."""
+
+    name: str = Field(pattern=NAME_RE, description="Run name; also the generated/ folder name and the SLURM job name.")
+    description: str | None = Field(None, max_length=2000, description="Free text for PLAN.md.")
+    model: ModelSpec = Field(description="The model.")
+    training: TrainingSpec = Field(description="What to train.")
+    cluster: ClusterSpec = Field(description="Where it runs.")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Money, time and the objective.")
+    layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Pinned layout knobs; the rest is solved.")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="Solver settings.")
+    targets: list[TargetName] = Field(
+        default_factory=lambda: list(ALL_TARGETS), min_length=1,
+        description="Artifacts to emit: deepspeed, fsdp, megatron, slurm.")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM settings for the sbatch scripts.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Spec":
+        if len(set(self.targets)) != len(self.targets):
+            raise PydanticCustomError("dtc_rule", "targets must not repeat",
+                                      {"field": "targets", "value": self.targets, "hint": "list each target once"})
+        if self.targets == ["slurm"]:
+            raise PydanticCustomError(
+                "dtc_rule", "slurm needs a framework target to launch",
+                {"field": "targets", "value": self.targets, "hint": "add deepspeed, fsdp or megatron"})
+        return self
+
+
+def parse_global_batch(value: int | str) -> tuple[str, int]:
+    """('sequences', n) or ('tokens', n) from 2048, '2048 sequences' or '16M tokens'."""
+    if isinstance(value, int):
+        return "sequences", value
+    m = re.fullmatch(r"\s*(\S+)\s*(tokens?|sequences?|seqs?|samples?)?\s*", value)
+    if not m:
+        raise units.UnitError(f"not a batch size: {value!r}", "2048, '2048 sequences' or '16M tokens'")
+    n = units.parse_count(m.group(1))
+    kind = "tokens" if (m.group(2) or "").startswith("token") else "sequences"
+    if n < 1:
+        raise units.UnitError(f"batch must be positive: {value!r}", "2048, '2048 sequences' or '16M tokens'")
+    return kind, n
