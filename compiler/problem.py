@@ -180,7 +180,8 @@ def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Dia
     if m.params is not None:
         if m.preset is not None or fields:
             other = "preset" if m.preset is not None else next(iter(fields))
-            diags.append(src.diagnostic(("model", other), f"model: give params or {other}, not both, got {other}",
+            diags.append(src.diagnostic(("model", "params"),
+                                        f"model: give either params or a preset/shape, not both, got params and {other}",
                                         "remove params to use the preset/shape, or remove the shape fields",
                                         prefer_key=True))
             return None, ""

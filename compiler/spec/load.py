@@ -112,9 +112,11 @@ def load_spec_bytes(data: bytes, path: str) -> LoadedSpec:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        shown = data.splitlines()[line - 1].decode("utf-8", errors="replace") if data.splitlines() else None
         raise SpecError(Diagnostic(
-            summary=f"spec is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
-            location=Location(path, line, col), hint="save the file as UTF-8")) from None
+            summary=f"spec must be UTF-8 text, got byte 0x{data[exc.start]:02x}",
+            location=Location(path, line, col, col + 1), hint="save the file as UTF-8",
+            source_line=shown)) from None
     return load_spec_text(text, path, sha256=hashlib.sha256(data).hexdigest())
 
 
@@ -154,11 +156,16 @@ def _parse_yaml(text: str, source: SourceMap) -> Any:
         mark = exc.problem_mark or exc.context_mark
         problem = (exc.problem or exc.context or "invalid YAML").strip()
         hint = "check indentation, colons and quotes on this line"
-        if "duplicate key" in problem or "found duplicate key" in str(exc):
-            key = str(exc).split('"')[1] if '"' in str(exc) else "?"
-            problem = f"duplicate key '{key}'"
+        if "duplicate key" in str(exc):
+            import re
+
+            found = re.search(r'duplicate key "([^"]*)"', str(exc))
+            problem = f"duplicate key '{found.group(1) if found else '?'}'"
             hint = "each key may appear once in a mapping; remove one of them"
             mark = exc.problem_mark or mark
+        if mark is not None and exc.context_mark is not None and source.line(mark.line + 1) is None:
+            mark = exc.context_mark  # the problem is at end of file: point at where the construct began
+            problem = f"{(exc.context or '').strip()}: {problem}".strip(": ")
         loc = Location(source.path, mark.line + 1, mark.column + 1) if mark else Location(source.path)
         raise SpecError(Diagnostic(summary=f"invalid YAML: {problem}", location=loc, hint=hint,
                                    source_line=source.line(loc.line) if loc.line else None)) from None
@@ -199,9 +206,9 @@ def _to_plain(node: Any, path: Path_, source: SourceMap, budget: _Budget, depth:
     if depth > MAX_DEPTH:
         raise source.error(path, f"spec nests deeper than {MAX_DEPTH} levels", "flatten the structure")
     tag = _tag_of(node)
-    if isinstance(node, TaggedScalar) or (tag and not tag.startswith("tag:yaml.org,2002:")):
-        raise source.error(path, f"custom YAML tags are not allowed, got {tag or '!'}",
-                           "remove the tag; write the plain value")
+    if isinstance(node, TaggedScalar) or tag:
+        shown = (tag or "!").replace("tag:yaml.org,2002:", "!!")
+        raise source.error(path, f"YAML tags are not allowed, got {shown}", "remove the tag; write the plain value")
     if isinstance(node, CommentedMap):
         out: dict[str, Any] = {}
         for key in node:

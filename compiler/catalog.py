@@ -1,0 +1,361 @@
+"""The built-in catalog: GPU specs and model presets from ``compiler/data/*.yaml``.
+
+The data files are read with ``importlib.resources`` (so they work from a wheel) and
+validated strictly: an unknown or missing field, a bad unit, or a name that collides
+with another entry's name or alias raises ``ValueError`` naming the file and the entry.
+
+Every GPU figure is per GPU; bandwidths are per direction; FLOP rates are dense
+(no 2:4 sparsity). See the header of ``compiler/data/gpus.yaml`` for the conventions
+and each entry's ``sources`` for where every number comes from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from ruamel.yaml import YAML
+
+from .model import MLAShape, ModelShape, MoEShape
+from .units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_flops, parse_money
+
+__all__ = ["GpuSpec", "ModelPreset", "Catalog", "load_catalog", "normalize_name", "PRECISIONS"]
+
+GPUS_FILE = "gpus.yaml"
+MODELS_FILE = "models.yaml"
+
+PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+_REQUIRED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # fp8 is absent on Ampere
+_PRECISION_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_hybrid": "fp8",
+}
+_VENDORS = ("nvidia", "amd")
+_GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna3")
+_LINKS = ("nvlink3", "nvlink4", "nvlink5", "xgmi", "pcie4", "pcie5")
+
+# Numeric GPU fields; each needs an entry in `sources`.
+GPU_SOURCED_FIELDS = (
+    "peak_flops",
+    "hbm",
+    "hbm_bandwidth",
+    "intra_node_bandwidth",
+    "nvlink_domain_gpus",
+    "default_gpus_per_node",
+    "inter_node_bandwidth",
+    "pcie_bandwidth",
+    "price_per_gpu_hour",
+)
+_GPU_FIELDS = (
+    "display_name", "aliases", "vendor", "generation", "peak_flops", "hbm", "hbm_bandwidth",
+    "intra_node_link", "intra_node_bandwidth", "nvlink_domain_gpus", "default_gpus_per_node",
+    "inter_node_bandwidth", "pcie_bandwidth", "price_per_gpu_hour", "sources",
+)
+_MODEL_FIELDS = (
+    "display_name", "aliases", "published_params", "published_active_params", "source", "shape",
+)
+
+
+def normalize_name(name: str) -> str:
+    """Lookup key: case-insensitive, surrounding space dropped, spaces/underscores -> '-'."""
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU type. FLOP/s are dense; bandwidths are bytes/s per GPU per direction."""
+
+    name: str
+    display_name: str
+    vendor: str
+    generation: str
+    peak_flops: Mapping[str, float]  # FLOP/s dense, by dtype: bf16, fp16, fp8, tf32, fp32
+    hbm_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    intra_node_link: str
+    intra_node_bandwidth_bytes_per_s: float
+    nvlink_domain_gpus: int
+    default_gpus_per_node: int
+    inter_node_bandwidth_bytes_per_s: float
+    pcie_bandwidth_bytes_per_s: float
+    price_per_gpu_hour_usd: float
+    sources: Mapping[str, str]
+    aliases: tuple[str, ...] = ()
+
+    def peak_flops_for(self, precision: str) -> float:
+        """Dense peak FLOP/s for the matmuls of training in ``precision``.
+
+        ``bf16``/``fp16``/``fp8``/``tf32`` return that tensor-core rate. ``fp32`` training
+        returns the TF32 tensor-core rate: PyTorch/Megatron/DeepSpeed run FP32 matmuls on
+        TF32 tensor cores on every GPU in the catalog (``allow_tf32``); the plain CUDA-core
+        FP32 rate stays available as ``peak_flops["fp32"]``. A precision the GPU lacks
+        (FP8 on Ampere) raises ``KeyError``; there is no silent fallback.
+        """
+        key = _PRECISION_ALIASES.get(precision.strip().lower(), precision.strip().lower())
+        if key not in PRECISIONS:
+            raise KeyError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+        lookup = "tf32" if key == "fp32" else key
+        if lookup not in self.peak_flops:
+            have = ", ".join(k for k in PRECISIONS if k in self.peak_flops)
+            raise KeyError(
+                f"{self.display_name} ({self.generation}) has no {lookup} tensor cores; "
+                f"supported: {have}. Choose another precision (e.g. bf16) or another GPU."
+            )
+        return self.peak_flops[lookup]
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    display_name: str
+    aliases: tuple[str, ...]
+    shape: ModelShape
+    published_params: int
+    published_active_params: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    gpus: Mapping[str, GpuSpec]
+    models: Mapping[str, ModelPreset]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_gpu_index", _build_index(self.gpus, "gpu"))
+        object.__setattr__(self, "_model_index", _build_index(self.models, "model"))
+
+    def find_gpu(self, name: str) -> GpuSpec | None:
+        """By canonical name or alias, case-insensitively; None when unknown."""
+        key = self._gpu_index.get(normalize_name(name))  # type: ignore[attr-defined]
+        return None if key is None else self.gpus[key]
+
+    def find_model(self, name: str) -> ModelPreset | None:
+        key = self._model_index.get(normalize_name(name))  # type: ignore[attr-defined]
+        return None if key is None else self.models[key]
+
+    def gpu_names(self) -> list[str]:
+        return sorted(self.gpus)
+
+    def model_names(self) -> list[str]:
+        return sorted(self.models)
+
+
+def _build_index(entries: Mapping[str, Any], kind: str) -> Mapping[str, str]:
+    index: dict[str, str] = {}
+    for name, entry in entries.items():
+        for key in (name, *entry.aliases):
+            norm = normalize_name(key)
+            if norm in index:
+                raise ValueError(
+                    f"{kind} name {key!r} of {name!r} collides with {index[norm]!r}"
+                    + (" (repeated name or alias)" if index[norm] == name else "")
+                )
+            index[norm] = name
+    return MappingProxyType(index)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """Error context: which file and entry is being read."""
+
+    def __init__(self, file: str, entry: str):
+        self.file, self.entry = file, entry
+
+    def error(self, message: str) -> ValueError:
+        return ValueError(f"compiler/data/{self.file}: entry {self.entry!r}: {message}")
+
+
+def _read_yaml(filename: str) -> dict:
+    text = (resources.files(__package__ or "compiler") / "data" / filename).read_text(encoding="utf-8")
+    data = YAML(typ="safe").load(text)
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"compiler/data/{filename}: expected a non-empty mapping of entries")
+    return data
+
+
+def _check_keys(ctx: _Ctx, raw: Any, allowed: tuple[str, ...], required: tuple[str, ...], what: str) -> dict:
+    if not isinstance(raw, dict):
+        raise ctx.error(f"{what} must be a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(map(str, raw)) - set(allowed))
+    if unknown:
+        raise ctx.error(f"unknown field(s) in {what}: {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ctx.error(f"missing field(s) in {what}: {', '.join(missing)}")
+    return raw
+
+
+def _str(ctx: _Ctx, value: Any, field: str, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ctx.error(f"{field} must be a non-empty string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ctx.error(f"{field} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _int(ctx: _Ctx, value: Any, field: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ctx.error(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool(ctx: _Ctx, value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.error(f"{field} must be true or false, got {value!r}")
+    return value
+
+
+def _aliases(ctx: _Ctx, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(a, str) and a.strip() for a in value):
+        raise ctx.error(f"aliases must be a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def _unit(ctx: _Ctx, parse: Callable[[Any], Any], value: Any, field: str, positive: bool = True):
+    try:
+        out = parse(value)
+    except UnitError as exc:
+        raise ctx.error(f"{field}: {exc} (expected {exc.expected})") from None
+    if positive and out <= 0:
+        raise ctx.error(f"{field} must be positive, got {value!r}")
+    return out
+
+
+def _parse_gpu(name: str, raw: Any) -> GpuSpec:
+    ctx = _Ctx(GPUS_FILE, name)
+    if name != name.strip().lower() or normalize_name(name) != name:
+        raise ctx.error("canonical names are lower-case with hyphens")
+    raw = _check_keys(ctx, raw, _GPU_FIELDS, _GPU_FIELDS, "the entry")
+    flops_raw = _check_keys(ctx, raw["peak_flops"], PRECISIONS, _REQUIRED_PRECISIONS, "peak_flops")
+    flops = {k: _unit(ctx, parse_flops, flops_raw[k], f"peak_flops.{k}") for k in PRECISIONS if k in flops_raw}
+    sources_raw = _check_keys(ctx, raw["sources"], GPU_SOURCED_FIELDS, GPU_SOURCED_FIELDS, "sources")
+    sources = {k: _str(ctx, sources_raw[k], f"sources.{k}") for k in GPU_SOURCED_FIELDS}
+    domain = _int(ctx, raw["nvlink_domain_gpus"], "nvlink_domain_gpus", 1)
+    per_node = _int(ctx, raw["default_gpus_per_node"], "default_gpus_per_node", 1)
+    if domain % per_node and per_node % domain:
+        raise ctx.error(f"nvlink_domain_gpus ({domain}) and default_gpus_per_node ({per_node}) must nest")
+    return GpuSpec(
+        name=name,
+        display_name=_str(ctx, raw["display_name"], "display_name"),
+        vendor=_str(ctx, raw["vendor"], "vendor", _VENDORS),
+        generation=_str(ctx, raw["generation"], "generation", _GENERATIONS),
+        peak_flops=MappingProxyType(flops),
+        hbm_bytes=_unit(ctx, parse_bytes, raw["hbm"], "hbm"),
+        hbm_bandwidth_bytes_per_s=_unit(ctx, parse_bandwidth, raw["hbm_bandwidth"], "hbm_bandwidth"),
+        intra_node_link=_str(ctx, raw["intra_node_link"], "intra_node_link", _LINKS),
+        intra_node_bandwidth_bytes_per_s=_unit(ctx, parse_bandwidth, raw["intra_node_bandwidth"], "intra_node_bandwidth"),
+        nvlink_domain_gpus=domain,
+        default_gpus_per_node=per_node,
+        inter_node_bandwidth_bytes_per_s=_unit(ctx, parse_bandwidth, raw["inter_node_bandwidth"], "inter_node_bandwidth"),
+        pcie_bandwidth_bytes_per_s=_unit(ctx, parse_bandwidth, raw["pcie_bandwidth"], "pcie_bandwidth"),
+        price_per_gpu_hour_usd=_unit(ctx, parse_money, raw["price_per_gpu_hour"], "price_per_gpu_hour"),
+        sources=MappingProxyType(sources),
+        aliases=_aliases(ctx, raw["aliases"]),
+    )
+
+
+def _field_types(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _required(cls) -> tuple[str, ...]:
+    return tuple(
+        f.name for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+
+
+def _int_record(ctx: _Ctx, cls, raw: Any, what: str) -> dict:
+    names = tuple(_field_types(cls))
+    raw = _check_keys(ctx, raw, names, _required(cls), what)
+    return {k: _int(ctx, v, f"{what}.{k}") for k, v in raw.items()}
+
+
+_SHAPE_CHOICES = {"mlp": ("swiglu", "gelu"), "norm": ("rmsnorm", "layernorm"), "position": ("rope", "learned")}
+_SHAPE_BOOLS = ("tied_embeddings", "attention_bias", "linear_bias")
+_SHAPE_POSITIVE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+
+
+def _parse_shape(ctx: _Ctx, raw: Any) -> ModelShape:
+    names = tuple(_field_types(ModelShape))
+    raw = _check_keys(ctx, raw, names, _required(ModelShape), "shape")
+    kw: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _SHAPE_CHOICES:
+            kw[key] = _str(ctx, value, f"shape.{key}", _SHAPE_CHOICES[key])
+        elif key in _SHAPE_BOOLS:
+            kw[key] = _bool(ctx, value, f"shape.{key}")
+        elif key == "moe":
+            kw[key] = None if value is None else MoEShape(**_int_record(ctx, MoEShape, value, "shape.moe"))
+        elif key == "mla":
+            kw[key] = None if value is None else MLAShape(**_int_record(ctx, MLAShape, value, "shape.mla"))
+        else:
+            kw[key] = _int(ctx, value, f"shape.{key}", 1 if key in _SHAPE_POSITIVE else 0)
+    shape = ModelShape(**kw)
+    if shape.num_attention_heads % shape.num_kv_heads:
+        raise ctx.error("shape.num_attention_heads must be a multiple of shape.num_kv_heads")
+    if shape.position == "learned" and shape.max_position_embeddings <= 0:
+        raise ctx.error("learned positions need shape.max_position_embeddings > 0")
+    if shape.moe is not None:
+        m = shape.moe
+        if not (1 <= m.top_k <= m.num_experts) or m.layer_freq < 1 or m.first_dense_layers >= shape.num_layers:
+            raise ctx.error("shape.moe: need 1 <= top_k <= num_experts, layer_freq >= 1, first_dense_layers < num_layers")
+    return shape
+
+
+def _parse_model(name: str, raw: Any) -> ModelPreset:
+    ctx = _Ctx(MODELS_FILE, name)
+    if normalize_name(name) != name:
+        raise ctx.error("canonical names are lower-case with hyphens")
+    raw = _check_keys(ctx, raw, _MODEL_FIELDS, _MODEL_FIELDS, "the entry")
+    shape = _parse_shape(ctx, raw["shape"])
+    active_raw = raw["published_active_params"]
+    if shape.is_moe and active_raw is None:
+        raise ctx.error("an MoE shape needs published_active_params")
+    if not shape.is_moe and active_raw is not None:
+        raise ctx.error("published_active_params is for MoE shapes only; use null")
+    return ModelPreset(
+        name=name,
+        display_name=_str(ctx, raw["display_name"], "display_name"),
+        aliases=_aliases(ctx, raw["aliases"]),
+        shape=shape,
+        published_params=_unit(ctx, parse_count, raw["published_params"], "published_params"),
+        published_active_params=None if active_raw is None
+        else _unit(ctx, parse_count, active_raw, "published_active_params"),
+        source=_str(ctx, raw["source"], "source"),
+    )
+
+
+def _parse_file(filename: str, parse: Callable[[str, Any], Any], kind: str) -> Mapping[str, Any]:
+    data = _read_yaml(filename)
+    entries = {}
+    for name, raw in data.items():
+        if not isinstance(name, str):
+            raise ValueError(f"compiler/data/{filename}: entry names must be strings, got {name!r}")
+        entries[name] = parse(name, raw)
+    try:
+        _build_index(entries, kind)
+    except ValueError as exc:
+        raise ValueError(f"compiler/data/{filename}: {exc}") from None
+    return MappingProxyType(entries)
+
+
+@functools.cache
+def load_catalog() -> Catalog:
+    """The built-in catalog (parsed and validated once per process)."""
+    return Catalog(
+        gpus=_parse_file(GPUS_FILE, _parse_gpu, "gpu"),
+        models=_parse_file(MODELS_FILE, _parse_model, "model"),
+    )

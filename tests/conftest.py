@@ -1,0 +1,27 @@
+"""Shared test options: --update-golden rewrites expected files (and still fails the run)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files (tests/cases/**/expected*) and fail, listing what was written")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests run from the repository root so relative spec paths in messages are stable."""
+    monkeypatch.chdir(REPO)

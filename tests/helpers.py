@@ -1,0 +1,44 @@
+"""Test helpers: golden comparison with a unified diff, and the CLI runner."""
+from __future__ import annotations
+
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def assert_golden(actual: str, expected_path: Path, *, update: bool, regen: str) -> None:
+    """Byte-exact comparison; a missing golden is written and fails; --update-golden rewrites and fails."""
+    if update or not expected_path.exists():
+        expected_path.parent.mkdir(parents=True, exist_ok=True)
+        expected_path.write_text(actual, encoding="utf-8")
+        pytest.fail(f"wrote golden {expected_path.relative_to(REPO)}; review it and re-run without --update-golden")
+    expected = expected_path.read_text(encoding="utf-8")
+    if actual != expected:
+        obtained = expected_path.with_name(expected_path.name + ".obtained")
+        obtained.write_text(actual, encoding="utf-8")
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
+                                            str(expected_path.relative_to(REPO)), "actual"))
+        pytest.fail(f"golden mismatch (actual written to {obtained.name}); regenerate with: {regen}\n{diff}")
+
+
+def run_cli(args: list[str], *, exit_code: int | None = 0) -> Result:
+    """Invoke the dtc CLI in-process; on an unexpected exit code, show everything."""
+    from compiler.cli import cli
+
+    result = CliRunner().invoke(cli, args, catch_exceptions=True)
+    if exit_code is not None and result.exit_code != exit_code:
+        pytest.fail(f"dtc {' '.join(args)} exited {result.exit_code}, expected {exit_code}\n"
+                    f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n--- exception\n{result.exception!r}")
+    return result
+
+
+def run_dtc(args: list[str], *, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `python -m compiler ...` as a real process (exit codes, no traceback on stderr)."""
+    return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
