@@ -1,0 +1,51 @@
+"""The public surfaces are frozen: the spec schema and the CLI options change only on purpose."""
+from __future__ import annotations
+
+import json
+
+from helpers import REPO, run_cli
+
+
+def test_spec_schema_is_committed_and_current():
+    result = run_cli(["schema"])
+    committed = (REPO / "schemas/spec.schema.json").read_text()
+    assert result.stdout == committed, (
+        "the spec schema changed; if intended run `dtc schema > schemas/spec.schema.json` and commit it")
+    schema = json.loads(committed)
+    # every field is documented (it flows into editors' completion)
+    for name, definition in [("Spec", schema), *schema["$defs"].items()]:
+        for field, prop in definition.get("properties", {}).items():
+            assert prop.get("description"), f"{name}.{field} has no description"
+
+
+EXPECTED_OPTIONS = {
+    "validate": ["--json"],
+    "compile": ["--check", "--force", "--json", "--out", "--target"],
+    "plan": ["--json", "--top"],
+    "check": ["--generated", "--json", "--specs-dir"],
+    "diff": ["--base", "--format", "--unified"],
+    "schema": [],
+    "catalog": ["--json"],
+}
+
+
+def test_cli_options_are_frozen():
+    from compiler.cli import cli
+
+    import click
+
+    ctx = click.Context(cli)
+    for name, expected in EXPECTED_OPTIONS.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        options = sorted(opt for p in command.params if isinstance(p, click.Option) for opt in p.opts
+                         if opt.startswith("--") and opt != "--help")
+        assert options == sorted(expected), (
+            f"`dtc {name}` options changed: {options}; new knobs belong in the spec, not in flags "
+            f"(update tests/test_frozen_surface.py if this is intended)")
+
+
+def test_help_states_exit_codes():
+    result = run_cli(["--help"])
+    for code in ("0 ok", "1 differences", "2 user error", "3 internal error"):
+        assert code in result.stdout

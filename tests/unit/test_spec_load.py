@@ -1,0 +1,97 @@
+"""Spec loading: structured errors, presets, derived shapes, batch conversion."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from compiler.errors import SpecError
+from compiler.model import count_params
+from compiler.problem import lower
+from compiler.spec.load import load_spec_text
+
+BASE = """
+name: t
+model:
+  preset: llama3-70b
+training:
+  tokens: 15T
+  sequence_length: 8192
+  global_batch: 16M tokens
+cluster:
+  gpu: h100
+  num_gpus: 1024
+"""
+
+
+def problem(text: str = BASE):
+    return lower(load_spec_text(textwrap.dedent(text), "t.yaml"))
+
+
+def test_preset_and_units_resolve():
+    p = problem()
+    assert p.shape.num_layers == 80 and p.shape.num_kv_heads == 8
+    assert p.tokens == 15 * 10**12
+    assert p.global_batch == 1953  # 16e6 / 8192 rounded, and the note says so
+    assert "rounded" in p.batch_note
+    assert p.gpu_options[0].name == "h100-sxm"  # alias
+
+
+def test_params_only_derives_a_dense_shape_within_3_percent():
+    p = problem(BASE.replace("preset: llama3-70b", "params: 70B"))
+    assert abs(p.params.total - 70e9) / 70e9 < 0.03
+    assert p.shape.num_attention_heads % 8 == 0 and p.shape.num_kv_heads == 8
+    assert p.model_name.startswith("derived")
+
+
+@pytest.mark.parametrize("size", ["1B", "7B", "13B", "34B", "70B", "175B", "405B", "1T"])
+def test_derived_shapes_land_near_the_size(size):
+    from compiler.model import derive_dense_shape
+    from compiler.units import parse_count
+
+    n = parse_count(size)
+    shape = derive_dense_shape(n)
+    assert abs(count_params(shape).total - n) / n < 0.03
+    assert shape.hidden_size % shape.num_attention_heads == 0
+
+
+def test_preset_override_and_explicit_shape():
+    p = problem(BASE.replace("preset: llama3-70b", "preset: llama3-70b\n  vocab_size: 32000"))
+    assert p.shape.vocab_size == 32000 and "modified" in p.model_name
+
+
+def test_errors_are_collected_with_locations():
+    text = BASE.replace("gpu: h100", "gpu: h101").replace("preset: llama3-70b", "preset: llama9")
+    with pytest.raises(SpecError) as exc:
+        problem(text)
+    locs = [(d.location.line, d.summary.split(",")[0]) for d in exc.value.diagnostics]
+    assert locs == [(4, "unknown model preset"), (10, "unknown GPU type")]
+
+
+def test_pydantic_errors_map_to_lines():
+    text = BASE + "layout:\n  tensor_parallel: 3\n  micro_batch_size: 0\n"
+    with pytest.raises(SpecError) as exc:
+        problem(text)
+    assert [d.location.line for d in exc.value.diagnostics] == [14]
+    with pytest.raises(SpecError) as exc:
+        problem(BASE + "layout:\n  tensor_parallel: 3\n")
+    assert exc.value.diagnostics[0].location.line == 13
+    assert "must divide num_attention_heads (64), got 3" in exc.value.diagnostics[0].summary
+
+
+def test_custom_gpu():
+    text = BASE.replace("gpu: h100\n", textwrap.dedent("""\
+        gpu:
+            name: my-accel
+            generation: hopper
+            bf16_flops: 900TFLOPS
+            hbm: 96GiB
+            hbm_bandwidth: 4TB/s
+            intra_node_bandwidth: 450GB/s
+            inter_node_bandwidth: 400Gb/s
+            price_per_gpu_hour: $2
+        """).replace("\n", "\n  ").rstrip() + "\n")
+    p = problem(text)
+    g = p.gpu_options[0]
+    assert g.spec.hbm_bytes == 96 * 2**30 and g.inter_node_bandwidth_bytes_per_s == 50e9
+    assert g.spec.peak_flops_for("bf16") == 900e12
