@@ -1,0 +1,210 @@
+"""SLURM target: one sbatch script per framework target, and ``train.sbatch`` (the primary one).
+
+``slurm_context(plan)`` computes everything the templates place (``slurm/*.sbatch.j2``):
+
+- ``train_fsdp.sbatch``: ``srun`` one task per node running ``torchrun`` (c10d rendezvous
+  at the first node of the allocation) with ``fsdp_train.py``.
+- ``train_deepspeed.sbatch``: the same torchrun launch with ``ds_train.py``. DeepSpeed reads
+  RANK/LOCAL_RANK/WORLD_SIZE from torchrun's environment, so no pdsh/ssh (``deepspeed``
+  launcher) and no hostfile are involved; ``deepspeed --launcher slurm`` would start its own
+  nested ``srun`` with one task per GPU from a single process, without torchrun's rendezvous,
+  worker restarts and signal forwarding.
+- ``train_megatron.sbatch``: ``srun`` one task per GPU; each task sets RANK, LOCAL_RANK and
+  WORLD_SIZE from SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS and runs ``pretrain_gpt.py``
+  with the arguments of ``megatron_args.sh``.
+
+Values from the spec are checked again here (the Plan may come from an edited plan.json):
+those placed in ``#SBATCH`` lines, which no shell quotes, must match the spec's patterns in
+full; everything that reaches a shell command goes through ``shell_quote``.
+
+Time limit: ``slurm.time_limit`` becomes ``--time``; without it no ``--time`` is written and
+the partition's default applies. dtc does not derive one from the estimated time to train:
+a run of weeks is split into many jobs (SIGUSR1 before the limit, checkpoint, requeue), and a
+request above the partition's MaxTime would leave the job pending forever.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from compiler.errors import Diagnostic, RenderError
+from compiler.plan import Plan
+from compiler.render.environment import render_template
+from compiler.render.fsdp import provenance_header
+from compiler.render.megatron import megatron_env
+from compiler.spec.models import ENV_NAME_RE, IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE
+
+# framework target -> (script, template, launcher)
+SCRIPTS: dict[str, tuple[str, str, str]] = {
+    "fsdp": ("train_fsdp.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
+    "deepspeed": ("train_deepspeed.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
+    "megatron": ("train_megatron.sbatch", "slurm/srun.sbatch.j2", "srun"),
+}
+PRIMARY = "train.sbatch"
+# slurm.launcher -> the targets it can mean, in order of preference
+LAUNCHER_TARGETS = {"torchrun": ("fsdp", "deepspeed"), "deepspeed": ("deepspeed",), "srun": ("megatron",)}
+DEFAULT_CPUS_PER_GPU = 16
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# What an #SBATCH value may contain at all (sbatch splits its lines on blanks and quotes).
+_SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.%+=@:,/~-]+")
+
+
+def _fail(summary: str, hint: str = "fix the slurm section of the spec and recompile") -> RenderError:
+    return RenderError(Diagnostic(summary=summary, detail="refusing to write it into an sbatch script", hint=hint))
+
+
+def _check(field: str, value: Any, pattern: str, *, sbatch: bool = False) -> str:
+    if not isinstance(value, str) or re.fullmatch(pattern, value) is None:
+        raise _fail(f"slurm.{field} {value!r} does not match {pattern}")
+    if sbatch and _SBATCH_SAFE.fullmatch(value) is None:
+        raise _fail(f"slurm.{field} {value!r} cannot be placed in an #SBATCH line")
+    return value
+
+
+def _int(field: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(f"slurm.{field} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def format_time(seconds: float) -> str:
+    """SLURM's D-HH:MM:SS, rounded up to whole seconds."""
+    total = max(1, math.ceil(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def _common(plan: Plan) -> dict[str, Any]:
+    """Validated values shared by every script."""
+    s, lay = plan.slurm, plan.layout
+    nodes = lay.num_nodes
+    if lay.world_size % nodes:
+        raise _fail(f"world size {lay.world_size} does not split evenly over {nodes} nodes of "
+                    f"{lay.gpus_per_node} GPUs",
+                    hint="use a GPU count that is a multiple of the node size (or below one node)")
+    job_name = _check("job_name", s.get("job_name") or plan.name, NAME_RE, sbatch=True)
+    optional = {key: _check(key, s[key], SLURM_NAME_RE, sbatch=True)
+                for key in ("partition", "account", "qos") if s.get(key) is not None}
+    output_dir = _check("output_dir", s.get("output_dir", "logs"), PATH_RE, sbatch=True).rstrip("/") or "/"
+    time_limit = s.get("time_limit")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not 0 < time_limit < 10**9):
+        raise _fail(f"slurm.time_limit must be a positive number of seconds, got {time_limit!r}")
+    env = s.get("environment") or {}
+    if not isinstance(env, dict):
+        raise _fail(f"slurm.environment must be a mapping, got {type(env).__name__}")
+    for name, value in env.items():
+        _check("environment", name, ENV_NAME_RE)
+        if not isinstance(value, str) or any(ch in value for ch in "\n\r\x00"):
+            raise _fail(f"slurm.environment.{name} must be a one-line string, got {value!r}")
+    image = s.get("container_image")
+    return {
+        "header": provenance_header(plan),
+        "job_name": job_name,
+        "nodes": nodes,
+        "gpus_per_node": lay.world_size // nodes,
+        "world_size": lay.world_size,
+        "optional": optional,
+        "time": format_time(time_limit) if time_limit is not None else None,
+        "exclusive": bool(s.get("exclusive", True)),
+        "requeue": bool(s.get("requeue", True)),
+        "signal_seconds": _int("signal_seconds_before_end", s.get("signal_seconds_before_end", 120), 0, 65535),
+        "output": f"{output_dir}/%x-%j.out",
+        "error": f"{output_dir}/%x-%j.err",
+        "output_dir": output_dir,
+        "modules": [_check("modules", m, MODULE_RE) for m in s.get("modules") or []],
+        "environment": [{"name": k, "value": env[k]} for k in sorted(env)],
+        # ShellCheck notes '$' and '`' inside single quotes (SC2016): here that literalness is the point
+        "environment_has_expansions": any("$" in v or "`" in v for v in env.values()),
+        "container_image": _check("container_image", image, IMAGE_RE) if image is not None else None,
+        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.get("container_mounts") or []),
+        "workdir": _check("workdir", s["workdir"], PATH_RE) if s.get("workdir") is not None else None,
+        "port": _int("rdzv_port", s.get("rdzv_port", 29500), 1, 65535),
+        "train_script": (_check("train_script", s["train_script"], PATH_RE)
+                         if s.get("train_script") is not None else None),
+        "describe": plan.layout.describe(),
+        "gpu": str(plan.cluster.get("display_name") or plan.cluster.get("gpu")),
+    }
+
+
+def _cpus_per_task(plan: Plan, tasks_per_node: int, gpus_per_node: int) -> int:
+    """CPUs of one SLURM task. ``slurm.cpus_per_task`` counts CPUs per training process (per GPU,
+    default 16): srun's task under Megatron, G of them in torchrun's one task per node. One value
+    then asks every script for the same CPUs per node."""
+    per_process = plan.slurm.get("cpus_per_task")
+    per_process = DEFAULT_CPUS_PER_GPU if per_process is None else _int("cpus_per_task", per_process, 1, 1024)
+    return per_process * gpus_per_node // tasks_per_node
+
+
+def _script_context(plan: Plan, target: str, common: dict[str, Any]) -> dict[str, Any]:
+    script, template, launcher = SCRIPTS[target]
+    gpn = common["gpus_per_node"]
+    tasks_per_node = 1 if launcher == "torchrun" else gpn
+    ctx = dict(common, target=target, script=script, template=template, launcher=launcher,
+               tasks_per_node=tasks_per_node, cpus_per_task=_cpus_per_task(plan, tasks_per_node, gpn),
+               torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[])
+    own = common["train_script"]
+    if target == "fsdp":
+        ctx.update(framework="FSDP2", program=own, program_default="fsdp_train.py", config_flag=None,
+                   needs=["fsdp_train.py", "fsdp_config.py"])
+    elif target == "deepspeed":
+        # the generated ds_train.py takes --config; a user entry gets DeepSpeed's own --deepspeed_config
+        flag = "--deepspeed_config" if own else "--config"
+        ctx.update(framework="DeepSpeed", program=own, program_default="ds_train.py", config_flag=flag,
+                   needs=["ds_train.py", "ds_config.json"])
+    else:
+        env = megatron_env(plan)
+        ctx.update(framework="Megatron-LM", needs=["megatron_args.sh"],
+                   megatron_dir=_check("megatron_dir", plan.slurm.get("megatron_dir", "/opt/Megatron-LM"), PATH_RE),
+                   env_exports=[{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
+                   env_unsets=[k for k, v in sorted(env.items()) if v is None])
+    directives = [f"--job-name={common['job_name']}", f"--nodes={common['nodes']}",
+                  f"--ntasks-per-node={tasks_per_node}", f"--gpus-per-node={gpn}",
+                  f"--cpus-per-task={ctx['cpus_per_task']}"]
+    if common["time"]:
+        directives.append(f"--time={common['time']}")
+    directives += [f"--{key}={value}" for key, value in common["optional"].items()]
+    if common["exclusive"]:
+        directives.append("--exclusive")
+    directives += [f"--output={common['output']}", f"--error={common['error']}",
+                   "--requeue" if common["requeue"] else "--no-requeue"]
+    if common["signal_seconds"]:
+        directives.append(f"--signal=B:USR1@{common['signal_seconds']}")
+    for d in directives:  # internal invariant: every value was checked above
+        assert _SBATCH_SAFE.fullmatch(d.lstrip("-")), d
+    ctx["directives"] = directives
+    return ctx
+
+
+def primary_target(plan: Plan) -> str:
+    """The framework ``train.sbatch`` launches: slurm.launcher's, else the first framework target."""
+    present = [t for t in plan.targets if t in SCRIPTS]
+    if not present:
+        raise _fail("the slurm target needs a framework target (deepspeed, fsdp or megatron)",
+                    hint="add a framework to targets")
+    launcher = plan.slurm.get("launcher")
+    if launcher is None:
+        return present[0]
+    for target in LAUNCHER_TARGETS.get(launcher, ()):
+        if target in present:
+            return target
+    raise _fail(f"slurm.launcher {launcher!r} launches none of the targets {', '.join(present)}",
+                hint="torchrun: fsdp or deepspeed; deepspeed: deepspeed; srun: megatron")
+
+
+def slurm_context(plan: Plan) -> dict[str, Any]:
+    """{"scripts": {target: context}, "primary": target}: every value the sbatch templates place."""
+    common = _common(plan)
+    scripts = {t: _script_context(plan, t, common) for t in SCRIPTS if t in plan.targets}
+    return {"scripts": scripts, "primary": primary_target(plan)}
+
+
+def render_slurm(plan: Plan) -> dict[str, str]:
+    """One sbatch script per framework target, plus train.sbatch (a copy of the primary one)."""
+    context = slurm_context(plan)
+    files = {ctx["script"]: render_template(ctx["template"], **ctx) for ctx in context["scripts"].values()}
+    files[PRIMARY] = files[context["scripts"][context["primary"]]["script"]]
+    return files
