@@ -1,0 +1,318 @@
+"""DeepSpeed target: ``ds_config.json`` (built as data) and ``ds_train.py``, for DeepSpeed 0.19.8.
+
+``deepspeed_context(plan)`` computes the whole ds_config as a dict; ``render_deepspeed``
+serialises it with ``json.dumps(indent=2, sort_keys=True)`` and fills the training-script
+template ``deepspeed/ds_train.py.j2`` with plan constants only. Every key is one the
+pinned release reads (tools/validators/deepspeed_check.py checks each generated config
+with DeepSpeed's own ``DeepSpeedConfig`` at the plan's real data-parallel size).
+
+How DeepSpeed runs a dtc layout (which layouts it can run is compiler.frameworks' table):
+
+- pp > 1: DeepSpeed's pipeline engine (``deepspeed.pipe.PipelineModule``), ZeRO 0/1,
+  its own 1F1B schedule, no virtual stages, no tensor parallelism.
+- tp > 1: AutoTP (``tensor_parallel.autotp_size``), pp == 1.
+- HSDP (dp_replicate > 1 with sharding): ZeRO-3 with ZeRO++ hpZ, a secondary copy of the
+  weights sharded over ``zero_hpz_partition_size`` = dp_shard ranks.
+- No context parallel, expert parallel, Megatron sequence parallel or fp8.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from compiler.errors import RenderError
+from compiler.frameworks import target_reason
+from compiler.layout import Layout
+from compiler.model import ModelShape
+from compiler.plan import Plan
+from compiler.render.environment import render_template
+from compiler.render.report import display_path
+
+CONFIG_FILE = "ds_config.json"
+TRAIN_FILE = "ds_train.py"
+TRAIN_TEMPLATE = "deepspeed/ds_train.py.j2"
+
+# NVMe offload needs a node-local directory; the spec has no field for it, so every plan uses
+# this spec-independent default (PLAN notes say so: see deepspeed_notes). Edit ds_config.json
+# (zero_optimization.offload_*.nvme_path) if your nodes mount NVMe elsewhere.
+NVME_PATH = "/local_nvme"
+ADAM_EPS = 1e-8  # torch / DeepSpeed / Megatron default; the spec has no eps field
+SGD_MOMENTUM = 0.9
+STEPS_PER_PRINT = 100
+# DeepSpeed's own defaults for the stage-3 knobs that do not scale with the model
+# (docs/config-json "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+# "sub_group_size": 1e9).
+STAGE3_MAX_LIVE_PARAMETERS = 10**9
+STAGE3_MAX_REUSE_DISTANCE = 10**9
+SUB_GROUP_SIZE = 10**9
+# fp16 dynamic loss scaling, DeepSpeed docs (config-json "fp16") defaults written out:
+# loss_scale 0 means dynamic; start at 2**16, halve after 2 overflows, grow every 1000 steps.
+FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                     "hysteresis": 2, "min_loss_scale": 1}
+# ZeRO-Infinity async I/O for NVMe offload, DeepSpeed 0.19.8 defaults
+# (runtime/swap_tensor/constants.py; "thread_count" of older docs is now "intra_op_parallelism").
+AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+       "overlap_events": True}
+
+
+# ------------------------------------------------------------------------------ arithmetic
+def deepspeed_dp_size(layout: Layout) -> int:
+    """The world size DeepSpeed 0.19.8's batch identity divides by (``DeepSpeedConfig.world_size``).
+
+    ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * W``
+    is asserted in ``DeepSpeedConfig._batch_assertion`` (runtime/config.py), where W is:
+
+    - pipeline engine: ``deepspeed.initialize`` builds ``DeepSpeedConfig(config, model.mpu())``
+      and the PipelineParallelGrid reports the data-parallel size, world / pp = dp.
+    - AutoTP: the training script passes no mpu (as in DeepSpeed's AutoTP tutorial), so
+      ``DeepSpeedConfig`` takes ``dist.get_world_size()`` = dp * tp: W counts every TP rank
+      although the TP ranks of a group see the same samples. The real number of distinct
+      sequences per step is still micro * grad_accum * dp (ds_train.py prints it).
+    - otherwise: the world size, = dp.
+    """
+    return layout.dp * layout.tp if layout.tp > 1 else layout.dp
+
+
+def train_batch_size(layout: Layout) -> int:
+    return layout.micro_batch * layout.grad_accum * deepspeed_dp_size(layout)
+
+
+def lr_schedule_steps(plan: Plan) -> tuple[int, int]:
+    """(warmup steps, total steps): warmup_tokens rounded up to whole steps, at least 1, at most all."""
+    total = int(plan.training["num_steps"])
+    warmup = math.ceil(int(plan.training["warmup_tokens"]) / int(plan.training["tokens_per_step"]))
+    return max(1, min(warmup, total)), total
+
+
+# ------------------------------------------------------------------------------ support
+def _check(plan: Plan) -> None:
+    """The solver's table (compiler.frameworks) decides what DeepSpeed can run; render nothing else."""
+    reason = target_reason("deepspeed", plan.layout, str(plan.training["precision"]))
+    if reason:
+        raise RenderError(f"DeepSpeed {plan.provenance['frameworks']['deepspeed']} cannot run layout "
+                          f"{plan.layout.tag}: {reason}",
+                          hint="the solver should not have chosen this layout for the deepspeed target; "
+                               "please report, or remove deepspeed from targets")
+
+
+def deepspeed_notes(plan: Plan) -> list[str]:
+    """Remarks on how DeepSpeed runs this plan, for the plan's notes (PLAN.md)."""
+    lay = plan.layout
+    notes = []
+    if lay.tp > 1:
+        notes.append(f"DeepSpeed runs tp={lay.tp} with AutoTP; its batch identity counts every TP rank, so "
+                     f"ds_config.json has train_batch_size={train_batch_size(lay)} = micro {lay.micro_batch} x "
+                     f"grad_accum {lay.grad_accum} x world {deepspeed_dp_size(lay)}; the distinct sequences per "
+                     f"step are {lay.global_batch}.")
+    if lay.pp > 1:
+        notes.append(f"DeepSpeed runs pp={lay.pp} with its pipeline engine (PipelineModule, 1F1B).")
+    if lay.is_hsdp:
+        notes.append(f"DeepSpeed runs hybrid sharding as ZeRO-3 with ZeRO++ hpZ (zero_hpz_partition_size="
+                     f"{lay.dp_shard}): optimizer states and gradients are sharded over all {lay.dp} data-parallel "
+                     f"ranks, weights are all-gathered within groups of {lay.dp_shard}.")
+    if "nvme" in (lay.offload_optimizer, lay.offload_params):
+        notes.append(f"NVMe offload writes to {NVME_PATH} on every node (a dtc default, not from the spec); "
+                     "change zero_optimization.offload_*.nvme_path in ds_config.json if needed.")
+    return notes
+
+
+# ------------------------------------------------------------------------------ the config
+def deepspeed_context(plan: Plan) -> dict[str, Any]:
+    """The ds_config for ``plan`` as data (JSON-ready; serialised with sorted keys)."""
+    _check(plan)
+    lay = plan.layout
+    shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    cfg: dict[str, Any] = {
+        "train_batch_size": train_batch_size(lay),
+        "train_micro_batch_size_per_gpu": lay.micro_batch,
+        "gradient_accumulation_steps": lay.grad_accum,
+        "gradient_clipping": float(plan.training["grad_clip"]),
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+        "zero_optimization": _zero(lay, shape),
+        "optimizer": _optimizer(plan),
+        "scheduler": _scheduler(plan),
+    }
+    cfg.update(_precision(str(plan.training["precision"])))
+    if lay.zero_stage > 0 and plan.training["optimizer"] == "sgd":
+        # engine.py _do_optimizer_sanity_check: torch.optim.SGD is not in ZERO_SUPPORTED_OPTIMIZERS
+        cfg["zero_allow_untested_optimizer"] = True
+        if lay.offload_optimizer != "none":
+            cfg["zero_force_ds_cpu_optimizer"] = False  # offload without DeepSpeedCPUAdam
+    if "nvme" in (lay.offload_optimizer, lay.offload_params):
+        cfg["aio"] = dict(AIO)
+    if lay.recompute != "none":
+        cfg["activation_checkpointing"] = _activation_checkpointing(lay, shape)
+    if lay.pp > 1:
+        cfg["pipeline"] = {
+            "stages": lay.pp,
+            # balance stages by parameter count (PipelineModule partition_method; ds_train.py reads it)
+            "partition": "parameters",
+            # full recompute: checkpoint every layer (runtime/pipe/engine.py); selective is done
+            # inside the layer by ds_train.py's attention
+            "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0,
+        }
+    if lay.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": lay.tp}
+    return cfg
+
+
+def _precision(precision: str) -> dict[str, Any]:
+    if precision == "fp16":
+        return {"bf16": {"enabled": False}, "fp16": {"enabled": True, **FP16_LOSS_SCALING}}
+    return {"bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": False}}
+
+
+def _zero(lay: Layout, shape: ModelShape) -> dict[str, Any]:
+    """ZeRO section for the stage.
+
+    Bucket sizes follow the Hugging Face transformers DeepSpeed integration's "auto" rule
+    (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_finalize):
+    reduce_bucket_size = hidden_size**2, stage3_prefetch_bucket_size = 0.9 * hidden_size**2,
+    stage3_param_persistence_threshold = 10 * hidden_size. The all-gather bucket of ZeRO 1/2
+    uses the same size as the reduce bucket (DeepSpeed's ZeRO tutorial sets both equal). The
+    other stage-3 knobs keep DeepSpeed's documented defaults (config-json page).
+    """
+    h = shape.hidden_size
+    if lay.zero_stage == 0:
+        return {"stage": 0}
+    zero: dict[str, Any] = {
+        "stage": lay.zero_stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": h * h,
+    }
+    if lay.zero_stage in (1, 2):
+        zero["allgather_partitions"] = True
+        zero["allgather_bucket_size"] = h * h
+    else:
+        zero.update({
+            "stage3_prefetch_bucket_size": int(0.9 * h * h),
+            "stage3_param_persistence_threshold": 10 * h,
+            "stage3_max_live_parameters": STAGE3_MAX_LIVE_PARAMETERS,
+            "stage3_max_reuse_distance": STAGE3_MAX_REUSE_DISTANCE,
+            "sub_group_size": SUB_GROUP_SIZE,
+            # save consolidated 16-bit weights with save_checkpoint / save_16bit_model
+            "stage3_gather_16bit_weights_on_model_save": True,
+        })
+        if lay.is_hsdp:
+            zero["zero_hpz_partition_size"] = lay.dp_shard
+    if lay.offload_optimizer != "none":
+        off: dict[str, Any] = {"device": lay.offload_optimizer, "pin_memory": True}
+        if lay.offload_optimizer == "nvme":
+            # buffer_count 4: Adam keeps 4 states per parameter (offload_config.py docstring)
+            off.update({"nvme_path": NVME_PATH, "buffer_count": 4, "fast_init": False})
+        zero["offload_optimizer"] = off
+    if lay.offload_params != "none":
+        off = {"device": lay.offload_params, "pin_memory": True}
+        if lay.offload_params == "nvme":
+            off.update({"nvme_path": NVME_PATH, "buffer_count": 5, "buffer_size": 10**8, "max_in_cpu": 10**9})
+        zero["offload_param"] = off
+    return zero
+
+
+def _optimizer(plan: Plan) -> dict[str, Any]:
+    t = plan.training
+    if t["optimizer"] == "sgd":
+        return {"type": "SGD", "params": {"lr": float(t["learning_rate"]), "momentum": SGD_MOMENTUM,
+                                          "weight_decay": float(t["weight_decay"])}}
+    params: dict[str, Any] = {
+        "lr": float(t["learning_rate"]),
+        "betas": [float(t["adam_beta1"]), float(t["adam_beta2"])],
+        "eps": ADAM_EPS,
+        "weight_decay": float(t["weight_decay"]),
+    }
+    if t["optimizer"] == "adam":
+        # "Adam" alone means AdamW in DeepSpeed (engine.py: adam_w_mode defaults to True)
+        return {"type": "Adam", "params": {**params, "adam_w_mode": False}}
+    return {"type": "AdamW", "params": params}
+
+
+def _scheduler(plan: Plan) -> dict[str, Any]:
+    """Linear warm-up to the peak lr, then cosine decay to min_learning_rate at the last step."""
+    warmup, total = lr_schedule_steps(plan)
+    lr = float(plan.training["learning_rate"])
+    return {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": total,
+        "warmup_num_steps": warmup,
+        "warmup_type": "linear",  # DeepSpeed's default is "log"; Megatron warms up linearly
+        "warmup_min_ratio": 0.0,
+        "cos_min_ratio": float(plan.training["min_learning_rate"]) / lr,
+    }}
+
+
+def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
+    """deepspeed.checkpointing settings, used by ds_train.py's checkpointed layers.
+
+    partition_activations splits each saved layer input over the TP group (AutoTP), so it is
+    on when tp > 1; keeping checkpoints on the CPU is left off (it costs PCIe time the cost
+    model does not charge).
+    """
+    return {
+        "partition_activations": lay.tp > 1,
+        "cpu_checkpointing": False,
+        "contiguous_memory_optimization": False,
+        "number_checkpoints": None,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+
+
+# ------------------------------------------------------------------------------ the script
+def ds_train_context(plan: Plan) -> dict[str, Any]:
+    """Plan constants for ds_train.py (everything else in the script is fixed code)."""
+    lay = plan.layout
+    shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    spec = display_path(str(plan.provenance.get("spec_path", "")))
+    model = {
+        "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "ffn_hidden_size": shape.ffn_hidden_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_kv_heads": shape.num_kv_heads,
+        "head_dim": shape.kv_channels,
+        "vocab_size": shape.vocab_size,
+        "mlp": shape.mlp,
+        "norm": shape.norm,
+        "position": shape.position,
+        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training["seq_len"])),
+        "tied_embeddings": shape.tied_embeddings,
+        "attention_bias": shape.attention_bias or shape.linear_bias,
+        "linear_bias": shape.linear_bias,
+        "is_moe": shape.is_moe,
+    }
+    constants = {
+        "name": plan.name,
+        "spec_path": spec,
+        "layout_tag": lay.tag,
+        "world_size": lay.world_size,
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "dp": lay.dp,
+        "zero_stage": lay.zero_stage,
+        "recompute": lay.recompute,
+        "precision": str(plan.training["precision"]),
+        "seq_len": int(plan.training["seq_len"]),
+        "num_steps": int(plan.training["num_steps"]),
+        "global_batch": int(plan.training["global_batch"]),
+        "seed": int(plan.training["seed"]),
+        "model": model,
+    }
+    return {"header": provenance_header(plan), "plan": constants, "model_keys": list(model),
+            "plan_keys": [k for k in constants if k != "model"]}
+
+
+def provenance_header(plan: Plan) -> str:
+    spec = " ".join(display_path(str(plan.provenance.get("spec_path", ""))).split())
+    return f"# Generated by dtc from {spec} -- do not edit; run: dtc compile {spec}"
+
+
+def render_deepspeed(plan: Plan) -> dict[str, str]:
+    """{"ds_config.json": ..., "ds_train.py": ...} for ``plan``."""
+    cfg = deepspeed_context(plan)
+    return {
+        CONFIG_FILE: json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+        TRAIN_FILE: render_template(TRAIN_TEMPLATE, **ds_train_context(plan)),
+    }

@@ -1,0 +1,424 @@
+"""Megatron-LM target: ``megatron_args.sh``, the pretrain_gpt.py arguments for megatron-core 0.19.2.
+
+``megatron_arg_groups(plan)`` computes the flags as data, in a fixed, grouped order
+(parallelism, model, batch, optimizer, precision, recompute, data, logging, checkpointing);
+``megatron_args(plan)`` is the same list flattened. The template
+``megatron/megatron_args.sh.j2`` only places them in a bash array, each token quoted with
+``shell_quote`` except the few that must expand at run time (``ShellExpr``: the checkpoint
+directory), which are double-quoted. Spellings are megatron-core 0.19.2's own (see
+tools/validators/MEGATRON_FLAGS.md); tests parse every generated list with Megatron's own
+``arguments.py`` at the plan's world size.
+
+How Megatron runs a dtc layout: zero 0 is DDP; zero 1 the distributed optimizer; zero 2/3
+Megatron-FSDP (``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``
+optim_grads / optim_grads_params); HSDP is ``--num-distributed-optimizer-instances`` =
+dp_replicate for both. Megatron has no GPipe schedule, no parameter offload and no NVMe.
+Checks Megatron itself makes late or not at all (heads and KV heads divisible by tp, experts
+by ep, sequence by 2 x cp, ...) raise ``RenderError`` here.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from compiler.errors import RenderError
+from compiler.frameworks import target_reason
+from compiler.layout import Layout
+from compiler.model import ModelShape
+from compiler.plan import Plan
+from compiler.render.deepspeed import lr_schedule_steps, provenance_header
+from compiler.render.environment import render_template
+
+ARGS_FILE = "megatron_args.sh"
+TEMPLATE = "megatron/megatron_args.sh.j2"
+
+CHECKPOINT_DIR = "${CHECKPOINT_DIR:-checkpoints}"  # expands when the script runs, relative to its cwd
+ADAM_EPS = 1e-8
+SGD_MOMENTUM = 0.9
+MAKE_VOCAB_DIVISIBLE_BY = 128  # Megatron's default; the embedding is padded to a multiple of 128 x tp
+LOG_INTERVAL = 10
+SAVE_INTERVAL = 1000
+EVAL_INTERVAL = 1000
+EVAL_ITERS = 10
+DATA_SPLIT = "99,1,0"
+MOE_AUX_LOSS_COEFF = 1e-2  # Megatron's MoE examples (Mixtral); its default 0.0 disables balancing
+# delayed fp8 scaling: amax over a 1024-step history, as in NVIDIA's Megatron-LM fp8 examples
+FP8_AMAX_HISTORY_LEN = 1024
+
+
+class ShellExpr(str):
+    """A token that the shell must expand at run time: written double-quoted, not escaped."""
+
+    def __new__(cls, text: str) -> "ShellExpr":
+        assert not set(text) & set('"`\\\n'), f"unsafe inside double quotes: {text!r}"
+        return super().__new__(cls, text)
+
+
+Group = tuple[str, list[list[str]]]  # (comment, [[flag, value...], ...])
+
+
+# ------------------------------------------------------------------------------ checks
+def render_checks(plan: Plan) -> list[str]:
+    """What Megatron-LM cannot run, or checks too late, for this plan ([] = fine).
+
+    Layout-only rules come from the solver's table (compiler.frameworks); the checks below
+    need the model or the sequence length, which that table does not see."""
+    lay, s = plan.layout, _shape(plan)
+    seq = int(plan.training["seq_len"])
+    reason = target_reason("megatron", lay, str(plan.training["precision"]))
+    out = [reason] if reason else []
+    if s.num_attention_heads % lay.tp:
+        out.append(f"num_attention_heads ({s.num_attention_heads}) must be divisible by tp, got tp={lay.tp}")
+    if s.mla is None and s.num_kv_heads % lay.tp:
+        out.append(f"num_kv_heads ({s.num_kv_heads}) must be divisible by tp, got tp={lay.tp}")
+    if s.moe is not None and s.moe.num_experts % lay.ep:
+        out.append(f"num_experts ({s.moe.num_experts}) must be divisible by ep, got ep={lay.ep}")
+    if s.moe is not None and lay.ep > 1 and lay.tp > 1 and not lay.sequence_parallel:
+        out.append(f"expert parallel with tensor parallel needs sequence parallel (core/model_parallel_config.py:"
+                   f"560), got ep={lay.ep} tp={lay.tp} without it")
+    if s.moe is None and lay.ep > 1:
+        out.append(f"expert parallel needs an MoE model, got ep={lay.ep}")
+    if lay.cp > 1 and seq % (2 * lay.cp):
+        out.append(f"seq_len ({seq}) must be divisible by 2 x cp ({2 * lay.cp}) for load-balanced context "
+                   f"parallel")
+    if lay.sequence_parallel and seq % (lay.tp * lay.cp):
+        out.append(f"seq_len ({seq}) must be divisible by tp x cp ({lay.tp * lay.cp}) for sequence parallel")
+    if lay.pp > 1 and _pipeline_split(s.num_layers, lay.pp, lay.vpp) is None:
+        out.append(f"num_layers ({s.num_layers}) cannot be split over pp={lay.pp} x vpp={lay.vpp} stages, "
+                   f"not even with uneven first/last stages")
+    if plan.training["precision"] == "fp8" and plan.cluster.get("generation") not in ("hopper", "blackwell", "ada"):
+        out.append(f"fp8 needs a Hopper, Ada or Blackwell GPU, got {plan.cluster.get('generation')}")
+    if plan.training["global_batch"] % (lay.micro_batch * lay.dp):
+        out.append(f"global_batch ({plan.training['global_batch']}) must be divisible by micro_batch x dp "
+                   f"({lay.micro_batch * lay.dp})")
+    return out
+
+
+def _check(plan: Plan) -> None:
+    problems = render_checks(plan)
+    if problems:
+        raise RenderError(f"Megatron-LM cannot run layout {plan.layout.tag}: " + "; ".join(problems),
+                          hint="the solver should not have chosen this layout for the megatron target; "
+                               "please report, or remove megatron from targets")
+
+
+def _shape(plan: Plan) -> ModelShape:
+    return ModelShape.from_dict(dict(plan.model["shape"]))
+
+
+def _pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
+    """(first, last) stage layer counts: (0, 0) when the even split works, None when nothing works.
+
+    Megatron's rules for uneven stages (core/transformer/transformer_config.py, "Uneven PP"):
+    first and last are multiples of vpp, the middle layers divide evenly over the pp - 2
+    middle stages, each middle stage's count is a multiple of vpp. The first and last
+    stages also hold the embedding and the output layer, so they get at most as many layers
+    as a middle stage; among the splits allowed, the most balanced one is chosen (then the
+    one with the fuller last stage).
+    """
+    if num_layers % (pp * vpp) == 0:
+        return 0, 0
+    best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
+    for first in range(vpp, num_layers, vpp):
+        for last in range(vpp, num_layers - first + 1, vpp):
+            rest, middle_stages = num_layers - first - last, pp - 2
+            if middle_stages == 0:
+                if rest:
+                    continue
+                middle = max(first, last)
+            else:
+                if rest <= 0 or rest % (middle_stages * vpp):
+                    continue
+                middle = rest // middle_stages
+                if first > middle or last > middle:
+                    continue
+            key = (max(first, last, middle) - min(first, last, middle), -last, -first)
+            if best is None or key < best[0]:
+                best = (key, (first, last))
+    return None if best is None else best[1]
+
+
+# ------------------------------------------------------------------------------ the flags
+def megatron_arg_groups(plan: Plan) -> list[Group]:
+    """The pretrain_gpt.py arguments, grouped, as data (tokens are strings or ShellExpr)."""
+    _check(plan)
+    groups = [
+        ("parallelism", _parallelism(plan)),
+        ("model", _model(plan)),
+        ("batch and iterations", _batch(plan)),
+        ("optimizer and learning-rate schedule", _optimizer(plan)),
+        ("precision", _precision(plan)),
+        ("activation recompute", _recompute(plan.layout)),
+        ("data and tokenizer", _data(plan)),
+        ("logging", _logging(plan)),
+        ("checkpointing", _checkpointing(plan)),
+    ]
+    return [(name, flags) for name, flags in groups if flags]
+
+
+def megatron_args(plan: Plan) -> list[str]:
+    """The arguments as one flat list, in the grouped order of ``megatron_arg_groups``."""
+    return [tok for _, flags in megatron_arg_groups(plan) for flag in flags for tok in flag]
+
+
+def _f(flag: str, *values: Any) -> list[str]:
+    return [flag, *(v if isinstance(v, ShellExpr) else _num(v) for v in values)]
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, bool):
+        raise TypeError("booleans are flags, not values")
+    if isinstance(v, float):
+        return repr(v)  # shortest round-trip form: 0.0003 -> '0.0003', 1e-08 -> '1e-08'
+    return str(v)
+
+
+def _parallelism(plan: Plan) -> list[list[str]]:
+    lay, s = plan.layout, _shape(plan)
+    out = [_f("--tensor-model-parallel-size", lay.tp), _f("--pipeline-model-parallel-size", lay.pp)]
+    if lay.pp > 1:
+        if lay.vpp > 1:
+            # the only VPP spelling that also works with uneven first/last stages (arguments.py:921)
+            out.append(_f("--num-virtual-stages-per-pipeline-rank", lay.vpp))
+        first, last = _pipeline_split(s.num_layers, lay.pp, lay.vpp) or (0, 0)
+        if first:
+            out += [_f("--decoder-first-pipeline-num-layers", first), _f("--decoder-last-pipeline-num-layers", last)]
+    if lay.cp > 1:
+        out.append(_f("--context-parallel-size", lay.cp))
+    if lay.ep > 1:
+        out.append(_f("--expert-model-parallel-size", lay.ep))
+    if lay.sequence_parallel:
+        out.append(["--sequence-parallel"])
+    out += _data_parallel(lay)
+    return out
+
+
+def _data_parallel(lay: Layout) -> list[list[str]]:
+    """zero 0: DDP; 1: distributed optimizer; 2/3: Megatron-FSDP; HSDP: optimizer instances."""
+    out: list[list[str]] = []
+    if lay.zero_stage == 1:
+        out.append(["--use-distributed-optimizer"])
+    elif lay.zero_stage >= 2:
+        strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
+        out += [["--use-megatron-fsdp"], _f("--data-parallel-sharding-strategy", strategy),
+                _f("--ckpt-format", "fsdp_dtensor")]  # Megatron-FSDP requires it (arguments.py:1146)
+    if lay.zero_stage > 0 and lay.dp_replicate > 1:
+        out.append(_f("--num-distributed-optimizer-instances", lay.dp_replicate))
+    if lay.dp > 1:
+        out.append(["--overlap-grad-reduce"])
+        if lay.zero_stage > 0:
+            out.append(["--overlap-param-gather"])
+    if lay.offload_optimizer == "cpu":
+        out += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
+                _f("--optimizer-offload-fraction", 1.0)]
+    return out
+
+
+def _model(plan: Plan) -> list[list[str]]:
+    s = _shape(plan)
+    seq = int(plan.training["seq_len"])
+    out = [
+        _f("--num-layers", s.num_layers),
+        _f("--hidden-size", s.hidden_size),
+        _f("--ffn-hidden-size", s.ffn_hidden_size),
+        _f("--num-attention-heads", s.num_attention_heads),
+    ]
+    if s.mla is not None:
+        m = s.mla
+        out.append(["--multi-latent-attention"])
+        if m.q_lora_rank:
+            out.append(_f("--q-lora-rank", m.q_lora_rank))
+        out += [_f("--kv-lora-rank", m.kv_lora_rank), _f("--qk-head-dim", m.qk_nope_head_dim),
+                _f("--qk-pos-emb-head-dim", m.qk_rope_head_dim), _f("--v-head-dim", m.v_head_dim)]
+        # RoPE for MLA stays Megatron's MLA default (YaRN, as in DeepSeek-V3's published config);
+        # --rope-type rope would also need --no-rope-fusion (transformer_config.py:2967)
+    else:
+        if s.num_kv_heads != s.num_attention_heads:
+            out += [["--group-query-attention"], _f("--num-query-groups", s.num_kv_heads)]
+        if s.kv_channels != s.hidden_size // s.num_attention_heads:
+            out.append(_f("--kv-channels", s.kv_channels))
+    out.append(_f("--seq-length", seq))
+    out.append(_f("--max-position-embeddings", max(seq, s.max_position_embeddings)))
+    out.append(_f("--position-embedding-type", "rope" if s.position == "rope" else "learned_absolute"))
+    out.append(_f("--normalization", "RMSNorm" if s.norm == "rmsnorm" else "LayerNorm"))
+    if s.mlp == "swiglu":
+        out.append(["--swiglu"])
+    if not s.tied_embeddings:
+        out.append(["--untie-embeddings-and-output-weights"])
+    if not s.linear_bias:
+        out.append(["--disable-bias-linear"])
+        if s.attention_bias:
+            out.append(["--add-qkv-bias"])
+    # no dropout in LLM pretraining (Megatron's default is 0.1)
+    out += [_f("--attention-dropout", 0.0), _f("--hidden-dropout", 0.0)]
+    out += _moe(s, plan.layout)
+    # explicit although it is 0.19.2's default: fp8, CP and MLA all need Transformer Engine
+    out.append(_f("--transformer-impl", "transformer_engine"))
+    return out
+
+
+def _moe(s: ModelShape, lay: Layout) -> list[list[str]]:
+    if s.moe is None:
+        return []
+    m = s.moe
+    out = [_f("--num-experts", m.num_experts), _f("--moe-router-topk", m.top_k),
+           _f("--moe-ffn-hidden-size", m.expert_ffn_hidden_size)]
+    if m.num_shared_experts:
+        out.append(_f("--moe-shared-expert-intermediate-size", m.num_shared_experts * m.shared_ffn))
+    pattern = [int(s.is_moe_layer(i)) for i in range(s.num_layers)]
+    if not all(pattern):
+        out.append(_f("--moe-layer-freq", moe_layer_pattern(pattern)))
+    out += [_f("--moe-router-load-balancing-type", "aux_loss"), _f("--moe-aux-loss-coeff", MOE_AUX_LOSS_COEFF),
+            # fp32 routing: Megatron warns that many experts without it are numerically fragile
+            _f("--moe-router-dtype", "fp32"),
+            _f("--moe-token-dispatcher-type", "alltoall"), ["--moe-grouped-gemm"]]
+    return out
+
+
+def moe_layer_pattern(pattern: Sequence[int]) -> str:
+    """A Python list expression for --moe-layer-freq, run-length encoded: '([0]*3+[1]*58)'."""
+    runs: list[list[int]] = []
+    for bit in pattern:
+        if runs and runs[-1][0] == bit:
+            runs[-1][1] += 1
+        else:
+            runs.append([bit, 1])
+    return "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"
+
+
+def _batch(plan: Plan) -> list[list[str]]:
+    lay = plan.layout
+    return [_f("--micro-batch-size", lay.micro_batch),
+            _f("--global-batch-size", int(plan.training["global_batch"])),
+            _f("--train-iters", int(plan.training["num_steps"]))]
+
+
+def _optimizer(plan: Plan) -> list[list[str]]:
+    t = plan.training
+    warmup, total = lr_schedule_steps(plan)
+    out = []
+    if t["optimizer"] == "sgd":
+        out += [_f("--optimizer", "sgd"), _f("--sgd-momentum", SGD_MOMENTUM)]
+    else:
+        # Megatron's "adam" applies decoupled weight decay (AdamW) for both adam and adamw
+        out += [_f("--optimizer", "adam"), _f("--adam-beta1", float(t["adam_beta1"])),
+                _f("--adam-beta2", float(t["adam_beta2"])), _f("--adam-eps", ADAM_EPS)]
+    out += [
+        _f("--lr", float(t["learning_rate"])),
+        _f("--min-lr", float(t["min_learning_rate"])),
+        _f("--lr-decay-style", "cosine"),
+        _f("--lr-warmup-iters", warmup),
+        _f("--lr-decay-iters", total),
+        _f("--weight-decay", float(t["weight_decay"])),
+        _f("--clip-grad", float(t["grad_clip"])),
+    ]
+    return out
+
+
+def _precision(plan: Plan) -> list[list[str]]:
+    p = plan.training["precision"]
+    if p == "fp16":
+        return [["--fp16"]]
+    if p == "bf16":
+        return [["--bf16"]]
+    if p == "fp8":
+        # fp8 GEMMs through Transformer Engine, bf16 elsewhere. Blackwell has hardware MXFP8 block
+        # scaling; Hopper/Ada use delayed (per-tensor history) scaling.
+        if plan.cluster.get("generation") == "blackwell":
+            return [["--bf16"], _f("--fp8-format", "e4m3"), _f("--fp8-recipe", "mxfp8")]
+        return [["--bf16"], _f("--fp8-format", "hybrid"), _f("--fp8-recipe", "delayed"),
+                _f("--fp8-amax-history-len", FP8_AMAX_HISTORY_LEN), _f("--fp8-amax-compute-algo", "max")]
+    return []  # fp32
+
+
+def _recompute(lay: Layout) -> list[list[str]]:
+    if lay.recompute == "selective":
+        return [_f("--recompute-granularity", "selective")]  # recompute_modules default: core_attn
+    if lay.recompute == "full":
+        return [_f("--recompute-granularity", "full"), _f("--recompute-method", "uniform"),
+                _f("--recompute-num-layers", 1)]
+    return []
+
+
+def _data(plan: Plan) -> list[list[str]]:
+    s = _shape(plan)
+    # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
+    out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
+           _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
+    data_path = plan.slurm.get("data_path")
+    if data_path is None:
+        out += [["--mock-data"], _f("--eval-iters", 0)]
+    else:
+        out += [_f("--data-path", str(data_path)), _f("--split", DATA_SPLIT),
+                _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)]
+    return out
+
+
+def _logging(plan: Plan) -> list[list[str]]:
+    return [_f("--log-interval", LOG_INTERVAL), ["--log-throughput"], _f("--seed", int(plan.training["seed"]))]
+
+
+def _checkpointing(plan: Plan) -> list[list[str]]:
+    total = int(plan.training["num_steps"])
+    out = [_f("--save", ShellExpr(CHECKPOINT_DIR)), _f("--load", ShellExpr(CHECKPOINT_DIR)),
+           _f("--save-interval", min(SAVE_INTERVAL, total))]
+    if int(plan.slurm.get("signal_seconds_before_end") or 0) > 0:
+        # the sbatch script asks SLURM for SIGUSR1 before the time limit: save and exit cleanly
+        out += [["--exit-signal-handler"], _f("--exit-signal", "SIGUSR1")]
+    return out
+
+
+# ------------------------------------------------------------------------------ environment
+def megatron_env(plan: Plan) -> dict[str, str | None]:
+    """Environment the launch needs: CUDA_DEVICE_MAX_CONNECTIONS (None = must be unset).
+
+    validate_args requires 1 with tp > 1 or cp > 1 before Blackwell (arguments.py:1413-1439)
+    and forbids 1 with Megatron-FSDP (arguments.py:1143)."""
+    lay = plan.layout
+    if lay.zero_stage >= 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.get("generation") != "blackwell":
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def megatron_notes(plan: Plan) -> list[str]:
+    """Remarks for the plan's notes (PLAN.md)."""
+    lay = plan.layout
+    notes = []
+    if lay.zero_stage >= 2:
+        strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
+        notes.append(f"Megatron-LM runs zero_stage={lay.zero_stage} with Megatron-FSDP "
+                     f"(--data-parallel-sharding-strategy {strategy}), which saves checkpoints in the "
+                     "fsdp_dtensor format.")
+    first, last = (_pipeline_split(_shape(plan).num_layers, lay.pp, lay.vpp) or (0, 0)) if lay.pp > 1 else (0, 0)
+    if first:
+        notes.append(f"Megatron-LM splits the layers unevenly: {first} on the first stage, {last} on the last.")
+    if plan.training["optimizer"] == "adam":
+        notes.append("Megatron-LM's adam optimizer applies decoupled weight decay (AdamW).")
+    return notes
+
+
+# ------------------------------------------------------------------------------ rendering
+def megatron_context(plan: Plan) -> dict[str, Any]:
+    """What megatron_args.sh shows; each token is {"text", "expand"} (expand: double-quote, no escaping)."""
+    lay = plan.layout
+    groups = [{"name": name,
+               "flags": [[{"text": str(t), "expand": isinstance(t, ShellExpr)} for t in flag] for flag in flags]}
+              for name, flags in megatron_arg_groups(plan)]
+    env = megatron_env(plan)
+    return {
+        "header": provenance_header(plan),
+        "megatron_core": plan.provenance["frameworks"]["megatron-core"],
+        "layout": lay.describe(),
+        "tag": lay.tag,
+        "world_size": lay.world_size,
+        "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp,
+        "exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
+        "unsets": [k for k, v in sorted(env.items()) if v is None],
+        "groups": groups,
+    }
+
+
+def render_megatron(plan: Plan) -> dict[str, str]:
+    """{"megatron_args.sh": ...} for ``plan``."""
+    return {ARGS_FILE: render_template(TEMPLATE, **megatron_context(plan))}
