@@ -27,6 +27,7 @@ class MemoryBreakdown:
     usable_bytes_per_gpu: int  # HBM minus headroom; the feasibility limit
     cpu_bytes_per_node: int = 0  # offloaded states
     nvme_bytes_per_node: int = 0
+    stage: int = 0  # the pipeline stage these items describe (the one with the most memory)
 
     def item(self, name: str) -> LineItem:
         return next(i for i in self.items if i.name == name)

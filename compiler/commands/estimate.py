@@ -1,0 +1,222 @@
+"""`dtc estimate SPEC`: cost one fully pinned layout and explain it line by line.
+
+The layout comes from the spec's ``layout:`` pins, overridden by the command-line
+options. Knobs that have an obvious default may be left out (cp=1, ep=1, vpp=1, the
+1F1B schedule, no recompute, no sequence parallelism, no offload; dp = num_gpus / (tp x
+pp x cp); dp_shard = dp when ZeRO shards; grad_accum = global batch / (micro-batch x dp));
+tp, pp, zero_stage and the micro-batch must be given. Prints the memory per GPU and the
+step time as line items (formula and source of each), then the outputs; ``--json``
+gives the same data.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from compiler import units
+from compiler.costmodel import evaluate, find_gpu_option
+from compiler.errors import Diagnostic, DtcError, ExitCode, SpecError
+from compiler.estimate import Estimate, LineItem, Rejection
+from compiler.layout import Layout
+from compiler.problem import GpuOption, Problem, lower
+from compiler.report import to_json
+from compiler.spec.load import load_spec
+
+REQUIRED_KNOBS = (("tp", "tensor_parallel", "--tp"), ("pp", "pipeline_parallel", "--pp"),
+                  ("zero_stage", "zero_stage", "--zero"), ("micro_batch", "micro_batch_size", "--micro-batch"))
+
+
+def _pick_gpu(problem: Problem, name: str | None) -> GpuOption:
+    if name is None:
+        if len(problem.gpu_options) == 1:
+            return problem.gpu_options[0]
+        names = ", ".join(o.name for o in problem.gpu_options)
+        raise SpecError(f"the spec lists several GPUs ({names}); choose one, got none", hint="add --gpu NAME")
+    option = find_gpu_option(problem, name)
+    if option is None:
+        names = ", ".join(o.name for o in problem.gpu_options)
+        raise SpecError(f"--gpu must be one of the spec's GPUs ({names}), got {name!r}",
+                        hint="add the GPU to cluster.gpu in the spec")
+    return option
+
+
+def _whole(numerator: int, denominator: int, what: str, hint: str) -> int:
+    if denominator <= 0 or numerator % denominator:
+        raise SpecError(f"{what} must be a whole number, got {numerator} / {denominator}", hint=hint)
+    return numerator // denominator
+
+
+def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
+    """The layout pinned by the spec and ``overrides`` (None: keep the pin); SpecError when incomplete."""
+    pins = problem.pins
+    knobs = {k: getattr(pins, k) for k in ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage",
+                                           "micro_batch", "recompute", "sequence_parallel", "offload_optimizer",
+                                           "offload_params")}
+    knobs.update({k: v for k, v in overrides.items() if v is not None and k != "gpu"})
+    missing = [f"{spec_key} ({flag})" for key, spec_key, flag in REQUIRED_KNOBS if knobs[key] is None]
+    num_gpus = problem.num_gpus
+    if num_gpus is None and knobs["dp"] is None:
+        missing.append("data_parallel (--dp) or cluster.num_gpus")
+    if missing:
+        raise SpecError(f"dtc estimate needs a fully pinned layout; missing {', '.join(missing)}",
+                        hint="pin them under layout: in the spec or pass them as options, or let `dtc plan` solve")
+    option = _pick_gpu(problem, overrides.get("gpu"))
+    tp, pp, cp, ep = knobs["tp"], knobs["pp"], knobs["cp"] or 1, knobs["ep"] or 1
+    vpp = knobs["vpp"] or 1
+    zero = knobs["zero_stage"]
+    dp = knobs["dp"] or _whole(num_gpus, tp * pp * cp, "num_gpus / (tp x pp x cp)",
+                               "choose tp, pp and cp whose product divides num_gpus")
+    if num_gpus is not None and tp * pp * cp * dp != num_gpus:
+        raise SpecError(f"tp x pp x cp x dp must equal num_gpus ({num_gpus}), got {tp * pp * cp * dp}",
+                        hint="change one degree, or leave dp out so it is derived")
+    dp_shard = knobs["dp_shard"] or (dp if zero > 0 else 1)
+    if zero == 0 and dp_shard > 1:
+        raise SpecError(f"zero_stage 0 does not shard, got dp_shard {dp_shard}", hint="remove --dp-shard or raise --zero")
+    replicate = _whole(dp, dp_shard, "dp / dp_shard", "dp_shard must divide dp")
+    mb = knobs["micro_batch"]
+    grad_accum = _whole(problem.global_batch, mb * dp, "global_batch / (micro_batch x dp)",
+                        f"choose micro_batch and dp dividing the global batch of {problem.global_batch} sequences")
+    schedule = knobs["schedule"] or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    sp = bool(knobs["sequence_parallel"]) if knobs["sequence_parallel"] is not None else False
+    problems = []
+    if vpp > 1 and (pp == 1 or schedule != "interleaved_1f1b"):
+        problems.append(("virtual stages need pp > 1 and the interleaved_1f1b schedule", "--schedule interleaved_1f1b"))
+    if schedule == "interleaved_1f1b" and vpp == 1:
+        problems.append(("interleaved_1f1b needs vpp > 1", "add --vpp 2 (or more)"))
+    if sp and tp == 1:
+        problems.append(("sequence parallel needs tp > 1", "--no-sequence-parallel"))
+    offload_params = knobs["offload_params"] or "none"
+    if offload_params != "none" and zero != 3:
+        problems.append(("offload_params needs zero_stage 3", "--zero 3"))
+    if (dp * cp) % ep:
+        problems.append((f"ep ({ep}) must divide dp x cp ({dp * cp})", "expert parallelism is carved out of dp x cp"))
+    if problems:
+        raise SpecError([Diagnostic(summary=s, hint=h) for s, h in problems])
+    return Layout(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep,
+                  dp_replicate=replicate, dp_shard=dp_shard, zero_stage=zero, micro_batch=mb, grad_accum=grad_accum,
+                  vpp=vpp, schedule=schedule, recompute=knobs["recompute"] or "none", sequence_parallel=sp,
+                  offload_optimizer=knobs["offload_optimizer"] or "none", offload_params=offload_params)
+
+
+def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
+    """The cost model on one layout (the GPU is the spec's option named by layout.gpu)."""
+    return evaluate(problem, layout)
+
+
+# --- text -------------------------------------------------------------------------------------------------
+
+
+def _item_rows(items: tuple[LineItem, ...], fmt) -> list[str]:
+    width = max((len(i.name) for i in items), default=4)
+    lines = []
+    for i in items:
+        lines.append(f"  {i.name:<{width}}  {fmt(i.value):>10}  {i.formula}")
+        if i.source:
+            lines.append(f"  {'':<{width}}  {'':>10}  source: {i.source}")
+    return lines
+
+
+def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate) -> str:
+    """Both breakdowns and the outputs, as plain text."""
+    e, m = estimate, estimate.memory
+    head = (f"{problem.name}: {problem.model_name} ({units.format_count(problem.num_params)} params), "
+            f"{e.num_gpus} x {layout.gpu}, {problem.precision}")
+    lines = [head, f"layout  {layout.describe()}", "",
+             f"memory per GPU (stage {m.stage} of {layout.pp}, the largest)"]
+    lines += _item_rows(m.items, units.format_bytes)
+    fits = "fits" if m.total_bytes_per_gpu <= m.usable_bytes_per_gpu else "DOES NOT FIT"
+    lines.append(f"  total {units.format_bytes(m.total_bytes_per_gpu)} of {units.format_bytes(m.usable_bytes_per_gpu)} "
+                 f"usable ({units.format_bytes(m.hbm_bytes_per_gpu)} HBM): {fits}")
+    if m.cpu_bytes_per_node or m.nvme_bytes_per_node:
+        lines.append(f"  offloaded per node: {units.format_bytes(m.cpu_bytes_per_node)} CPU, "
+                     f"{units.format_bytes(m.nvme_bytes_per_node)} NVMe")
+    lines += ["", "step time (critical path; items sum to the step)"]
+    lines += _item_rows(e.time.items, units.format_seconds)
+    lines.append(f"  step {units.format_seconds(e.step_time_s)}")
+    lines += [
+        "", "outputs",
+        f"  tokens/s              {e.tokens_per_s:,.0f} total, {e.tokens_per_s_per_gpu:,.0f} per GPU "
+        f"({e.tokens_per_step:,} tokens per step)",
+        f"  model TFLOP/s per GPU {e.model_tflops_per_gpu:.1f}   MFU {e.mfu:.1%}   HFU {e.hfu:.1%}",
+        f"  pipeline bubble       {e.pipeline_bubble_fraction:.1%}",
+        f"  time to train         {units.format_seconds(e.time_to_train_s)} ({e.num_steps:,} steps of "
+        f"{units.format_count(problem.tokens)} tokens)",
+        f"  GPU-hours / cost      {e.gpu_hours:,.0f} GPU-hours, {units.format_money(e.cost_usd)}",
+        "", "assumptions",
+    ]
+    lines += [f"  - {a}" for a in e.assumptions]
+    lines.append("")
+    lines.append(f"Estimate: {units.format_bytes(m.total_bytes_per_gpu)} per GPU, step "
+                 f"{units.format_seconds(e.step_time_s)}, MFU {e.mfu:.1%}, "
+                 f"{units.format_seconds(e.time_to_train_s)} to train, {units.format_money(e.cost_usd)}.")
+    return "\n".join(lines)
+
+
+def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
+    m = e.memory
+    return {
+        "layout": layout.to_dict(),
+        "step_time_s": e.step_time_s, "tokens_per_step": e.tokens_per_step, "tokens_per_s": e.tokens_per_s,
+        "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu, "model_flops_per_token": e.model_flops_per_token,
+        "model_tflops_per_gpu": e.model_tflops_per_gpu, "mfu": e.mfu, "hfu": e.hfu,
+        "pipeline_bubble_fraction": e.pipeline_bubble_fraction, "num_steps": e.num_steps,
+        "time_to_train_s": e.time_to_train_s, "gpu_hours": e.gpu_hours, "cost_usd": e.cost_usd, "num_gpus": e.num_gpus,
+        "memory": {
+            "items": [{"name": i.name, "bytes": int(i.value), "formula": i.formula, "source": i.source} for i in m.items],
+            "total_bytes_per_gpu": m.total_bytes_per_gpu, "usable_bytes_per_gpu": m.usable_bytes_per_gpu,
+            "hbm_bytes_per_gpu": m.hbm_bytes_per_gpu, "stage": m.stage, "cpu_bytes_per_node": m.cpu_bytes_per_node,
+            "nvme_bytes_per_node": m.nvme_bytes_per_node,
+        },
+        "time": {"items": [{"name": i.name, "seconds": i.value, "formula": i.formula, "source": i.source}
+                           for i in e.time.items], "step_time_s": e.time.step_time_s},
+        "comm": [c.__dict__ for c in e.comm],
+        "assumptions": list(e.assumptions),
+    }
+
+
+@click.command("estimate")
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel degree.")
+@click.option("--vpp", type=click.IntRange(min=1), help="Virtual pipeline stages per rank (interleaved 1F1B).")
+@click.option("--cp", type=click.IntRange(min=1), help="Context-parallel degree.")
+@click.option("--ep", type=click.IntRange(min=1), help="Expert-parallel degree (carved out of dp x cp).")
+@click.option("--dp", type=click.IntRange(min=1), help="Data-parallel degree (default: num_gpus / (tp x pp x cp)).")
+@click.option("--dp-shard", "dp_shard", type=click.IntRange(min=1), help="ZeRO/FSDP shard group (< dp: HSDP).")
+@click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage 0-3.")
+@click.option("--micro-batch", "micro_batch", type=click.IntRange(min=1), help="Sequences per GPU per micro-step.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), help="Activation recomputation.")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved_1f1b"]), help="Pipeline schedule.")
+@click.option("--sequence-parallel/--no-sequence-parallel", "sequence_parallel", default=None,
+              help="Megatron sequence parallelism (tp > 1).")
+@click.option("--offload-optimizer", "offload_optimizer", type=click.Choice(["none", "cpu", "nvme"]),
+              help="Where optimizer states live.")
+@click.option("--offload-params", "offload_params", type=click.Choice(["none", "cpu", "nvme"]),
+              help="Where parameters live (ZeRO-3).")
+@click.option("--gpu", help="Which of the spec's GPU types to use.")
+def estimate_command(spec: str, as_json: bool, **overrides: Any) -> None:
+    """Estimate memory per GPU and step time of the layout pinned in SPEC (options override pins).
+
+    Prints every memory and time line item with its formula and source, then tokens/s,
+    MFU, time to train, GPU-hours and cost. Exit 0 on success; 2 when the spec is
+    invalid, the layout is incomplete, or the layout cannot run (e.g. out of memory).
+    """
+    problem = lower(load_spec(spec))
+    layout = build_layout(problem, overrides)
+    result = estimate_layout(problem, layout)
+    if isinstance(result, Rejection):
+        if as_json:
+            click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict()}), nl=False)
+            raise SystemExit(int(ExitCode.USER_ERROR))
+        detail = ""
+        if result.code == "out_of_memory":
+            items = result.details.get("items", {})
+            detail = "\n".join(f"{name:<24} {units.format_bytes(v):>10}" for name, v in items.items())
+        raise DtcError(Diagnostic(summary=f"{result.code}: {result.message} ({layout.describe()})", detail=detail,
+                                  hint=result.fix))
+    if as_json:
+        click.echo(to_json(estimate_to_json(layout, result)), nl=False)
+    else:
+        click.echo(format_estimate_text(problem, layout, result))

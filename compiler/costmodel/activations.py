@@ -1,0 +1,326 @@
+"""Activation memory: the tensors autograd keeps for backward, one function per saved group.
+
+Built from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models" (section 4.1 and Table 2), term by term, so that the GPT case
+(layernorm, GELU MLP of 4h, multi-head attention, dropout, unfused softmax) adds up
+to exactly ``s*b*h*(34 + 5*a*s/h)`` bytes per layer, and generalised to the real
+shape: GQA (narrower K and V), SwiGLU (gate and up projections), flash attention
+(no s^2 term: the output and the fp32 log-sum-exp only), MoE (router
+probabilities, the dispatched copies of each token per chosen expert, the expert
+MLPs), MLA latents, and context parallelism (each rank holds s/cp tokens).
+
+Every term is "bytes per token" of one layer for one micro-batch, tagged with
+whether tensor parallelism shards it (the paper's 24/t part) or not (the 10 part,
+which only sequence parallelism shards). ``activation_bytes_per_layer`` applies tp,
+sp and the recompute mode; the pipeline schedule decides how many micro-batches
+are in flight (compiler/costmodel/pipeline.py).
+
+Which tensors are saved depends on the implementation; an ``ActivationImpl`` names
+the differences (the same formulas, different switches):
+
+* ``PAPER``: Korthikanti et al. 2022 (Megatron-LM 2022, unfused softmax).
+* ``MEGATRON_TE``: Megatron-Core with Transformer Engine, the default for
+  predictions: fused flash/cuDNN attention, fused SwiGLU that saves only the fc1
+  output, fp32 norm statistics.
+* ``TORCH_EAGER`` (and ``TORCH_EAGER_CPU``, its CPU variant): plain PyTorch modules (nn.RMSNorm, F.scaled_dot_product_attention,
+  F.silu(gate) * up), as in torchtitan / llm-foundry model code; measured in
+  tests/test_costmodel_measured.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from compiler.model import ModelShape
+
+FP32_BYTES = 4
+MASK_BYTES = 1  # dropout masks are bytes (Korthikanti et al. 2022, section 4.1)
+PAPER_SOURCE = "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', sec. 4.1 + Table 2"
+
+
+@dataclass(frozen=True)
+class ActivationImpl:
+    """Which tensors an implementation saves for backward."""
+
+    name: str
+    attention: Literal["flash", "unfused"]  # unfused saves softmax (and dropout) s x s matrices
+    norm_stats_bytes: int  # bytes per norm statistic per token (fp32 rstd; layernorm also the mean)
+    rmsnorm_fp32_copies: int  # composite RMSNorm saves fp32 copies of its input and output (0: fused kernel)
+    swiglu_saved_widths: int  # ffn-wide tensors saved inside SwiGLU besides the fc2 input
+    attention_output_copy: bool  # the out-projection input is a second copy of the attention output
+    gqa_expanded_kv: bool  # K and V are saved after being repeated to every query head
+    source: str
+    dropout_mask_act_dtype: bool = False  # dropout keeps a scaled mask in the activation dtype (CPU), not bytes
+
+
+PAPER = ActivationImpl("paper", "unfused", 0, 0, 2, False, False, PAPER_SOURCE)
+MEGATRON_TE = ActivationImpl(
+    "megatron_te", "flash", FP32_BYTES, 0, 2, False, False,
+    "Megatron-Core + Transformer Engine: fused attention saves O and the fp32 softmax stats (Dao et al. 2022, "
+    "FlashAttention, sec. 3.1); fused norms save input + fp32 rsigma; bias_swiglu saves the fc1 output [gate, up] "
+    "only (megatron/core/fusions/fused_bias_swiglu.py)")
+TORCH_EAGER = ActivationImpl(
+    "torch_eager", "flash", FP32_BYTES, 2, 3, False, True,
+    "PyTorch eager modules (torch 2.13): nn.RMSNorm computes in fp32 and saves the fp32 input, the fp32 normalised "
+    "output and rstd; F.layer_norm saves input, mean, rstd; F.silu saves its input and the product saves silu(gate) "
+    "and up; SDPA (flash kernel) saves q, k, v, out, logsumexp; repeat_interleave expands GQA K/V before SDPA "
+    "(measured in tests/test_costmodel_measured.py)")
+TORCH_EAGER_CPU = replace(
+    TORCH_EAGER, name="torch_eager_cpu", dropout_mask_act_dtype=True,
+    source=TORCH_EAGER.source + "; on CPU, F.dropout multiplies by a scaled mask kept in the input dtype "
+    "(CUDA's native_dropout keeps a 1-byte bool mask)")
+DEFAULT_IMPL = MEGATRON_TE
+
+
+@dataclass(frozen=True)
+class Term:
+    """One saved-tensor group of a layer: bytes per token, and whether tp shards it."""
+
+    name: str
+    bytes_per_token: float
+    tp_sharded: bool
+
+
+# --- shape helpers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionWidths:
+    heads: int
+    kv_heads: int
+    qk_head_dim: int
+    v_head_dim: int
+    latent_width: int  # MLA: compressed q and kv (+ decoupled rope key) saved as GEMM inputs
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.qk_head_dim
+
+    @property
+    def k_width(self) -> int:
+        return self.kv_heads * self.qk_head_dim
+
+    @property
+    def v_width(self) -> int:
+        return self.kv_heads * self.v_head_dim
+
+    @property
+    def out_width(self) -> int:
+        return self.heads * self.v_head_dim
+
+
+def attention_widths(shape: ModelShape) -> AttentionWidths:
+    if shape.mla is not None:
+        m = shape.mla
+        # MLA materialises per-head K and V from the latent in training (DeepSeek-V2 paper, sec. 2.1.2).
+        return AttentionWidths(shape.num_attention_heads, shape.num_attention_heads,
+                               m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim,
+                               m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+    d = shape.kv_channels
+    return AttentionWidths(shape.num_attention_heads, shape.num_kv_heads, d, d, 0)
+
+
+def uses_dropout(shape: ModelShape) -> bool:
+    """GPT-2/3-style models (biases everywhere) train with dropout 0.1 (Megatron-LM GPT default
+    --hidden-dropout/--attention-dropout 0.1); Llama-style models train without dropout."""
+    return shape.linear_bias
+
+
+# --- the saved-tensor groups, one function each (bytes per token of one layer) -------------
+
+
+def norm_input_bytes_per_token(hidden: int, act_bytes: int, impl: ActivationImpl, norm: str) -> float:
+    """A norm saves its input (2sbh in the paper) and its fp32 statistics (rstd; layernorm also the mean);
+    a composite fp32 RMSNorm instead keeps fp32 copies of its input and normalised output."""
+    stats = impl.norm_stats_bytes * (2 if norm == "layernorm" else 1)
+    if norm == "rmsnorm" and impl.rmsnorm_fp32_copies:
+        return impl.rmsnorm_fp32_copies * hidden * FP32_BYTES + stats
+    return hidden * act_bytes + stats
+
+
+def gemm_input_bytes_per_token(width: int, act_bytes: int) -> float:
+    """A linear layer saves its input for the weight gradient."""
+    return width * act_bytes
+
+
+def attention_qkv_bytes_per_token(w: AttentionWidths, act_bytes: int, impl: ActivationImpl) -> float:
+    """Q, K and V saved by the attention core (4sbh + 2sbh for MHA in the paper)."""
+    kv_heads = w.heads if impl.gqa_expanded_kv else w.kv_heads
+    return (w.q_width + kv_heads * w.qk_head_dim + kv_heads * w.v_head_dim) * act_bytes
+
+
+def attention_scores_bytes_per_token(heads: int, seq_kv: int, act_bytes: int, dropout: bool) -> float:
+    """Unfused attention: softmax output (2as^2b), dropout mask (as^2b) and dropout output (2as^2b)."""
+    per_score = act_bytes + (MASK_BYTES + act_bytes if dropout else 0)
+    return heads * seq_kv * per_score
+
+
+def attention_logsumexp_bytes_per_token(heads: int) -> float:
+    """Flash attention keeps one fp32 log-sum-exp per head per query instead of the s x s matrix."""
+    return heads * FP32_BYTES
+
+
+def attention_output_bytes_per_token(w: AttentionWidths, act_bytes: int, impl: ActivationImpl,
+                                     gemm_bytes: int | None = None) -> float:
+    """The attention output, saved as the out-projection input (2sbh); some code keeps a copy, and fp8
+    GEMMs keep their own fp8 copy of it for the weight gradient."""
+    out = w.out_width * act_bytes * (2 if impl.attention_output_copy else 1)
+    if gemm_bytes is not None and gemm_bytes != act_bytes:
+        out += w.out_width * gemm_bytes
+    return out
+
+
+def dropout_mask_bytes_per_token(hidden: int, act_bytes: int = MASK_BYTES, impl: ActivationImpl | None = None) -> float:
+    """A hidden-size dropout mask after the attention and after the MLP (sbh each: one byte per element)."""
+    return hidden * (act_bytes if impl is not None and impl.dropout_mask_act_dtype else MASK_BYTES)
+
+
+def mlp_activation_bytes_per_token(ffn: int, mlp: str, act_bytes: int, impl: ActivationImpl) -> float:
+    """GELU saves its input (8sbh for ffn=4h); SwiGLU saves gate and up (and silu(gate) in eager code)."""
+    widths = 1 if mlp == "gelu" else impl.swiglu_saved_widths
+    return widths * ffn * act_bytes
+
+
+def moe_router_bytes_per_token(num_experts: int) -> float:
+    """Router probabilities in fp32 (softmax/sigmoid output kept for the gate gradient)."""
+    return num_experts * FP32_BYTES
+
+
+def moe_dispatch_bytes_per_token(hidden: int, top_k: int, act_bytes: int, gemm_bytes: int | None = None) -> float:
+    """Each token is copied once per chosen expert: the expert fc1 input (fp8 under fp8 GEMMs), and the
+    expert output kept by the weighted combine for the gradient of the routing weights."""
+    return top_k * hidden * ((gemm_bytes or act_bytes) + act_bytes)
+
+
+# --- a layer as a list of terms ---------------------------------------------------------------
+
+
+def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: ActivationImpl,
+                    gemm_bytes: int) -> list[Term]:
+    w = attention_widths(shape)
+    h = shape.hidden_size
+    dropout = uses_dropout(shape)
+    terms = [
+        Term("attention_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
+        Term("qkv_input", gemm_input_bytes_per_token(h, gemm_bytes), False),
+        Term("qkv", attention_qkv_bytes_per_token(w, act_bytes, impl), True),
+        Term("attention_output", attention_output_bytes_per_token(w, act_bytes, impl, gemm_bytes), True),
+    ]
+    if w.latent_width:
+        terms.append(Term("mla_latents", gemm_input_bytes_per_token(w.latent_width, gemm_bytes), False))
+    if impl.attention == "unfused":
+        terms.append(Term("attention_scores", attention_scores_bytes_per_token(w.heads, seq_kv, act_bytes, dropout), True))
+    else:
+        terms.append(Term("attention_lse", attention_logsumexp_bytes_per_token(w.heads), True))
+    if dropout:
+        terms.append(Term("attention_dropout_mask", dropout_mask_bytes_per_token(h, act_bytes, impl), False))
+    return terms
+
+
+def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: int) -> list[Term]:
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    terms = [
+        Term("mlp_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
+        Term("mlp_input", gemm_input_bytes_per_token(h, gemm_bytes), False),
+        Term("mlp_activation", mlp_activation_bytes_per_token(f, shape.mlp, act_bytes, impl), True),
+        Term("mlp_fc2_input", gemm_input_bytes_per_token(f, gemm_bytes), True),
+    ]
+    if uses_dropout(shape):
+        terms.append(Term("mlp_dropout_mask", dropout_mask_bytes_per_token(h, act_bytes, impl), False))
+    return terms
+
+
+def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: int) -> list[Term]:
+    assert shape.moe is not None
+    m, h = shape.moe, shape.hidden_size
+    terms = [
+        Term("mlp_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
+        Term("mlp_input", gemm_input_bytes_per_token(h, act_bytes), False),  # router input, kept in bf16
+        Term("moe_router_probs", moe_router_bytes_per_token(m.num_experts), False),
+        Term("moe_dispatched_tokens", moe_dispatch_bytes_per_token(h, m.top_k, act_bytes, gemm_bytes), False),
+        Term("moe_expert_activation",
+             m.top_k * mlp_activation_bytes_per_token(m.expert_ffn_hidden_size, shape.mlp, act_bytes, impl), True),
+        Term("moe_expert_fc2_input", m.top_k * gemm_input_bytes_per_token(m.expert_ffn_hidden_size, gemm_bytes), True),
+    ]
+    if m.num_shared_experts:
+        f = m.shared_ffn * m.num_shared_experts
+        terms.append(Term("shared_expert_activation", mlp_activation_bytes_per_token(f, shape.mlp, act_bytes, impl), True))
+        terms.append(Term("shared_expert_fc2_input", gemm_input_bytes_per_token(f, gemm_bytes), True))
+    return terms
+
+
+FP8_GEMM_INPUT_BYTES = 1  # Transformer Engine saves the fp8-cast input of each fp8 GEMM for the weight gradient
+
+
+def layer_terms(shape: ModelShape, *, moe_layer: bool, seq_kv: int, act_bytes: int,
+                impl: ActivationImpl = DEFAULT_IMPL, gemm_bytes: int | None = None) -> tuple[Term, ...]:
+    """All saved-tensor groups of one decoder layer. ``gemm_bytes``: bytes per saved GEMM input
+    (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; default: ``act_bytes``)."""
+    gb = gemm_bytes or act_bytes
+    mlp = moe_mlp_terms(shape, act_bytes, impl, gb) if moe_layer else dense_mlp_terms(shape, act_bytes, impl, gb)
+    return tuple(attention_terms(shape, seq_kv, act_bytes, impl, gb) + mlp)
+
+
+RECOMPUTED_BY_SELECTIVE = ("attention_scores", "attention_lse")  # the attention core (Korthikanti sec. 5)
+
+
+def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, sequence_parallel: bool,
+                                         recompute: str, hidden: int, act_bytes: int) -> float:
+    """Bytes per token of one layer under tp/sp and a recompute mode (Korthikanti Table 2)."""
+    if recompute == "full":
+        # Only the layer input is kept (2sbh); with sp it is the sequence-parallel shard.
+        return hidden * act_bytes / (tp if sequence_parallel else 1)
+    total = 0.0
+    for t in terms:
+        if recompute == "selective" and t.name in RECOMPUTED_BY_SELECTIVE:
+            continue
+        total += t.bytes_per_token / tp if (t.tp_sharded or sequence_parallel) else t.bytes_per_token
+    return total
+
+
+def activation_bytes_per_layer(terms: tuple[Term, ...], *, tokens: int, tp: int, sequence_parallel: bool,
+                               recompute: str, hidden: int, act_bytes: int) -> float:
+    """Bytes one layer keeps for one micro-batch of ``tokens`` local tokens (micro_batch * seq / cp)."""
+    return tokens * activation_bytes_per_token_per_layer(
+        terms, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, hidden=hidden, act_bytes=act_bytes)
+
+
+def recompute_working_set_bytes(terms: tuple[Term, ...], *, tokens: int, tp: int, sequence_parallel: bool,
+                                recompute: str, hidden: int, act_bytes: int) -> float:
+    """During backward, recompute rematerialises one layer at a time: full -> that layer's whole
+    activations; selective -> that layer's attention core."""
+    if recompute == "none":
+        return 0.0
+    if recompute == "full":
+        return activation_bytes_per_layer(terms, tokens=tokens, tp=tp, sequence_parallel=sequence_parallel,
+                                          recompute="none", hidden=hidden, act_bytes=act_bytes)
+    core = tuple(t for t in terms if t.name in RECOMPUTED_BY_SELECTIVE)
+    return activation_bytes_per_layer(core, tokens=tokens, tp=tp, sequence_parallel=sequence_parallel,
+                                      recompute="none", hidden=hidden, act_bytes=act_bytes)
+
+
+# --- first and last stage extras -------------------------------------------------------------
+
+
+def embedding_activation_bytes_per_token(shape: ModelShape) -> float:
+    """The embedding keeps only its dropout mask (Korthikanti sec. 4.2); lookups save indices."""
+    return dropout_mask_bytes_per_token(shape.hidden_size) if uses_dropout(shape) else 0.0
+
+
+def output_layer_activation_bytes_per_token(shape: ModelShape, act_bytes: int, impl: ActivationImpl) -> float:
+    """Final norm input and the output-layer (logits GEMM) input."""
+    h = shape.hidden_size
+    return norm_input_bytes_per_token(h, act_bytes, impl, shape.norm) + gemm_input_bytes_per_token(h, act_bytes)
+
+
+LOGITS_SAVED_BYTES = FP32_BYTES  # fp32 softmax of the logits kept for the loss gradient
+LOGITS_TRANSIENT_BYTES = FP32_BYTES  # fp32 gradient of the logits while the loss backward runs
+
+
+def logits_saved_bytes_per_token(vocab: int, tp: int) -> float:
+    """Megatron's vocab-parallel cross entropy keeps the fp32 softmax of s*b*V/tp logits."""
+    return vocab / tp * LOGITS_SAVED_BYTES
+
+
+def logits_transient_bytes_per_token(vocab: int, tp: int) -> float:
+    return vocab / tp * LOGITS_TRANSIENT_BYTES

@@ -1,0 +1,311 @@
+"""Collective communication: which link a group crosses, how long each collective takes.
+
+Rank order (Megatron-Core's default "tp-cp-ep-dp-pp"): tp varies fastest, then cp, then
+dp (dp_shard inside dp_replicate), then pp; expert parallelism is carved out of cp x dp,
+so an ep group is ep consecutive ranks of stride tp. A group of ``size`` ranks spaced
+``stride`` apart stays on NVLink when stride x size <= the NVLink domain (the node, or
+the 72-GPU rack of NVL72 systems); otherwise it crosses the network.
+
+Time formulas (ring algorithms, Thakur et al. 2005; the nccl-tests "bus bandwidth"
+convention, github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+
+* all-reduce:      2 (n-1)/n x bytes / busbw + 2 (n-1) x latency
+* all-gather / reduce-scatter: (n-1)/n x bytes / busbw + (n-1) x latency  (bytes = the full buffer)
+* all-to-all:      (n-1)/n x bytes per GPU, the off-node share over the NIC, the rest over NVLink
+* point-to-point:  bytes / link bandwidth + latency
+
+busbw = link bandwidth x busbw_fraction. Across nodes, a group with g members in each
+NVLink domain drives g NICs at once (NCCL runs one ring per NIC), so its bus bandwidth
+is min(NVLink, g x per-GPU network bandwidth).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.costmodel.activations import attention_widths
+from compiler.costmodel.context import Setup
+from compiler.costmodel.stages import StageParams
+
+INTRA = "intra_node"
+INTER = "inter_node"
+
+
+@dataclass(frozen=True)
+class GroupLink:
+    link: str  # INTRA or INTER
+    busbw_bytes_per_s: float
+    latency_s: float
+    members_per_domain: int
+
+
+def group_link(setup: Setup, stride: int, size: int) -> GroupLink:
+    """The link a group of ``size`` ranks spaced ``stride`` apart uses, and its bus bandwidth."""
+    eff = setup.eff
+    domain = setup.nvlink_domain_gpus
+    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTRA]
+    if stride * size <= domain:
+        return GroupLink(INTRA, intra_bw, eff.latency_s[INTRA], size)
+    per_domain = max(1, min(size, domain // stride)) if stride < domain else 1
+    inter_bw = setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER]
+    return GroupLink(INTER, min(intra_bw, per_domain * inter_bw), eff.latency_s[INTER], per_domain)
+
+
+def all_reduce_time_s(nbytes: float, n: int, link: GroupLink) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (n - 1) / n * nbytes / link.busbw_bytes_per_s + 2 * (n - 1) * link.latency_s
+
+
+def all_gather_time_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """``nbytes``: the gathered (full) buffer."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / link.busbw_bytes_per_s + (n - 1) * link.latency_s
+
+
+def reduce_scatter_time_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """``nbytes``: the full (unreduced) buffer each rank contributes."""
+    return all_gather_time_s(nbytes, n, link)
+
+
+def all_to_all_time_s(nbytes_per_gpu: float, n: int, link: GroupLink, setup: Setup) -> float:
+    """Each rank sends (n-1)/n of its buffer; off-domain parts leave through its own NIC."""
+    if n <= 1 or nbytes_per_gpu <= 0:
+        return 0.0
+    eff = setup.eff
+    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTRA]
+    if link.link == INTRA:
+        return (n - 1) / n * nbytes_per_gpu / intra_bw + link.latency_s
+    g = link.members_per_domain
+    off = (n - g) / n * nbytes_per_gpu / (setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER])
+    on = (g - 1) / n * nbytes_per_gpu / intra_bw
+    return max(off, on) + link.latency_s
+
+
+def p2p_time_s(nbytes: float, link: GroupLink, setup: Setup) -> float:
+    """One GPU to one GPU: NVLink inside the domain, that GPU's NIC across it."""
+    if nbytes <= 0:
+        return 0.0
+    if link.link == INTRA:
+        bw = link.busbw_bytes_per_s
+    else:
+        bw = setup.gpu.inter_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTER]
+    return nbytes / bw + link.latency_s
+
+
+# --- the groups of a layout ----------------------------------------------------------------------------
+
+
+def tp_link(setup: Setup) -> GroupLink:
+    return group_link(setup, 1, setup.layout.tp)
+
+
+def cp_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp, lay.cp)
+
+
+def ep_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp, lay.ep)
+
+
+def dp_cp_link(setup: Setup) -> GroupLink:
+    """Dense gradients are reduced over dp x cp (contiguous after tp)."""
+    lay = setup.layout
+    return group_link(setup, lay.tp, lay.dp * lay.cp)
+
+
+def shard_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp, lay.dp_shard * lay.cp)
+
+
+def replicate_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp * lay.cp * lay.dp_shard, lay.dp_replicate)
+
+
+def expert_dp_size(setup: Setup) -> int:
+    lay = setup.layout
+    return max(1, lay.dp * lay.cp // lay.ep)
+
+
+def expert_dp_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp * lay.ep, expert_dp_size(setup))
+
+
+def pp_link(setup: Setup) -> GroupLink:
+    lay = setup.layout
+    return group_link(setup, lay.tp * lay.cp * lay.dp, lay.pp)
+
+
+# --- per micro-batch volumes ----------------------------------------------------------------------------
+
+
+def activation_message_bytes(setup: Setup) -> float:
+    """One micro-batch's hidden states on one GPU: tokens x hidden x activation bytes."""
+    return setup.tokens_per_microbatch * setup.shape.hidden_size * setup.recipe.activation_bytes
+
+
+def tp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
+    """(forward, backward): 2 all-reduces each way per layer (attention and MLP), or with sequence
+    parallelism 2 all-gathers + 2 reduce-scatters of the same volume (Korthikanti et al. 2022, sec. 4.2.2)."""
+    return setup.memo("tp_comm_time_per_layer_s", lambda: _tp_comm_time_per_layer_s(setup))
+
+
+def _tp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
+    tp = setup.layout.tp
+    if tp == 1:
+        return 0.0, 0.0
+    t = 2 * all_reduce_time_s(activation_message_bytes(setup), tp, tp_link(setup))
+    return t, t
+
+
+def cp_kv_chunk_bytes(setup: Setup) -> float:
+    """One rank's K and V for its s/cp tokens (heads split by tp): what each ring step passes on."""
+    w = attention_widths(setup.shape)
+    return setup.tokens_per_microbatch * (w.k_width + w.v_width) / setup.layout.tp * setup.recipe.activation_bytes
+
+
+def cp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
+    """Ring attention (Liu et al. 2023; TE context parallel p2p): forward passes the local K,V chunk
+    around the ring (cp-1 sends); backward passes K,V and their gradients (2 (cp-1) sends)."""
+    return setup.memo("cp_comm_time_per_layer_s", lambda: _cp_comm_time_per_layer_s(setup))
+
+
+def _cp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
+    cp = setup.layout.cp
+    if cp == 1:
+        return 0.0, 0.0
+    kv = cp_kv_chunk_bytes(setup)
+    link = cp_link(setup)
+    fwd = (cp - 1) * p2p_time_s(kv, link, setup)
+    return fwd, 2 * fwd
+
+
+def expected_remote_domains_per_token(top_k: int, ep: int, members_per_domain: int) -> float:
+    """Distinct other NVLink domains a token's top_k experts land in, for uniform routing over
+    ep / members_per_domain domains: (d - 1) x (1 - (1 - 1/d)^k)."""
+    domains = max(1, ep // max(1, members_per_domain))
+    if domains == 1:
+        return 0.0
+    return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** top_k)
+
+
+def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setup: Setup) -> float:
+    """One dispatch (or combine) of ``tokens`` local tokens, each to top_k experts over the ep group.
+    Inside the NVLink domain each copy moves over NVLink; across domains a token crosses the network
+    once per destination domain and is forwarded over NVLink there (node-deduplicated hierarchical
+    all-to-all: DeepSeek-V3 report sec. 3.2.2; DeepEP; Megatron-Core flex dispatcher)."""
+    ep = setup.layout.ep
+    link = ep_link(setup)
+    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTRA]
+    g = link.members_per_domain if link.link == INTER else ep
+    local_copies = top_k * (g - 1) / ep  # copies to other GPUs of the own domain
+    on = tokens * bytes_per_copy * (local_copies + (top_k * (ep - g) / ep if link.link == INTER else 0.0)) / intra_bw
+    if link.link == INTRA:
+        return on + link.latency_s
+    remote = expected_remote_domains_per_token(top_k, ep, g)
+    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTER]
+    return max(on, tokens * bytes_per_copy * remote / nic) + link.latency_s
+
+
+def ep_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
+    """Forward: dispatch (in the expert GEMM input dtype: fp8 under fp8 recipes) + combine (bf16);
+    backward: the two transposed all-to-alls of bf16 gradients (Megatron-Core MoE token dispatcher;
+    Lepikhin et al. 2020, GShard)."""
+    return setup.memo("ep_comm_time_per_moe_layer_s", lambda: _ep_comm_time_per_moe_layer_s(setup))
+
+
+def _ep_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
+    lay, m = setup.layout, setup.shape.moe
+    if lay.ep == 1 or m is None:
+        return 0.0, 0.0
+    tokens = setup.tokens_per_microbatch / (lay.tp if lay.sequence_parallel else 1)
+    h, r = setup.shape.hidden_size, setup.recipe
+    dispatch_bytes = h * (1 if r.gemm_dtype == "fp8" else r.activation_bytes)
+    combine_bytes = h * r.activation_bytes
+    fwd = (moe_all_to_all_time_s(tokens, dispatch_bytes, m.top_k, setup)
+           + moe_all_to_all_time_s(tokens, combine_bytes, m.top_k, setup))
+    bwd = 2 * moe_all_to_all_time_s(tokens, combine_bytes, m.top_k, setup)
+    return fwd, bwd
+
+
+def pp_p2p_time_s(setup: Setup) -> float:
+    """Activations (forward) or their gradients (backward) between neighbouring stages; Megatron sends
+    1/tp of them and all-gathers inside the next stage (scatter-gather optimisation, Narayanan 2021 sec. 4.1)."""
+    lay = setup.layout
+    if lay.pp == 1:
+        return 0.0
+    return p2p_time_s(activation_message_bytes(setup) / lay.tp, pp_link(setup), setup)
+
+
+# --- data parallel / ZeRO / FSDP ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One data-parallel collective of a step on one GPU."""
+
+    name: str
+    group: str
+    group_size: int
+    link: str
+    bytes_per_call: float
+    time_per_call_s: float
+    calls_per_step: int
+    phase: str  # "forward"/"backward": per micro-batch, hidden behind that pass; "step_grad"/"step_param": once
+
+
+def _collective(name: str, group: str, kind: str, nbytes: float, n: int, link: GroupLink, calls: int,
+                phase: str) -> Collective | None:
+    if n <= 1 or nbytes <= 0:
+        return None
+    fn = {"all_reduce": all_reduce_time_s, "all_gather": all_gather_time_s,
+          "reduce_scatter": reduce_scatter_time_s}[kind]
+    return Collective(name, group, n, link.link, nbytes, fn(nbytes, n, link), calls, phase)
+
+
+def dp_collectives(setup: Setup, sp: StageParams) -> list[Collective]:
+    """Gradient reduction and parameter gathering of one step, by ZeRO stage.
+
+    * ZeRO 0 (DDP): all-reduce the gradients over dp x cp once per step (accumulated locally).
+    * ZeRO 1 (Megatron distributed optimizer): reduce-scatter the gradients once per step, all-gather
+      the updated bf16 parameters once per step.
+    * ZeRO 2 (FSDP SHARD_GRAD_OP / DeepSpeed stage 2): the gradient shard is kept, so the reduce-scatter
+      runs after every micro-batch's backward; one parameter all-gather per step.
+    * ZeRO 3 (FSDP FULL_SHARD): per micro-batch, all-gather parameters for forward and again for
+      backward (reshard after forward) and reduce-scatter the gradients (Zhao et al. 2023, sec. 3).
+    * HSDP (dp_replicate > 1): the sharded gradient is also all-reduced across replicas once per step.
+    Experts use their own group: dp x cp / ep ranks at stride tp x ep.
+    """
+    lay, r, m = setup.layout, setup.recipe, setup.num_microbatches
+    out: list[Collective | None] = []
+    parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp)]
+    if sp.expert:
+        parts.append(("expert", sp.expert, max(1, (lay.dp_shard if lay.zero_stage else lay.dp) * lay.cp // lay.ep)))
+    for part, params, n in parts:
+        if part == "dense":
+            link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
+        else:
+            link = group_link(setup, lay.tp * lay.ep, n)
+        grads, weights = params * r.grad_bytes, params * r.weight_bytes
+        z = lay.zero_stage
+        if z == 0:
+            out.append(_collective(f"{part}_grad_all_reduce", "dp", "all_reduce", grads, n, link, 1, "step_grad"))
+            continue
+        if z == 1:
+            out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, 1, "step_grad"))
+        else:
+            out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, m, "backward"))
+        if z in (1, 2):
+            out.append(_collective(f"{part}_param_all_gather", "dp", "all_gather", weights, n, link, 1, "step_param"))
+        else:
+            out.append(_collective(f"{part}_param_all_gather_fwd", "dp", "all_gather", weights, n, link, m, "forward"))
+            out.append(_collective(f"{part}_param_all_gather_bwd", "dp", "all_gather", weights, n, link, m, "backward"))
+        if lay.dp_replicate > 1:
+            out.append(_collective(f"{part}_grad_all_reduce_replicas", "dp", "all_reduce", grads / n,
+                                   lay.dp_replicate, replicate_link(setup), 1, "step_grad"))
+    return [c for c in out if c is not None]

@@ -1,0 +1,109 @@
+"""What every cost-model function needs to know about one (problem, layout, gpu), computed once.
+
+``Setup`` gathers the resolved inputs: the model shape and parameter count, the layout,
+the GPU option, the precision recipe, the efficiency table and the per-stage layers.
+It holds no results; memory.py, compute.py, comm.py and step.py compute those.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from compiler.costmodel.activations import DEFAULT_IMPL, ActivationImpl
+from compiler.costmodel.efficiency import Efficiency, GenerationEfficiency, load_efficiency
+from compiler.costmodel.stages import StageLayers, stage_layers
+from compiler.layout import Layout
+from compiler.model import ModelShape, ParamCount
+from compiler.problem import GpuOption, Problem
+
+
+@dataclass(frozen=True)
+class PrecisionRecipe:
+    """Bytes per parameter (before sharding) and per activation element of a training precision."""
+
+    name: str
+    weight_bytes: int  # the copy forward/backward read
+    grad_bytes: int
+    master_bytes: int  # fp32 master copy; 0 when the weights are already fp32
+    activation_bytes: int
+    gemm_dtype: str  # which peak the transformer GEMMs run at
+    source: str
+
+
+_ZERO = "Rajbhandari et al. 2020, ZeRO, sec. 3.1: mixed-precision Adam keeps 2+2+K bytes/param, K=12 (fp32 master, momentum, variance)"
+RECIPES = {
+    "bf16": PrecisionRecipe("bf16", 2, 2, 4, 2, "bf16", _ZERO),
+    "fp16": PrecisionRecipe("fp16", 2, 2, 4, 2, "fp16", _ZERO),
+    "fp32": PrecisionRecipe("fp32", 4, 4, 0, 4, "fp32", "fp32 training: 4-byte weights and gradients, no master copy; Adam 8 bytes"),
+    "fp8": PrecisionRecipe(
+        "fp8", 2, 2, 4, 2, "fp8",
+        "Transformer Engine FP8 (NVIDIA TE docs, 'Using FP8'): bf16 weights + fp32 master as in bf16 mixed "
+        "precision; GEMM inputs are cast to fp8 per use; activations kept in bf16"),
+}
+OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
+OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
+
+
+@dataclass(frozen=True)
+class Setup:
+    problem: Problem
+    layout: Layout
+    gpu: GpuOption
+    eff: Efficiency
+    gen: GenerationEfficiency
+    recipe: PrecisionRecipe
+    impl: ActivationImpl
+    stages: tuple[StageLayers, ...]
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-layer quantities, computed once
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per Setup: per-layer costs are shared by every stage of a layout."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.problem.shape
+
+    @property
+    def params(self) -> ParamCount:
+        return self.problem.params
+
+    @property
+    def seq_len(self) -> int:
+        return self.problem.seq_len
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        """Tokens one GPU processes per micro-batch: micro_batch * seq / cp."""
+        return self.layout.micro_batch * self.problem.seq_len // self.layout.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.layout.grad_accum
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        return OPTIMIZER_STATE_BYTES.get(self.problem.optimizer, 8)
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the node, or the rack for NVL72-style systems."""
+        spec = self.gpu.spec
+        if spec.nvlink_domain_gpus > spec.default_gpus_per_node:
+            return spec.nvlink_domain_gpus
+        return self.layout.gpus_per_node
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        return self.gpu.spec.peak_flops_for(dtype)
+
+
+def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, impl: ActivationImpl = DEFAULT_IMPL,
+               eff: Efficiency | None = None) -> Setup:
+    eff = eff or load_efficiency()
+    return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, gen=eff.for_generation(gpu.spec.generation),
+                 recipe=RECIPES[problem.precision], impl=impl,
+                 stages=stage_layers(problem.shape, layout.pp, layout.vpp))

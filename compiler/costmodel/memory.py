@@ -1,0 +1,318 @@
+"""Memory per GPU as named line items: model states, activations, transient buffers, allowances.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, sec. 3.1 and 5): weights,
+gradients, fp32 master weights and optimizer states, each divided by the ZeRO/FSDP
+shard group when the stage shards it (1: master + optimizer, 2: + gradients, 3: +
+weights). The shard group of dense parameters is dp_shard x cp (Megatron shards the
+distributed optimizer over the data-parallel x context-parallel group; FSDP2 in
+torchtitan shards over dp_shard x cp as well); routed experts, already split by ep,
+are sharded over dp_shard x cp / ep (Megatron's expert data-parallel group).
+
+The binding stage is reported: the first stage holds the embedding and the most
+micro-batches in flight, the last stage the output layer and the logits.
+"""
+from __future__ import annotations
+
+import functools
+
+from compiler.costmodel import activations as act
+from compiler.costmodel.context import OPTIMIZER_SOURCE, Setup
+from compiler.costmodel.pipeline import inflight_microbatches
+from compiler.costmodel.stages import StageLayers, StageParams, stage_params
+from compiler.estimate import LineItem, MemoryBreakdown
+from compiler.layout import Layout
+from compiler.model import ModelShape
+from compiler.units import format_bytes, format_count
+
+# --- sharding -------------------------------------------------------------------------------------
+
+
+def dense_shard_degree(layout: Layout) -> int:
+    """ZeRO/FSDP shard group of dense parameters: dp_shard x cp (1 without ZeRO)."""
+    return layout.dp_shard * layout.cp if layout.zero_stage > 0 else 1
+
+
+def expert_shard_degree(layout: Layout) -> float:
+    """Routed experts are sharded over the expert data-parallel group: dp_shard x cp / ep."""
+    return max(1.0, dense_shard_degree(layout) / layout.ep)
+
+
+def params_after_sharding(sp: StageParams, layout: Layout, sharded: bool) -> float:
+    if not sharded:
+        return sp.total
+    return sp.dense / dense_shard_degree(layout) + sp.expert / expert_shard_degree(layout)
+
+
+# --- model states (bytes per GPU) ---------------------------------------------------------------------
+
+
+def zero_model_state_bytes_per_gpu(num_params: float, *, zero_stage: int, num_shards: int, weight_bytes: int = 2,
+                                   grad_bytes: int = 2, optimizer_bytes: int = 12) -> float:
+    """The ZeRO paper's per-device model states (sec. 3.1 / Fig. 1): 2P + 2P + KP, K = 12, divided by
+    Nd for what the stage partitions (P_os: optimizer states, P_g: + gradients, P_p: + parameters)."""
+    nd = num_shards
+    w = weight_bytes * num_params / (nd if zero_stage >= 3 else 1)
+    g = grad_bytes * num_params / (nd if zero_stage >= 2 else 1)
+    o = optimizer_bytes * num_params / (nd if zero_stage >= 1 else 1)
+    return w + g + o
+
+
+def weight_bytes_per_gpu(sp: StageParams, layout: Layout, weight_bytes: int) -> float:
+    if layout.offload_params != "none":
+        return 0.0
+    return weight_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 3)
+
+
+def gradient_bytes_per_gpu(sp: StageParams, layout: Layout, grad_bytes: int) -> float:
+    return grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
+
+
+def master_weight_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int) -> float:
+    if layout.offload_optimizer != "none":
+        return 0.0
+    return master_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 1)
+
+
+def optimizer_state_bytes_per_gpu(sp: StageParams, layout: Layout, state_bytes: int) -> float:
+    if layout.offload_optimizer != "none":
+        return 0.0
+    return state_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 1)
+
+
+def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
+                            weight_bytes: int) -> float:
+    """Host (CPU or NVMe) bytes of one GPU's offloaded shard."""
+    out = 0.0
+    if layout.offload_optimizer != "none":
+        out += (master_bytes + state_bytes) * params_after_sharding(sp, layout, layout.zero_stage >= 1)
+    if layout.offload_params != "none":
+        out += weight_bytes * params_after_sharding(sp, layout, True)
+    return out
+
+
+# --- activations --------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def layer_terms_cached(shape: ModelShape, moe_layer: bool, seq_kv: int, act_bytes: int,
+                       impl: act.ActivationImpl, gemm_bytes: int) -> tuple[act.Term, ...]:
+    return act.layer_terms(shape, moe_layer=moe_layer, seq_kv=seq_kv, act_bytes=act_bytes, impl=impl,
+                           gemm_bytes=gemm_bytes)
+
+
+def setup_layer_terms(setup: Setup, moe_layer: bool) -> tuple[act.Term, ...]:
+    r = setup.recipe
+    gemm_bytes = act.FP8_GEMM_INPUT_BYTES if r.gemm_dtype == "fp8" else r.activation_bytes
+    return layer_terms_cached(setup.shape, moe_layer, setup.seq_len // setup.layout.cp, r.activation_bytes,
+                              setup.impl, gemm_bytes)
+
+
+def activation_bytes_per_layer_kind(setup: Setup, *, moe_layer: bool, recompute: str | None = None) -> float:
+    """One decoder layer's saved activations for one micro-batch on one GPU."""
+    lay = setup.layout
+    mode = recompute or lay.recompute
+    return setup.memo(("activation_bytes", moe_layer, mode), lambda: act.activation_bytes_per_layer(
+        setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
+        sequence_parallel=lay.sequence_parallel, recompute=mode, hidden=setup.shape.hidden_size,
+        act_bytes=setup.recipe.activation_bytes))
+
+
+def stage_activation_bytes_per_microbatch(setup: Setup, sl: StageLayers, recompute: str | None = None) -> float:
+    """All decoder layers of a stage, one micro-batch, plus the embedding/output-layer inputs."""
+    lay, t = setup.layout, setup.tokens_per_microbatch
+    total = sum(n * activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute=recompute)
+                for moe_layer, n in ((False, sl.dense), (True, sl.moe)) if n)
+    shard = lay.tp if lay.sequence_parallel else 1
+    if sl.first:
+        total += t * act.embedding_activation_bytes_per_token(setup.shape) / shard
+    if sl.last:
+        total += t * act.output_layer_activation_bytes_per_token(setup.shape, setup.recipe.activation_bytes,
+                                                                 setup.impl) / shard
+    return total
+
+
+def inflight_for_stage(setup: Setup, stage: int) -> float:
+    lay = setup.layout
+    return inflight_microbatches(lay.schedule, stage, lay.pp, setup.num_microbatches, lay.vpp)
+
+
+def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
+    lay = setup.layout
+
+    def one(moe_layer: bool) -> float:
+        return setup.memo(("working_set", moe_layer), lambda: act.recompute_working_set_bytes(
+            setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
+            sequence_parallel=lay.sequence_parallel, recompute=lay.recompute, hidden=setup.shape.hidden_size,
+            act_bytes=setup.recipe.activation_bytes))
+
+    return max((one(k) for k, n in ((False, sl.dense), (True, sl.moe)) if n), default=0.0)
+
+
+def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
+    """(saved fp32 softmax for the in-flight micro-batches, transient fp32 gradient) on the last stage."""
+    t, v, tp = setup.tokens_per_microbatch, setup.shape.vocab_size, setup.layout.tp
+    return (t * inflight * act.logits_saved_bytes_per_token(v, tp), t * act.logits_transient_bytes_per_token(v, tp))
+
+
+# --- transient buffers and allowances ---------------------------------------------------------------
+
+
+def zero3_gathered_bytes(setup: Setup, sp: StageParams) -> float:
+    """FSDP/ZeRO-3 all-gathers one unit (a decoder layer, or the embedding) at a time and prefetches
+    the next: 2 units of weights + 1 unit of unsharded gradients before its reduce-scatter
+    (Zhao et al. 2023, PyTorch FSDP, sec. 3.3 and 4.2)."""
+    if setup.layout.zero_stage < 3:
+        return 0.0
+    unit = max(sp.layer_dense, sp.embedding)
+    r = setup.recipe
+    return unit * (2 * r.weight_bytes + r.grad_bytes)
+
+
+def dp_bucket_bytes(setup: Setup, sp: StageParams) -> float:
+    """Gradient communication buckets outside the gradient buffer: torch DDP copies gradients into
+    25 MB buckets (ZeRO 0); DeepSpeed ZeRO-1/2 fill a reduce bucket of up to 5e8 elements."""
+    lay, eff = setup.layout, setup.eff
+    if lay.dp * lay.cp == 1 or lay.zero_stage == 3:
+        return 0.0
+    if lay.zero_stage == 0:
+        return min(eff.torch_ddp_bucket_bytes, sp.total * setup.recipe.grad_bytes)
+    return min(eff.deepspeed_bucket_elements, sp.total) * setup.recipe.grad_bytes
+
+
+def fp8_weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
+    """Transformer Engine caches the fp8 copy and its transpose of each layer weight across the
+    micro-batches of a step (TE docs: is_first_microbatch): 2 bytes per local layer parameter."""
+    if setup.recipe.name != "fp8":
+        return 0.0
+    return 2.0 * (sp.total - sp.embedding) / (dense_shard_degree(setup.layout) if setup.layout.zero_stage >= 3 else 1)
+
+
+def num_process_groups(layout: Layout) -> int:
+    groups = sum(x > 1 for x in (layout.tp, layout.pp, layout.cp, layout.ep, layout.dp))
+    if layout.cp > 1 and layout.dp > 1:
+        groups += 1  # the dp x cp gradient group
+    if layout.ep > 1:
+        groups += 1  # the expert data-parallel group
+    return groups
+
+
+# --- assembling the breakdown ---------------------------------------------------------------------------
+
+
+def _gb(x: float) -> str:
+    return format_bytes(x)
+
+
+def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
+    lay, r, eff = setup.layout, setup.recipe, setup.eff
+    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+    nd, ne = dense_shard_degree(lay), expert_shard_degree(lay)
+    params_txt = f"{format_count(sp.dense)} dense + {format_count(sp.expert)} expert params on this GPU"
+
+    def shard_txt(on: bool) -> str:
+        return f" / shard ({nd} dense, {ne:g} expert)" if on and lay.zero_stage > 0 else ""
+
+    items = [
+        LineItem("weights", weight_bytes_per_gpu(sp, lay, r.weight_bytes),
+                 f"{r.weight_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
+                 + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
+        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, r.grad_bytes),
+                 f"{r.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}", r.source),
+        LineItem("master_weights", master_weight_bytes_per_gpu(sp, lay, r.master_bytes),
+                 f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
+                 + (" (offloaded)" if lay.offload_optimizer != "none" else ""), r.source),
+        LineItem("optimizer_states", optimizer_state_bytes_per_gpu(sp, lay, setup.optimizer_state_bytes),
+                 f"{setup.optimizer_state_bytes} B ({setup.problem.optimizer}) x {params_txt}"
+                 f"{shard_txt(lay.zero_stage >= 1)}" + (" (offloaded)" if lay.offload_optimizer != "none" else ""),
+                 OPTIMIZER_SOURCE),
+    ]
+    if r.name == "fp8":
+        items.append(LineItem("fp8_weight_cache", fp8_weight_cache_bytes(setup, sp),
+                              "2 B (fp8 weight + transpose) x local layer params", r.source))
+    inflight = inflight_for_stage(setup, sl.stage)
+    per_mb = stage_activation_bytes_per_microbatch(setup, sl)
+    items.append(LineItem(
+        "activations", per_mb * inflight,
+        f"{_gb(per_mb)} per micro-batch ({sl.dense} dense + {sl.moe} MoE layers, {setup.tokens_per_microbatch} "
+        f"tokens, tp={lay.tp}{' sp' if lay.sequence_parallel else ''}, recompute={lay.recompute}) x {inflight:g} "
+        f"in flight ({lay.schedule if lay.pp > 1 else 'no pipeline'}, stage {sl.stage})",
+        f"{act.PAPER_SOURCE}, generalised per saved tensor ({setup.impl.name}); in-flight count from the simulated "
+        "schedule (Narayanan et al. 2021)"))
+    if lay.recompute != "none":
+        items.append(LineItem("recompute_working_set", recompute_working_set_bytes(setup, sl),
+                              f"one layer rematerialised during backward ({lay.recompute} recompute)",
+                              act.PAPER_SOURCE))
+    if sl.last:
+        saved, transient = logits_bytes(setup, inflight)
+        items.append(LineItem(
+            "logits_loss", saved + transient,
+            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x (4 B fp32 softmax x "
+            f"{inflight:g} in flight + 4 B fp32 gradient)",
+            "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)"))
+    if lay.zero_stage == 3:
+        items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),
+                              f"largest unit {format_count(max(sp.layer_dense, sp.embedding))} params x "
+                              f"(2 x {r.weight_bytes} B gathered + prefetch, {r.grad_bytes} B unsharded grad)",
+                              "Zhao et al. 2023, PyTorch FSDP, sec. 3.3 (prefetch) / DeepSpeed ZeRO-3 prefetch"))
+    buckets = dp_bucket_bytes(setup, sp)
+    if buckets:
+        items.append(LineItem("dp_comm_buckets", buckets,
+                              "torch DDP 25 MB bucket" if lay.zero_stage == 0 else
+                              f"min(5e8, local params) x {r.grad_bytes} B reduce bucket",
+                              eff.allowance_sources["torch_ddp_bucket_bytes" if lay.zero_stage == 0
+                                                    else "deepspeed_bucket_elements"]))
+    items.append(LineItem("cuda_context", eff.cuda_context_bytes, f"{_gb(eff.cuda_context_bytes)} allowance",
+                          eff.allowance_sources["cuda_context_bytes"]))
+    groups = num_process_groups(lay)
+    items.append(LineItem("nccl_buffers", groups * eff.nccl_bytes_per_group,
+                          f"{groups} communicators x {_gb(eff.nccl_bytes_per_group)}",
+                          eff.allowance_sources["nccl_bytes_per_group"]))
+    allocated = sum(i.value for i in items if i.name not in ("cuda_context", "nccl_buffers"))
+    items.append(LineItem("fragmentation", eff.fragmentation_fraction * allocated,
+                          f"{eff.fragmentation_fraction:.0%} x {_gb(allocated)} allocated",
+                          eff.allowance_sources["fragmentation_fraction"]))
+    return items
+
+
+def usable_bytes_per_gpu(setup: Setup) -> int:
+    """HBM minus the spec's headroom; allowances are line items, not subtracted here."""
+    return int(setup.gpu.spec.hbm_bytes * (1.0 - setup.problem.memory_headroom))
+
+
+def candidate_stages(setup: Setup) -> list[StageLayers]:
+    """One stage per distinct (dense layers, MoE layers, first, last): the earliest of each, since
+    stages that hold the same layers hold the same states and earlier stages keep at least as
+    many micro-batches in flight. The maximum over these is the maximum over all stages."""
+    seen, out = set(), []
+    for sl in setup.stages:
+        key = (sl.dense, sl.moe, sl.first, sl.last)
+        if key not in seen:
+            seen.add(key)
+            out.append(sl)
+    return out
+
+
+def memory_breakdown(setup: Setup) -> MemoryBreakdown:
+    best: list[LineItem] | None = None
+    best_total, best_stage = -1.0, 0
+    for sl in candidate_stages(setup):
+        items = stage_memory_items(setup, sl)
+        total = sum(i.value for i in items)
+        if total > best_total:
+            best, best_total, best_stage = items, total, sl.stage
+    assert best is not None
+    lay = setup.layout
+    sl = setup.stages[best_stage]
+    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+    host = offloaded_bytes_per_gpu(sp, lay, setup.recipe.master_bytes, setup.optimizer_state_bytes,
+                                   setup.recipe.weight_bytes) * lay.gpus_per_node
+    to_nvme = lay.offload_optimizer == "nvme" or lay.offload_params == "nvme"
+    return MemoryBreakdown(
+        items=tuple(best),
+        total_bytes_per_gpu=int(best_total),
+        hbm_bytes_per_gpu=int(setup.gpu.spec.hbm_bytes),
+        usable_bytes_per_gpu=usable_bytes_per_gpu(setup),
+        cpu_bytes_per_node=0 if to_nvme else int(host),
+        nvme_bytes_per_node=int(host) if to_nvme else 0,
+        stage=best_stage,
+    )

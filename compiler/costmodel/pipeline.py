@@ -1,0 +1,239 @@
+"""Pipeline schedules as a discrete-event simulation: GPipe, 1F1B and interleaved 1F1B.
+
+Each stage runs its operations in the order its schedule prescribes (the Megatron-LM
+orders: ``megatron/core/pipeline_parallel/schedules.py``); an operation starts when
+its stage is free and its input has arrived from the neighbouring (virtual) stage,
+plus the point-to-point latency when it crosses stages. The makespan of one step is
+the critical path; the bubble is the idle share of it.
+
+Times are normalised: one stage's forward of one micro-batch takes 1 unit (a chunk of
+an interleaved stage 1/v), its backward ``backward_ratio`` units, and a p2p transfer
+``p2p_ratio`` units. Results are cached on those (rounded) numbers, so the solver's
+thousands of calls simulate each distinct schedule once; the step time in
+compiler/costmodel/step.py is this simulated makespan times the forward time.
+
+Textbook checks (tests/unit/costmodel/test_cm_pipeline.py): with no p2p cost the
+bubble fraction is (p-1)/(m+p-1) for GPipe and 1F1B (Narayanan et al. 2021, sec. 2.2),
+and interleaving with v chunks divides the bubble time by v: (p-1)/(v*m) of the ideal time.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from compiler.estimate import PipelineEvent
+
+Op = tuple[str, int, int]  # (kind "F"/"B", chunk, microbatch)
+
+
+# --- the operation order of each stage ----------------------------------------------------------
+
+
+def gpipe_order(stage: int, pp: int, m: int) -> list[Op]:
+    """All forwards, then all backwards (Huang et al. 2019, GPipe)."""
+    return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+
+
+def one_f_one_b_order(stage: int, pp: int, m: int) -> list[Op]:
+    """PipeDream-Flush 1F1B: pp-stage-1 warm-up forwards, then one forward one backward
+    (Narayanan et al. 2021, sec. 2.2.1)."""
+    warmup = min(pp - stage - 1, m)
+    ops: list[Op] = [("F", 0, i) for i in range(warmup)]
+    f, b = warmup, 0
+    while f < m:
+        ops.append(("F", 0, f))
+        f += 1
+        ops.append(("B", 0, b))
+        b += 1
+    ops += [("B", 0, i) for i in range(b, m)]
+    return ops
+
+
+def _interleaved_chunk(k: int, pp: int, v: int, forward: bool) -> tuple[int, int]:
+    """Megatron's mapping of the k-th forward/backward on a rank to (chunk, microbatch)."""
+    group, within = divmod(k, pp * v)
+    chunk = within // pp
+    if not forward:
+        chunk = v - 1 - chunk
+    return chunk, group * pp + within % pp
+
+
+def interleaved_order(stage: int, pp: int, m: int, v: int) -> list[Op]:
+    """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2; Megatron-LM
+    forward_backward_pipelining_with_interleaving): micro-batches go through the v chunks in
+    groups of pp; warm-up (pp - stage - 1) * 2 + (v - 1) * pp forwards. Needs m % pp == 0."""
+    total = m * v
+    warmup = total if m == pp else min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
+    ops: list[Op] = []
+    for k in range(warmup):
+        c, i = _interleaved_chunk(k, pp, v, True)
+        ops.append(("F", c, i))
+    f, b = warmup, 0
+    while f < total:
+        c, i = _interleaved_chunk(f, pp, v, True)
+        ops.append(("F", c, i))
+        f += 1
+        c, i = _interleaved_chunk(b, pp, v, False)
+        ops.append(("B", c, i))
+        b += 1
+    while b < total:
+        c, i = _interleaved_chunk(b, pp, v, False)
+        ops.append(("B", c, i))
+        b += 1
+    return ops
+
+
+def stage_order(schedule: str, stage: int, pp: int, m: int, v: int) -> list[Op]:
+    if schedule == "gpipe":
+        return gpipe_order(stage, pp, m)
+    if schedule == "interleaved_1f1b" and v > 1:
+        return interleaved_order(stage, pp, m, v)
+    return one_f_one_b_order(stage, pp, m)
+
+
+# --- in-flight micro-batches (activation memory) -----------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def peak_inflight_chunks(schedule: str, stage: int, pp: int, m: int, v: int) -> int:
+    """Most (chunk, micro-batch) activations a stage holds at once: forwards done whose
+    backward has not run yet. 1F1B stage 0: min(pp, m); GPipe: m; interleaved stage 0:
+    (pp - 1) * 2 + (v - 1) * pp + 1 chunks, i.e. about pp + (pp - 1)/v micro-batches of the
+    whole stage (Korthikanti et al. 2022, sec. 4.2.3)."""
+    live = peak = 0
+    for kind, _, _ in stage_order(schedule, stage, pp, m, v):
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def inflight_microbatches(schedule: str, stage: int, pp: int, m: int, v: int) -> float:
+    """Peak in-flight activations of a stage in units of one micro-batch through all its chunks."""
+    if pp == 1:
+        return 1.0
+    return peak_inflight_chunks(schedule, stage, pp, m, v) / v
+
+
+# --- simulation ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Simulation:
+    makespan: float  # normalised units (stage forward of one micro-batch = 1)
+    busy: float  # per stage: m * (1 + backward_ratio)
+    events: tuple[tuple[int, int, int, str, float, float], ...]  # (stage, chunk, mb, kind, start, end)
+
+    @property
+    def bubble_fraction(self) -> float:
+        return 0.0 if self.makespan <= 0 else (self.makespan - self.busy) / self.makespan
+
+
+def _dependency(kind: str, chunk: int, mb: int, stage: int, pp: int, v: int) -> tuple[str, int, int, int] | None:
+    """The operation whose output this one needs: (kind, stage, chunk, mb), or None."""
+    vs = chunk * pp + stage  # virtual stage index
+    last = pp * v - 1
+    if kind == "F":
+        if vs == 0:
+            return None
+        return ("F", (vs - 1) % pp, (vs - 1) // pp, mb)
+    if vs == last:
+        return ("F", stage, chunk, mb)
+    return ("B", (vs + 1) % pp, (vs + 1) // pp, mb)
+
+
+def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float,
+             *, keep_events: bool = False) -> Simulation:
+    """Run one step: every stage executes its order; returns the makespan in units."""
+    orders = [stage_order(schedule, s, pp, m, v) for s in range(pp)]
+    n_virtual = pp * v
+    f_len, b_len = 1.0 / v, backward_ratio / v
+
+    def slot(kind: str, vs: int, mb: int) -> int:
+        return ((kind == "B") * n_virtual + vs) * m + mb
+
+    # per stage: (own slot, dependency slot or -1, crosses stages, duration, event fields)
+    plans = []
+    for s, order in enumerate(orders):
+        plan = []
+        for kind, chunk, mb in order:
+            dep = _dependency(kind, chunk, mb, s, pp, v)
+            dep_slot = -1 if dep is None else slot(dep[0], dep[2] * pp + dep[1], dep[3])
+            plan.append((slot(kind, chunk * pp + s, mb), dep_slot, dep is not None and dep[1] != s,
+                         f_len if kind == "F" else b_len, chunk, mb, kind))
+        plans.append(plan)
+    finish: list[float | None] = [None] * (2 * n_virtual * m)
+    pos = [0] * pp
+    free = [0.0] * pp
+    events: list[tuple[int, int, int, str, float, float]] = []
+    remaining = sum(len(p) for p in plans)
+    while remaining:
+        progressed = False
+        for s in range(pp):
+            plan, i, t = plans[s], pos[s], free[s]
+            while i < len(plan):
+                own, dep, cross, length, chunk, mb, kind = plan[i]
+                if dep >= 0:
+                    end = finish[dep]
+                    if end is None:
+                        break
+                    ready = end + p2p_ratio if cross else end
+                    if ready > t:
+                        t = ready
+                if keep_events:
+                    events.append((s, chunk, mb, kind, t, t + length))
+                t += length
+                finish[own] = t
+                i += 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                pos[s], free[s] = i, t
+                progressed = True
+        assert progressed, "pipeline schedule deadlocked (internal error)"
+    return Simulation(max(free), m * (1.0 + backward_ratio), tuple(events))
+
+
+def round_ratio(x: float) -> float:
+    """Cache key rounding (3 significant digits); the step time uses the rounded value too."""
+    if x <= 0:
+        return 0.0
+    return float(f"{x:.3g}")
+
+
+@functools.lru_cache(maxsize=8192)
+def makespan_units(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float) -> float:
+    """Cached simulated makespan of one step, in stage-forward units (ratios pre-rounded)."""
+    if pp == 1:
+        return m * (1.0 + backward_ratio)
+    return simulate(schedule, pp, m, v, backward_ratio, p2p_ratio).makespan
+
+
+def textbook_makespan_units(schedule: str, pp: int, m: int, v: int, backward_ratio: float) -> float:
+    """Closed form with no p2p cost: (m + p - 1)(1 + r); interleaved (m + (p - 1)/v)(1 + r)
+    (Narayanan et al. 2021, sec. 2.2). Equal to the simulation for uniform stages."""
+    if pp == 1:
+        return m * (1.0 + backward_ratio)
+    fill = (pp - 1) / v if schedule == "interleaved_1f1b" and v > 1 else pp - 1
+    return (m + fill) * (1.0 + backward_ratio)
+
+
+def textbook_bubble_fraction(schedule: str, pp: int, m: int, v: int = 1) -> float:
+    """Closed form with no p2p cost: (p-1)/(m+p-1); interleaved: (p-1)/(v*m + p-1)."""
+    if schedule == "interleaved_1f1b" and v > 1:
+        return (pp - 1) / (v * m + pp - 1)
+    return (pp - 1) / (m + pp - 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _simulated_events(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float):
+    return simulate(schedule, pp, m, v, backward_ratio, p2p_ratio, keep_events=True).events
+
+
+def pipeline_events(schedule: str, pp: int, m: int, v: int, forward_s: float, backward_s: float,
+                    p2p_s: float) -> tuple[PipelineEvent, ...]:
+    """The simulated schedule of one step in seconds, for reports (empty when pp == 1)."""
+    if pp == 1:
+        return ()
+    r = round_ratio(backward_s / forward_s)
+    x = round_ratio(p2p_s / forward_s)
+    return tuple(PipelineEvent(stage=s, chunk=c, microbatch=i, kind=k, start_s=a * forward_s, end_s=b * forward_s)
+                 for s, c, i, k, a, b in _simulated_events(schedule, pp, m, v, r, x))

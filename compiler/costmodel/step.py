@@ -1,0 +1,304 @@
+"""Step time as named line items, and the Estimate: the composition of compute, comm and pipeline.
+
+One step = grad_accum micro-batches through the pipeline, then the optimizer.
+
+1. Per stage and micro-batch: forward = GEMMs + attention forward + memory-bound forward +
+   fixed per-layer costs + the exposed part of TP / CP / EP communication (+ ZeRO-3 all-gathers
+   not hidden behind the forward); backward = 2x GEMMs + the rest + gradient-buffer traffic +
+   recompute + exposed communication.
+2. The slowest stage paces the pipeline: its forward/backward times feed the schedule
+   simulation (pipeline.py); makespan = simulated units x forward time. The bubble and the
+   p2p transfers on the critical path are what the makespan adds over m x (forward + backward).
+3. Then the data-parallel gradient reduction (hidden behind the last backward except what
+   does not fit and the last bucket), the parameter all-gather of ZeRO 1/2 (hidden behind the
+   next forward likewise), the optimizer step (memory-bound over the local shard) and offload
+   traffic.
+
+The line items sum to the step time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.costmodel import comm, compute, pipeline
+from compiler.costmodel.context import Setup
+from compiler.costmodel.memory import candidate_stages, params_after_sharding
+from compiler.costmodel.stages import StageLayers, StageParams, stage_params
+from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
+from compiler.units import format_seconds
+
+ASSUMPTIONS = (
+    "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
+    "forward (2 x heads x (d_qk + d_v) x s/2 per layer); hardware adds the recomputed forward.",
+    "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 runs (fp32 runs: TF32 peak).",
+    "Mixed precision keeps 2 B weights + 2 B gradients + 4 B fp32 master + optimizer states per parameter "
+    "(ZeRO paper); Megatron's fp32 gradient buffer would add 2 B/param.",
+    "ZeRO/FSDP shard over dp_shard x cp; experts over dp_shard x cp / ep; ZeRO-2/3 reduce-scatter after every "
+    "micro-batch, ZeRO-0/1 once per step.",
+    "Rank order tp-cp-ep-dp-pp (Megatron); a group inside the NVLink domain uses NVLink, else the network.",
+    "Activations: Korthikanti et al. 2022 per saved tensor for Megatron-Core + Transformer Engine "
+    "(flash attention, fused SwiGLU; fp8 GEMM inputs kept in 1 B); expert tensor parallel = tp.",
+    "MoE all-to-all: a token crosses the network once per destination node (DeepEP-style hierarchical "
+    "dispatch), dispatched in the GEMM input dtype, combined in bf16.",
+    "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; uneven "
+    "layer splits give the first and last stage fewer layers.",
+)
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """Seconds of one micro-batch on one GPU of a stage, by part."""
+
+    stage: int
+    compute: compute.StageCompute
+    tp_s: tuple[float, float]  # exposed (forward, backward)
+    cp_s: tuple[float, float]
+    ep_s: tuple[float, float]
+    dp_s: tuple[float, float]  # exposed per-micro-batch ZeRO-2/3 traffic
+
+    @property
+    def forward_s(self) -> float:
+        return self.compute.forward_s + self.tp_s[0] + self.cp_s[0] + self.ep_s[0] + self.dp_s[0]
+
+    @property
+    def backward_s(self) -> float:
+        return (self.compute.backward_s + self.compute.recompute_s + self.tp_s[1] + self.cp_s[1] + self.ep_s[1]
+                + self.dp_s[1])
+
+
+def _exposed(total_s: float, window_s: float, tail_s: float, setup: Setup) -> float:
+    """Communication hidden behind ``window_s`` of compute, except a tail that cannot overlap."""
+    if total_s <= 0:
+        return 0.0
+    return max(total_s - setup.eff.dp_overlap_window_fraction * window_s, min(total_s, tail_s))
+
+
+def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list[comm.Collective]) -> StageTime:
+    eff = setup.eff
+    c = compute.stage_compute(setup, sl)
+    tp_f, tp_b = comm.tp_comm_time_per_layer_s(setup)
+    cp_f, cp_b = comm.cp_comm_time_per_layer_s(setup)
+    ep_f, ep_b = comm.ep_comm_time_per_moe_layer_s(setup)
+    attn = compute.attention_core_time_s(setup)
+    cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn / 3.0),
+              max(eff.cp_exposed_fraction * cp_b, cp_b - 2.0 * attn / 3.0))
+    fwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "forward")
+    bwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "backward")
+    units = max(1, sl.layers)
+    dp = (_exposed(fwd_dp, c.forward_s, fwd_dp / units, setup),
+          _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
+    return StageTime(
+        stage=sl.stage, compute=c,
+        tp_s=(eff.tp_exposed_fraction * tp_f * sl.layers, eff.tp_exposed_fraction * tp_b * sl.layers),
+        cp_s=(cp_exp[0] * sl.layers, cp_exp[1] * sl.layers),
+        ep_s=(eff.ep_exposed_fraction * ep_f * sl.moe, eff.ep_exposed_fraction * ep_b * sl.moe),
+        dp_s=dp,
+    )
+
+
+def optimizer_bytes_touched_per_param(setup: Setup) -> float:
+    """Adam reads and writes the fp32 master and both moments, reads the gradient and writes the
+    16-bit weights (fused multi-tensor Adam: one pass over the shard)."""
+    r = setup.recipe
+    master = r.master_bytes or r.weight_bytes
+    return 2.0 * (setup.optimizer_state_bytes + master) + r.grad_bytes + (r.weight_bytes if r.master_bytes else 0)
+
+
+def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
+    if setup.layout.offload_optimizer != "none":
+        return 0.0
+    local = params_after_sharding(sp, setup.layout, setup.layout.zero_stage >= 1)
+    bw = setup.gpu.spec.hbm_bandwidth_bytes_per_s * setup.gen.hbm_fraction
+    return local * optimizer_bytes_touched_per_param(setup) / bw
+
+
+def offload_time_s(setup: Setup, sp: StageParams, st: StageTime) -> tuple[float, str]:
+    """Exposed host traffic and CPU optimizer time per step (ZeRO-Offload / ZeRO-Infinity)."""
+    lay, r, eff = setup.layout, setup.recipe, setup.eff
+    pcie = setup.gpu.spec.pcie_bandwidth_bytes_per_s * eff.pcie_fraction
+    total, parts = 0.0, []
+    if lay.offload_optimizer != "none":
+        local = params_after_sharding(sp, lay, lay.zero_stage >= 1)
+        d2h = local * r.grad_bytes / pcie
+        h2d = local * r.weight_bytes / pcie
+        adam = local * lay.gpus_per_node / eff.cpu_adam_params_per_s_per_node
+        total += max(0.0, d2h - eff.dp_overlap_window_fraction * st.backward_s) + h2d + adam
+        parts.append(f"grads D2H + params H2D over PCIe, CPU Adam {format_seconds(adam)}")
+        if lay.offload_optimizer == "nvme":
+            nvme = 2 * local * (r.master_bytes + setup.optimizer_state_bytes) * lay.gpus_per_node
+            total += nvme / eff.nvme_bandwidth_bytes_per_s_per_node
+            parts.append("optimizer states read+written on NVMe")
+    if lay.offload_params != "none":
+        shard = params_after_sharding(sp, lay, True)
+        fetch = 2 * setup.num_microbatches * shard * r.weight_bytes / pcie
+        if lay.offload_params == "nvme":
+            fetch += 2 * setup.num_microbatches * shard * r.weight_bytes * lay.gpus_per_node / \
+                eff.nvme_bandwidth_bytes_per_s_per_node
+        busy = setup.num_microbatches * (st.forward_s + st.backward_s)
+        total += max(0.0, fetch - eff.dp_overlap_window_fraction * busy)
+        parts.append("parameter shards fetched from host every micro-batch")
+    return total, "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    time: TimeBreakdown
+    comm: tuple[CommVolume, ...]
+    bubble_fraction: float
+    forward_s: float
+    backward_s: float
+    p2p_s: float
+    bottleneck_stage: int
+
+
+def _pipeline_makespan_s(setup: Setup, fwd: float, bwd: float, p2p: float) -> tuple[float, float]:
+    """(makespan with p2p, makespan without p2p), from the cached schedule simulation."""
+    lay, m = setup.layout, setup.num_microbatches
+    if lay.pp == 1:
+        return m * (fwd + bwd), m * (fwd + bwd)
+    r = pipeline.round_ratio(bwd / fwd)
+    x = pipeline.round_ratio(p2p / fwd)
+    with_p2p = pipeline.makespan_units(lay.schedule, lay.pp, m, lay.vpp, r, x) * fwd
+    # without p2p the simulation equals the textbook closed form (tests/unit/costmodel/test_cm_pipeline.py)
+    without = pipeline.textbook_makespan_units(lay.schedule, lay.pp, m, lay.vpp, r) * fwd
+    return with_p2p, without
+
+
+def step_time(setup: Setup) -> StepResult:
+    lay, m, eff = setup.layout, setup.num_microbatches, setup.eff
+    best: tuple[StageTime, StageParams, list[comm.Collective]] | None = None
+    for sl in candidate_stages(setup):
+        sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+        coll = comm.dp_collectives(setup, sp)
+        st = stage_time(setup, sl, sp, coll)
+        if best is None or st.forward_s + st.backward_s > best[0].forward_s + best[0].backward_s:
+            best = (st, sp, coll)
+    assert best is not None
+    st, sp, coll = best
+    fwd, bwd = st.forward_s, st.backward_s
+    p2p = comm.pp_p2p_time_s(setup)
+    makespan, makespan_no_p2p = _pipeline_makespan_s(setup, fwd, bwd, p2p)
+    c = st.compute
+    grad_total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == "step_grad")
+    grad_bytes = sum(x.bytes_per_call for x in coll if x.phase == "step_grad")
+    grad_tail = grad_total * min(1.0, eff.last_bucket_bytes / grad_bytes) if grad_bytes else 0.0
+    param_total = sum(x.time_per_call_s for x in coll if x.phase == "step_param")
+    param_bytes = sum(x.bytes_per_call for x in coll if x.phase == "step_param")
+    param_tail = param_total * min(1.0, eff.last_bucket_bytes / param_bytes) if param_bytes else 0.0
+    dp_exposed = (_exposed(grad_total, c.backward_s + c.recompute_s, grad_tail, setup)
+                  + _exposed(param_total, c.forward_s, param_tail, setup))
+    opt = optimizer_step_time_s(setup, sp)
+    offload, offload_txt = offload_time_s(setup, sp, st)
+    items = _time_items(setup, st, makespan, makespan_no_p2p, dp_exposed, opt, offload, offload_txt, p2p)
+    total = sum(i.value for i in items)
+    volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, dp_exposed)
+    bubble = (makespan_no_p2p - m * (fwd + bwd)) / makespan if lay.pp > 1 and makespan > 0 else 0.0
+    return StepResult(TimeBreakdown(items=tuple(items), step_time_s=total), volumes, max(0.0, bubble),
+                      fwd, bwd, p2p, st.stage)
+
+
+def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, dp_exposed: float,
+                opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
+    lay, m, c, eff = setup.layout, setup.num_microbatches, st.compute, setup.eff
+    gen_src = f"compiler/data/efficiency.yaml ({setup.gen.generation})"
+    busy = m * (st.forward_s + st.backward_s)
+    items = [
+        LineItem("forward_compute", m * c.forward_s,
+                 f"{m} micro-batches x {format_seconds(c.forward_s)} (GEMMs at size-dependent efficiency, attention "
+                 f"core, memory-bound ops; stage {st.stage})", gen_src),
+        LineItem("backward_compute", m * c.backward_s, f"{m} x {format_seconds(c.backward_s)} (2x forward GEMMs)",
+                 gen_src),
+    ]
+    if c.recompute_s:
+        items.append(LineItem("recompute", m * c.recompute_s,
+                              f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", gen_src))
+    for name, pair, src in (("tp_comm", st.tp_s, eff.overlap_sources["tp_exposed_fraction"]),
+                            ("cp_comm", st.cp_s, eff.overlap_sources["cp_exposed_fraction"]),
+                            ("ep_comm", st.ep_s, eff.overlap_sources["ep_exposed_fraction"]),
+                            ("zero_per_microbatch_comm", st.dp_s, eff.overlap_sources["dp_overlap_window_fraction"])):
+        if sum(pair):
+            items.append(LineItem(name, m * sum(pair), f"{m} x ({format_seconds(pair[0])} fwd + "
+                                                       f"{format_seconds(pair[1])} bwd) exposed", src))
+    if lay.pp > 1:
+        items.append(LineItem("pp_bubble", makespan_no_p2p - busy,
+                              f"simulated {lay.schedule} makespan {format_seconds(makespan_no_p2p)} - {m} x "
+                              f"{format_seconds(st.forward_s + st.backward_s)} busy (pp={lay.pp}, vpp={lay.vpp})",
+                              "discrete-event simulation of the schedule (compiler/costmodel/pipeline.py)"))
+        items.append(LineItem("pp_p2p", makespan - makespan_no_p2p,
+                              f"p2p {format_seconds(p2p)} per transfer on the critical path",
+                              "Narayanan et al. 2021, sec. 4.1 (scatter/gather p2p)"))
+    if dp_exposed:
+        items.append(LineItem("dp_comm", dp_exposed, "gradient reduce / parameter gather not hidden behind the "
+                                                      "last backward / first forward", eff.overlap_sources[
+                                                          "dp_overlap_window_fraction"]))
+    if opt:
+        items.append(LineItem("optimizer_step", opt, f"{optimizer_bytes_touched_per_param(setup):g} B per local "
+                                                     "parameter / (HBM bandwidth x fraction)", gen_src))
+    if offload:
+        items.append(LineItem("offload", offload, offload_txt, eff.host_sources["cpu_adam_params_per_s_per_node"]))
+    return items
+
+
+def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p: float, p2p_exposed: float,
+                  dp_exposed: float) -> tuple[CommVolume, ...]:
+    lay, m, l = setup.layout, setup.num_microbatches, setup.stages[st.stage]
+    msg = comm.activation_message_bytes(setup)
+    out = []
+    if lay.tp > 1:
+        f, b = comm.tp_comm_time_per_layer_s(setup)
+        out.append(CommVolume("tp_all_reduce" if not lay.sequence_parallel else "tp_all_gather_reduce_scatter",
+                              "tp", lay.tp, comm.tp_link(setup).link, 4 * msg * l.layers * m,
+                              (f + b) * l.layers * m, m * sum(st.tp_s)))
+    if lay.cp > 1:
+        f, b = comm.cp_comm_time_per_layer_s(setup)
+        ring_bytes = 3 * (lay.cp - 1) * comm.cp_kv_chunk_bytes(setup)  # forward K,V; backward K,V and dK,dV
+        out.append(CommVolume("cp_kv_ring", "cp", lay.cp, comm.cp_link(setup).link, ring_bytes * l.layers * m,
+                              (f + b) * l.layers * m, m * sum(st.cp_s)))
+    if lay.ep > 1 and l.moe:
+        f, b = comm.ep_comm_time_per_moe_layer_s(setup)
+        m_k = setup.shape.moe.top_k if setup.shape.moe else 1
+        out.append(CommVolume("ep_all_to_all", "ep", lay.ep, comm.ep_link(setup).link, 4 * msg * m_k * l.moe * m,
+                              (f + b) * l.moe * m, m * sum(st.ep_s)))
+    if lay.pp > 1:
+        out.append(CommVolume("pp_send_recv", "pp", lay.pp, comm.pp_link(setup).link, 2 * msg / lay.tp * m,
+                              2 * p2p * m, p2p_exposed))
+    total_dp = sum(x.time_per_call_s * x.calls_per_step for x in coll) or 1.0
+    for x in coll:
+        t = x.time_per_call_s * x.calls_per_step
+        share = dp_exposed if x.phase.startswith("step") else m * sum(st.dp_s)
+        out.append(CommVolume(x.name, x.group, x.group_size, x.link, x.bytes_per_call * x.calls_per_step, t,
+                              share * t / total_dp))
+    return tuple(out)
+
+
+def peak_flops_for_utilisation(setup: Setup) -> float:
+    """MFU/HFU denominator: the dense 16-bit peak (TF32 for fp32 training)."""
+    return setup.peak_flops_per_s("fp32" if setup.recipe.name == "fp32" else "bf16")
+
+
+def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, with_events: bool = True) -> Estimate:
+    problem, lay = setup.problem, setup.layout
+    n = lay.world_size
+    tokens_per_step = lay.global_batch * problem.seq_len
+    t = step.time.step_time_s
+    model_per_token = compute.model_flops_per_token(problem.shape, problem.params, problem.seq_len)
+    hw_per_token = compute.hardware_flops_per_token(problem.shape, problem.params, problem.seq_len, lay.recompute)
+    peak = peak_flops_for_utilisation(setup)
+    num_steps = math.ceil(problem.tokens / tokens_per_step)
+    time_to_train = num_steps * t
+    gpu_hours = n * time_to_train / 3600.0
+    events = pipeline.pipeline_events(lay.schedule, lay.pp, lay.grad_accum, lay.vpp, step.forward_s,
+                                      step.backward_s, step.p2p_s) if with_events else ()
+    return Estimate(
+        memory=memory, time=step.time, comm=step.comm, pipeline=events, step_time_s=t,
+        tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / t, tokens_per_s_per_gpu=tokens_per_step / t / n,
+        model_flops_per_token=model_per_token, model_flops_per_step=model_per_token * tokens_per_step,
+        hardware_flops_per_step=hw_per_token * tokens_per_step,
+        model_tflops_per_gpu=model_per_token * tokens_per_step / t / n / 1e12,
+        mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
+        pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
+        gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
+        assumptions=ASSUMPTIONS + (f"Activation implementation: {setup.impl.name}; GPU {setup.gpu.name} "
+                                   f"({setup.gen.generation}); bottleneck stage {step.bottleneck_stage}.",),
+    )

@@ -1,0 +1,148 @@
+"""Memory line items: model states under ZeRO (Rajbhandari et al. 2020), placement, offload, rejections."""
+from __future__ import annotations
+
+import pytest
+
+from compiler.costmodel import evaluate
+from compiler.costmodel.memory import zero_model_state_bytes_per_gpu
+from compiler.estimate import Estimate, Rejection
+
+STATES = ("weights", "gradients", "master_weights", "optimizer_states")
+
+
+def states(est: Estimate) -> float:
+    return sum(est.memory.item(n).value for n in STATES)
+
+
+# Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+# sec. 5 / Figure 1: 7.5B parameters, Nd = 64, mixed-precision Adam (K = 12): 120 GB per device
+# unsharded, 31.4 GB with P_os, 16.6 GB with P_os+g, 1.9 GB with P_os+g+p (1e9-byte GB).
+@pytest.mark.parametrize("stage,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_worked_example(stage, expected_gb):
+    got = zero_model_state_bytes_per_gpu(7.5e9, zero_stage=stage, num_shards=64) / 1e9
+    assert round(got, 1) == expected_gb
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_evaluate_model_states_follow_the_zero_paper(problem_factory, layout_factory, stage):
+    """The same 2 + 2 + 12 bytes/param split over dp_shard = 64 through the full evaluate() path
+    (Megatron GPT 7.5B of Narayanan et al. 2021, 64 GPUs, tp = pp = 1)."""
+    p = problem_factory("megatron-gpt-7.5b", gpu="a100-80gb", num_gpus=64, seq=2048, gbs=64)
+    lay = layout_factory(p, dp_replicate=64 if stage == 0 else 1, dp_shard=1 if stage == 0 else 64,
+                         zero_stage=stage, recompute="full")
+    est = evaluate(p, lay, check_memory=False)
+    assert isinstance(est, Estimate)
+    expected = zero_model_state_bytes_per_gpu(p.params.total, zero_stage=stage, num_shards=64)
+    assert states(est) == pytest.approx(expected, rel=1e-9)
+
+
+def test_fp32_recipe_has_no_master_copy(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b", precision="fp32")
+    est = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1, recompute="full"), check_memory=False)
+    assert est.memory.item("master_weights").value == 0
+    assert est.memory.item("weights").value == 4 * p.params.total
+
+
+def test_hsdp_shards_only_over_dp_shard(problem_factory, layout_factory):
+    """dp_replicate x dp_shard = 8: HSDP with shard 4 keeps twice the states of FULL_SHARD over 8."""
+    p = problem_factory("llama3-8b")
+    full = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=3, recompute="full"), check_memory=False)
+    hsdp = evaluate(p, layout_factory(p, dp_replicate=2, dp_shard=4, zero_stage=3, recompute="full"),
+                    check_memory=False)
+    assert states(hsdp) == pytest.approx(2 * states(full), rel=1e-9)
+
+
+def test_context_parallel_joins_the_shard_group(problem_factory, layout_factory):
+    """Megatron shards the distributed optimizer over dp x cp: cp=2, dp=4 shards like dp=8."""
+    p = problem_factory("llama3-8b", seq=8192, gbs=32)
+    cp2 = evaluate(p, layout_factory(p, cp=2, dp_shard=4, zero_stage=1), check_memory=False)
+    dp8 = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1), check_memory=False)
+    assert cp2.memory.item("optimizer_states").value == pytest.approx(dp8.memory.item("optimizer_states").value)
+
+
+def test_experts_split_by_ep_and_sharded_over_dp_cp_over_ep(problem_factory, layout_factory):
+    p = problem_factory("mixtral-8x7b", num_gpus=8, gbs=64)
+    e1 = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1, recompute="full"), check_memory=False)
+    e8 = evaluate(p, layout_factory(p, ep=8, dp_shard=8, zero_stage=1, recompute="full"), check_memory=False)
+    pc = p.params
+    expert = pc.expert_total
+    # weights: the expert part shrinks 8x with ep=8
+    assert e1.memory.item("weights").value - e8.memory.item("weights").value == pytest.approx(2 * expert * 7 / 8)
+    # optimizer: experts are sharded over dp x cp / ep = 1 when ep = 8 (Megatron expert-data-parallel group)
+    assert e8.memory.item("optimizer_states").value == pytest.approx(8 * ((pc.total - expert) / 8 + expert / 8))
+
+
+def test_embedding_on_first_stage_output_on_last(problem_factory, layout_factory):
+    from compiler.costmodel.context import make_setup
+    from compiler.costmodel.memory import stage_memory_items
+
+    p = problem_factory("llama3-8b", gbs=64)
+    lay = layout_factory(p, pp=4, dp_replicate=2, zero_stage=0, grad_accum=32)
+    setup = make_setup(p, lay, p.gpu_options[0])
+    first, last = (dict((i.name, i.value) for i in stage_memory_items(setup, setup.stages[s])) for s in (0, 3))
+    assert "logits_loss" in last and "logits_loss" not in first
+    vocab_h = p.shape.vocab_size * p.shape.hidden_size
+    layer = (p.params.per_dense_layer) * 8
+    assert first["weights"] == pytest.approx(2 * (layer + vocab_h))
+    assert last["weights"] == pytest.approx(2 * (layer + vocab_h + p.params.final_norm))
+
+
+def test_offloading_the_optimizer_moves_states_to_host(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b")
+    base = layout_factory(p, dp_shard=8, zero_stage=2, recompute="full")
+    on_gpu = evaluate(p, base, check_memory=False)
+    off = evaluate(p, base.with_(offload_optimizer="cpu"), check_memory=False)
+    assert off.memory.item("optimizer_states").value == 0 and off.memory.item("master_weights").value == 0
+    moved = on_gpu.memory.item("optimizer_states").value + on_gpu.memory.item("master_weights").value
+    assert off.memory.cpu_bytes_per_node == pytest.approx(moved * 8, rel=1e-6)
+
+
+def test_allowances_and_transients_are_line_items(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b")
+    est = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=3, recompute="selective"))
+    names = {i.name for i in est.memory.items}
+    assert {"cuda_context", "nccl_buffers", "fragmentation", "zero3_gathered_params", "logits_loss"} <= names
+    assert est.memory.total_bytes_per_gpu == int(sum(i.value for i in est.memory.items))
+    assert all(i.formula and i.source for i in est.memory.items)
+    assert est.memory.usable_bytes_per_gpu == int(p.gpu_options[0].spec.hbm_bytes * (1 - p.memory_headroom))
+
+
+def test_out_of_memory_is_a_rejection_with_numbers_and_a_fix(problem_factory, layout_factory):
+    p = problem_factory("llama3-70b", num_gpus=8, gbs=64)
+    rej = evaluate(p, layout_factory(p, dp_replicate=8))
+    assert isinstance(rej, Rejection) and rej.code == "out_of_memory"
+    assert rej.details["needed_bytes"] > rej.details["usable_bytes"]
+    assert set(STATES) <= set(rej.details["items"])
+    assert rej.fix.startswith("needs ") and "ZeRO-3" in rej.fix and "recompute" in rej.fix
+
+
+@pytest.mark.parametrize("kw,code", [
+    (dict(tp=3), "tp_not_divisor"),
+    (dict(pp=5), "layers_not_divisible"),
+    (dict(pp=2, vpp=2, schedule="interleaved_1f1b", grad_accum=3), "microbatches_not_divisible"),
+])
+def test_structural_rejections(problem_factory, layout_factory, kw, code):
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    tp, pp = kw.get("tp", 1), kw.get("pp", 1)
+    lay = layout_factory(p, dp_replicate=max(1, 8 // (tp * pp)) if 8 % (tp * pp) == 0 else 1, **kw)
+    rej = evaluate(p, lay)
+    assert isinstance(rej, Rejection) and rej.code == code
+
+
+def test_uneven_stages_are_modelled_when_allowed(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    lay = layout_factory(p, pp=5, grad_accum=64)
+    assert evaluate(p, lay).code == "layers_not_divisible"
+    est = evaluate(p, lay, allow_uneven_stages=True)
+    assert isinstance(est, Estimate)
+
+
+def test_unknown_gpu_is_rejected(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b")
+    lay = layout_factory(p).with_(gpu="b200")
+    assert evaluate(p, lay).code == "unknown_gpu"
+
+
+def test_fp8_on_ampere_is_rejected(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b", gpu="a100-80gb", precision="fp8")
+    assert evaluate(p, layout_factory(p, dp_replicate=8)).code == "precision_unsupported"

@@ -1,0 +1,124 @@
+"""The Estimate: time line items, rates, utilisation, time to train, cost; the seed's exercises."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from compiler.costmodel import evaluate
+from compiler.costmodel.compute import attention_core_flops_per_token_forward, gemm_params_per_token, \
+    model_flops_per_token
+from compiler.costmodel.context import make_setup
+from compiler.costmodel.memory import stage_memory_items
+from compiler.estimate import Estimate
+
+
+def test_outputs_are_filled_and_consistent(problem_factory, layout_factory):
+    p = problem_factory("llama3-8b", num_gpus=16, gbs=128, tokens="100B")
+    lay = layout_factory(p, tp=2, pp=2, dp_shard=4, zero_stage=1, sequence_parallel=True, recompute="selective")
+    e = evaluate(p, lay)
+    assert isinstance(e, Estimate)
+    assert e.time.step_time_s == pytest.approx(sum(i.value for i in e.time.items)) == e.step_time_s
+    assert all(i.value >= 0 and i.formula and i.source for i in e.time.items)
+    assert e.tokens_per_step == 128 * 4096
+    assert e.tokens_per_s == pytest.approx(e.tokens_per_step / e.step_time_s)
+    assert e.tokens_per_s_per_gpu == pytest.approx(e.tokens_per_s / 16)
+    peak = p.gpu_options[0].spec.peak_flops["bf16"]
+    assert e.mfu == pytest.approx(e.model_flops_per_step / (e.step_time_s * 16 * peak))
+    assert e.hfu > e.mfu  # selective recompute adds the attention forward
+    assert e.model_tflops_per_gpu == pytest.approx(e.model_flops_per_step / e.step_time_s / 16 / 1e12)
+    assert e.num_steps == math.ceil(100e9 / e.tokens_per_step)
+    assert e.time_to_train_s == pytest.approx(e.num_steps * e.step_time_s)
+    assert e.gpu_hours == pytest.approx(16 * e.time_to_train_s / 3600)
+    assert e.cost_usd == pytest.approx(e.gpu_hours * p.gpu_options[0].price_per_gpu_hour_usd)
+    assert e.num_gpus == 16 and e.assumptions and e.pipeline
+    assert 0 < e.pipeline_bubble_fraction < 1
+
+
+def test_flop_convention_is_6n_plus_causal_attention(problem_factory):
+    """6 x GEMM params (logits included, embeddings and norms excluded) + 6 l h s for the attention core:
+    half of the non-causal 12 l h s (the Megatron-Bridge 25.09+ causal convention, calibration/README.md)."""
+    p = problem_factory("llama3-8b")
+    s, pc, shape = p.seq_len, p.params, p.shape
+    gemm = pc.total - pc.embedding - pc.norms_per_layer * shape.num_layers - pc.final_norm
+    assert gemm_params_per_token(shape, pc) == gemm
+    assert attention_core_flops_per_token_forward(shape, s) == shape.num_layers * 2 * 32 * 256 * s / 2
+    assert model_flops_per_token(shape, pc, s) == 6 * gemm + 6 * shape.num_layers * 4096 * s
+
+
+def test_moe_counts_active_parameters(problem_factory):
+    p = problem_factory("mixtral-8x7b")
+    pc = p.params
+    assert gemm_params_per_token(p.shape, pc) < pc.total / 2  # 2 of 8 experts per token
+    assert gemm_params_per_token(p.shape, pc) == pytest.approx(pc.active - pc.embedding - pc.final_norm
+                                                               - pc.norms_per_layer * p.shape.num_layers)
+
+
+def test_activation_checkpointing_trades_memory_for_compute(problem_factory, layout_factory):
+    """Seed exercise 1: full recompute keeps one input per layer and replays the forward, about a third
+    more compute (8N vs 6N per token for the GEMMs)."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    none = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1), check_memory=False)
+    full = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1, recompute="full"), check_memory=False)
+    assert full.memory.item("activations").value < none.memory.item("activations").value / 10
+    assert full.hardware_flops_per_step / none.hardware_flops_per_step == pytest.approx(4 / 3, rel=0.03)
+    assert 1.2 < full.step_time_s / none.step_time_s < 1.45
+    assert full.model_flops_per_step == none.model_flops_per_step  # the model FLOPs do not change
+
+
+def test_1f1b_and_gpipe_same_bubble_less_memory(problem_factory, layout_factory):
+    """Seed exercise 2: the same bubble, but 1F1B holds pp micro-batches instead of all of them."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    base = layout_factory(p, pp=4, dp_replicate=2, grad_accum=8, recompute="full")
+    one = evaluate(p, base, check_memory=False)
+    gp = evaluate(p, base.with_(schedule="gpipe"), check_memory=False)
+    assert one.pipeline_bubble_fraction == pytest.approx(gp.pipeline_bubble_fraction, rel=0.05)
+    assert one.pipeline_bubble_fraction == pytest.approx(3 / 11, rel=0.1)
+    first = {}
+    for lay in (base, base.with_(schedule="gpipe")):  # the first stage holds the most micro-batches
+        setup = make_setup(p, lay, p.gpu_options[0])
+        first[lay.schedule] = next(i.value for i in stage_memory_items(setup, setup.stages[0]) if i.name == "activations")
+    assert first["gpipe"] == pytest.approx(2 * first["1f1b"])  # m = 8 vs pp = 4 in flight
+
+
+def test_zero_offload_fits_70b_on_4_gpus_at_the_price_of_a_slower_step(problem_factory, layout_factory):
+    """Seed exercise 5 (ZeRO-Offload, Ren et al. 2021): offloading the optimizer states of a 70B model lets
+    4 x 80 GB GPUs hold it, where keeping them on the GPUs needs more GPUs; the CPU optimizer step costs time."""
+    p = problem_factory("llama3-70b", gpu="a100-80gb", num_gpus=4, seq=2048, gbs=8)
+    on = layout_factory(p, dp_shard=4, zero_stage=3, recompute="full")
+    assert evaluate(p, on).code == "out_of_memory"
+    off = evaluate(p, on.with_(offload_optimizer="cpu", offload_params="cpu"))
+    assert isinstance(off, Estimate)
+    assert off.memory.cpu_bytes_per_node > 70e9 * 12
+    assert off.time.item("offload").value > 0
+    gpu_opt = evaluate(p, on, check_memory=False)
+    assert off.step_time_s > gpu_opt.step_time_s
+
+
+def test_cost_estimator_scales_with_tokens_and_price(problem_factory, layout_factory):
+    """Seed exercise 4: dollars = GPU-hours x price; twice the tokens, twice the cost."""
+    a = problem_factory("llama3-8b", tokens="100B")
+    b = problem_factory("llama3-8b", tokens="200B", extra="")
+    la = layout_factory(a, dp_shard=8, zero_stage=1, recompute="selective")
+    ea, eb = evaluate(a, la), evaluate(b, la)
+    assert eb.cost_usd == pytest.approx(2 * ea.cost_usd, rel=1e-3)
+
+
+def test_moe_expert_parallel_adds_all_to_all(problem_factory, layout_factory):
+    p = problem_factory("mixtral-8x7b", num_gpus=8, gbs=64)
+    e = evaluate(p, layout_factory(p, ep=8, dp_shard=8, zero_stage=1, recompute="full"), check_memory=False)
+    assert e.time.item("ep_comm").value > 0
+    assert any(c.name == "ep_all_to_all" and c.link == "intra_node" for c in e.comm)
+
+
+def test_evaluate_is_fast(problem_factory, layout_factory):
+    """The solver calls evaluate thousands of times: well under a few ms per call without events."""
+    p = problem_factory("llama3-70b", num_gpus=64, gbs=512)
+    lay = layout_factory(p, tp=8, pp=4, vpp=5, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                         sequence_parallel=True, recompute="selective")
+    evaluate(p, lay, pipeline_events=False)
+    start = time.perf_counter()
+    for _ in range(50):
+        evaluate(p, lay, pipeline_events=False)
+    assert (time.perf_counter() - start) / 50 < 0.02
