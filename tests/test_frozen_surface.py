@@ -49,3 +49,19 @@ def test_help_states_exit_codes():
     result = run_cli(["--help"])
     for code in ("0 ok", "1 differences", "2 user error", "3 internal error"):
         assert code in result.stdout
+
+
+def test_committed_schema_accepts_the_example_specs():
+    """What editors see: every example spec validates against schemas/spec.schema.json."""
+    import jsonschema
+    from ruamel.yaml import YAML
+
+    schema = json.loads((REPO / "schemas/spec.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in sorted((REPO / "specs").glob("*.yaml")):
+        data = YAML(typ="safe").load(path.read_text())
+        errors = [e.message for e in validator.iter_errors(data)]
+        assert not errors, f"{path.name}: {errors}"
+    bad = {"name": "x", "model": {"preset": "llama3-8b"}, "training": {"tokens": "1T"}, "cluster": {"gpu": "h100"},
+           "layout": {"tensor_paralel": 8}}
+    assert list(validator.iter_errors(bad)), "unknown keys must fail the schema"

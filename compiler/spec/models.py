@@ -27,7 +27,7 @@ def _unit(parser, kind: str):
                 "dtc_unit", "expected {kind}", {"kind": kind, "expected": exc.expected, "reason": str(exc)}
             ) from None
 
-    return BeforeValidator(validate)
+    return BeforeValidator(validate, json_schema_input_type=int | float | str)
 
 
 def _int_only(value: Any) -> Any:
@@ -45,6 +45,20 @@ Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(j
 Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
 PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
 NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
+
+# Upper bounds far beyond any real run, so that a typo (`tokens: 15e30`) is an error, not an
+# integer the solver chokes on; lower bounds where zero would be a division by zero.
+MAX_PARAMS = 10**14  # 100T
+MAX_TOKENS = 10**16  # 10 quadrillion
+ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
+TokenCount = Annotated[Count, Field(ge=0, le=MAX_TOKENS)]
+PosBytes = Annotated[Bytes, Field(gt=0, le=2**50)]  # at most 1 PiB
+PosBandwidth = Annotated[Bandwidth, Field(gt=0, le=1e15)]  # at most 1 PB/s
+PosFlops = Annotated[Flops, Field(gt=0, le=1e18)]  # at most 1 EFLOP/s per GPU
+Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
+Budget = Annotated[Money, Field(gt=0, le=1e13)]
+PosDuration = Annotated[Duration, Field(gt=0, le=100 * 365 * 86400)]  # at most a century
+GpuName = Annotated[str, Field(min_length=1, max_length=64)]
 
 # Names that reach shell scripts and file names are restricted to what SLURM and the shell
 # accept unquoted; everything is also shell-quoted when rendered.
@@ -93,8 +107,8 @@ class ModelSpec(_Strict):
     Llama-3-style dense shape (the rule is in the README).
     """
 
-    preset: str | None = Field(None, description="A model from the catalog, e.g. llama3-70b (see `dtc catalog`).")
-    params: Count | None = Field(None, description="Just a size, e.g. 70B: dtc derives a dense Llama-3-style shape.")
+    preset: GpuName | None = Field(None, description="A model from the catalog, e.g. llama3-70b (see `dtc catalog`).")
+    params: ParamCount | None = Field(None, description="Just a size, e.g. 70B: dtc derives a dense Llama-3-style shape.")
     num_layers: PosInt | None = Field(None, description="Transformer layers.")
     hidden_size: PosInt | None = Field(None, description="Model (embedding) width.")
     ffn_hidden_size: PosInt | None = Field(None, description="MLP hidden width (per matrix; SwiGLU uses three).")
@@ -122,9 +136,9 @@ class ModelSpec(_Strict):
 class TrainingSpec(_Strict):
     """What to train: tokens, sequence length, batch, precision, optimizer."""
 
-    tokens: Count = Field(description="Total training tokens, e.g. 15T.")
+    tokens: TokenCount = Field(description="Total training tokens, e.g. 15T.")
     sequence_length: PosInt = Field(description="Tokens per sequence, e.g. 8192.")
-    global_batch: PosInt | str = Field(
+    global_batch: PosInt | Annotated[str, Field(max_length=64)] = Field(
         description="Global batch per optimizer step: sequences (2048) or tokens ('16M tokens').")
     global_batch_tolerance: float = Field(
         0.0, ge=0.0, le=0.5,
@@ -134,7 +148,7 @@ class TrainingSpec(_Strict):
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
     learning_rate: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
     min_learning_rate: float = Field(3e-5, ge=0, le=10, description="Final learning rate of the cosine decay.")
-    warmup_tokens: Count = Field(0, description="Linear warm-up length in tokens (0: 1% of training).")
+    warmup_tokens: TokenCount = Field(0, description="Linear warm-up length in tokens (0: 1% of training).")
     weight_decay: float = Field(0.1, ge=0, le=10, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="Gradient-norm clipping threshold (0: off).")
     adam_beta1: float = Field(0.9, gt=0, lt=1, description="Adam beta1.")
@@ -165,34 +179,34 @@ class CustomGpuSpec(_Strict):
     name: str = Field(pattern=NAME_RE, description="A name for reports.")
     generation: Literal["ampere", "hopper", "blackwell", "cdna3", "ada"] = Field(
         description="Architecture generation; selects the achievable-efficiency curve.")
-    bf16_flops: Flops = Field(description="Dense bf16 peak, e.g. 989TFLOPS.")
-    fp8_flops: Flops | None = Field(None, description="Dense fp8 peak; absent if unsupported.")
-    fp32_flops: Flops | None = Field(None, description="Dense fp32 (TF32 tensor-core) peak; default bf16_flops / 2.")
-    hbm: Bytes = Field(description="Memory per GPU, e.g. 80GiB.")
-    hbm_bandwidth: Bandwidth = Field(description="Memory bandwidth, e.g. 3.35TB/s.")
-    intra_node_bandwidth: Bandwidth = Field(description="GPU-to-GPU bandwidth inside a node, per direction.")
-    inter_node_bandwidth: Bandwidth = Field(description="Network bandwidth per GPU, per direction, e.g. 400Gb/s.")
-    pcie_bandwidth: Bandwidth = Field("64GB/s", description="Host link per direction (offload traffic).")
-    price_per_gpu_hour: Money = Field(description="Dollars per GPU-hour.")
+    bf16_flops: PosFlops = Field(description="Dense bf16 peak, e.g. 989TFLOPS.")
+    fp8_flops: PosFlops | None = Field(None, description="Dense fp8 peak; absent if unsupported.")
+    fp32_flops: PosFlops | None = Field(None, description="Dense fp32 (TF32 tensor-core) peak; default bf16_flops / 2.")
+    hbm: PosBytes = Field(description="Memory per GPU, e.g. 80GiB.")
+    hbm_bandwidth: PosBandwidth = Field(description="Memory bandwidth, e.g. 3.35TB/s.")
+    intra_node_bandwidth: PosBandwidth = Field(description="GPU-to-GPU bandwidth inside a node, per direction.")
+    inter_node_bandwidth: PosBandwidth = Field(description="Network bandwidth per GPU, per direction, e.g. 400Gb/s.")
+    pcie_bandwidth: PosBandwidth = Field("64GB/s", description="Host link per direction (offload traffic).")
+    price_per_gpu_hour: Price = Field(description="Dollars per GPU-hour.")
 
 
 class NetworkSpec(_Strict):
     """Overrides of the catalog's link bandwidths (per GPU, per direction)."""
 
-    intra_node_bandwidth: Bandwidth | None = Field(None, description="NVLink/xGMI bandwidth per GPU per direction.")
-    inter_node_bandwidth: Bandwidth | None = Field(None, description="Network bandwidth per GPU per direction, e.g. 400Gb/s.")
+    intra_node_bandwidth: PosBandwidth | None = Field(None, description="NVLink/xGMI bandwidth per GPU per direction.")
+    inter_node_bandwidth: PosBandwidth | None = Field(None, description="Network bandwidth per GPU per direction, e.g. 400Gb/s.")
 
 
 class ClusterSpec(_Strict):
     """Where it runs."""
 
-    gpu: str | list[str] | CustomGpuSpec = Field(
+    gpu: GpuName | Annotated[list[GpuName], Field(max_length=16)] | CustomGpuSpec = Field(
         description="GPU type from the catalog (h100-sxm), a list to choose from, or a custom GPU.")
-    gpus_per_node: PosInt | None = Field(None, description="GPUs per node; default from the catalog (8 for HGX).")
+    gpus_per_node: Annotated[PosInt, Field(le=1024)] | None = Field(None, description="GPUs per node; default from the catalog (8 for HGX).")
     num_gpus: PosInt | None = Field(None, description="Use exactly this many GPUs.")
     max_gpus: PosInt | None = Field(None, description="Use at most this many GPUs (whole nodes); default 16384.")
     min_gpus: PosInt | None = Field(None, description="Use at least this many GPUs.")
-    price_per_gpu_hour: Money | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
+    price_per_gpu_hour: Price | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
     network: NetworkSpec | None = Field(None, description="Link bandwidth overrides.")
 
     @model_validator(mode="after")
@@ -217,8 +231,8 @@ class ClusterSpec(_Strict):
 class BudgetSpec(_Strict):
     """Limits and what to optimise."""
 
-    max_cost: Money | None = Field(None, description="Dollar budget for the whole run, e.g. $2.5M.")
-    deadline: Duration | None = Field(None, description="Wall-clock limit for the whole run, e.g. 60d.")
+    max_cost: Budget | None = Field(None, description="Dollar budget for the whole run, e.g. $2.5M.")
+    deadline: PosDuration | None = Field(None, description="Wall-clock limit for the whole run, e.g. 60d.")
     objective: Literal["fastest", "cheapest", "throughput"] = Field(
         "fastest",
         description="fastest: least time to train within the budget; cheapest: least cost within the deadline; "
@@ -273,7 +287,7 @@ class SlurmSpec(_Strict):
     partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
-    time_limit: Duration | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    time_limit: Annotated[Duration, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
     cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
