@@ -23,7 +23,7 @@ RENDERERS: dict[str, tuple[str, str]] = {
 REPORT = ("compiler.render.report", "render_report")
 
 
-def _load(entry: tuple[str, str]) -> Callable[[Plan], dict[str, str]]:
+def _load(entry: tuple[str, str]) -> Callable[..., dict[str, str]]:
     module, attr = entry
     return getattr(importlib.import_module(module), attr)
 
@@ -31,11 +31,12 @@ def _load(entry: tuple[str, str]) -> Callable[[Plan], dict[str, str]]:
 def render(plan: Plan, *, targets: Sequence[str] | None = None) -> ArtifactSet:
     """All artifacts for ``plan`` (default: the plan's own targets)."""
     wanted = tuple(targets) if targets is not None else tuple(plan.targets)
+    by_target = {t: _load(RENDERERS[t])(plan) for t in RENDERERS if t in wanted}
+    rendered = [(t, name) for t, out in by_target.items() for name in out]
     files: dict[str, str] = {"plan.json": plan.to_json()}
-    files.update(_load(REPORT)(plan))
-    for target in RENDERERS:
-        if target in wanted:
-            files.update(_load(RENDERERS[target])(plan))
+    files.update(_load(REPORT)(plan, rendered=rendered))
+    for out in by_target.values():
+        files.update(out)
     from compiler.render.invariants import check_invariants
 
     check_invariants(plan, files)
