@@ -1,0 +1,330 @@
+"""What a config change does: two sides (Plan + ArtifactSet) -> an ``ArtifactDiff`` (pure, no disk).
+
+A side is one version of a run: a spec compiled in memory (from disk or from git),
+or a generated folder read back with its plan.json. ``diff_sides(old, new)``
+compares two the way a reviewer reads a change (Terraform's differ, apart from
+its renderers):
+
+1. the semantic summary from the two Plans: layout fields, memory per GPU, step
+   time, MFU, time to train, GPU-hours and cost, each old -> new with the delta,
+   and the warnings a reviewer needs (memory now within 3% of usable HBM, cost up
+   20% or more, a target dropped, the new spec infeasible, ...);
+2. one ``FileChange`` per artifact (compiler.diff_files): JSON key paths old -> new,
+   shell flags, ``#SBATCH`` directives and exported variables, Python constants,
+   line counts and the unified diff for everything.
+
+``format_diff`` (compiler.diff_format) turns diffs into text, Markdown or JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from compiler.artifacts import MANIFEST, ArtifactSet
+from compiler.diff_files import FileChange, KeyChange, compare_file, explain_plan_json, file_changes, key_changes
+from compiler.plan import Plan
+from compiler.units import format_bytes, format_count, format_money, format_seconds
+
+# Warning thresholds (relative changes unless noted).
+HBM_MARGIN = 0.03  # memory within 3% of usable HBM
+COST_UP = 0.20
+TIME_UP = 0.20
+MFU_DOWN = 0.10  # relative: 40% -> 36% is down 10%
+BUDGET_MARGIN = 0.05  # cost within 5% of budget.max_cost
+
+# Summary rows that restate the spec's inputs; the others are what the solver made of them.
+INPUT_ROWS = frozenset({"model", "tokens", "budget", "targets"})
+
+
+@dataclass(frozen=True)
+class Side:
+    """One version of a run: its Plan (None when absent or it failed) and its artifacts.
+
+    ``error`` says why a side that should exist has no plan ("infeasible: ..."); a side
+    with no plan, no artifacts and no error does not exist (a spec added or removed).
+    """
+
+    label: str
+    plan: Plan | None = None
+    artifacts: ArtifactSet = field(default_factory=ArtifactSet)
+    error: str = ""
+    notes: tuple[str, ...] = ()  # caveats shown as warnings, e.g. "plan.json unreadable: ..."
+
+    @property
+    def exists(self) -> bool:
+        return self.plan is not None or bool(self.artifacts.files) or bool(self.error)
+
+
+@dataclass(frozen=True)
+class SummaryChange:
+    """One row of the semantic summary; ``old``/``new`` are display strings (None: that side has no plan)."""
+
+    key: str  # stable id: model, tokens, gpus, budget, targets, layout, global_batch, memory, ...
+    label: str
+    old: str | None
+    new: str | None
+    change: str  # "-8.8%", "tp 8 -> 4, zero 1 -> 3", "+1.2 pts"; "" when there is nothing to add
+    changed: bool
+    old_value: Any = None
+    new_value: Any = None
+
+
+@dataclass(frozen=True)
+class ArtifactDiff:
+    title: str
+    old_label: str
+    new_label: str
+    old_name: str | None
+    new_name: str | None
+    status: str  # same, changed, added, removed
+    old_error: str = ""
+    new_error: str = ""
+    layout_changes: tuple[KeyChange, ...] = ()
+    summary: tuple[SummaryChange, ...] = ()
+    warnings: tuple[str, ...] = ()
+    files: tuple[FileChange, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.status != "same"
+
+    @property
+    def name(self) -> str:
+        old, new = self.old_name, self.new_name
+        if old and new and old != new:
+            return f"{old} -> {new}"
+        return new or old or "?"
+
+    @property
+    def plan_changed(self) -> bool:
+        """Did the solved plan change: layout, GPUs, batch or any estimate (not only inputs like the budget)?"""
+        return any(row.changed for row in self.summary if row.key not in INPUT_ROWS)
+
+    def counts(self) -> dict[str, int]:
+        out = {"add": 0, "change": 0, "remove": 0, "same": 0}
+        for f in self.files:
+            out[f.action] += 1
+        return out
+
+    def to_dict(self, *, unified: bool = False) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for f, fd in zip(self.files, data["files"], strict=True):
+            fd["key_changes"] = [dict(k, op=kc.op) for k, kc in zip(fd["key_changes"], f.key_changes, strict=True)]
+            if not unified:
+                fd.pop("unified")
+        data["layout_changes"] = [dict(k, op=kc.op)
+                                  for k, kc in zip(data["layout_changes"], self.layout_changes, strict=True)]
+        data["name"] = self.name
+        data["counts"] = self.counts()
+        return data
+
+
+# --------------------------------------------------------------------------- the entry point
+
+
+def diff_sides(old: Side, new: Side, *, title: str | None = None, context: int = 3) -> ArtifactDiff:
+    """Compare two versions of a run; pure."""
+    assert old.exists or new.exists, "diff_sides needs at least one side that exists"
+    if title is None:
+        title = old.label if old.label == new.label else f"{old.label} -> {new.label}"
+    one_failed = bool(old.error or new.error)
+    files = () if one_failed else tuple(file_changes(old.artifacts, new.artifacts, context))
+    summary = tuple(summary_rows(old.plan, new.plan))
+    if not any(row.changed for row in summary):
+        files = tuple(explain_plan_json(f, old.artifacts, new.artifacts) for f in files)
+    layout_changes = _layout_changes(old.plan, new.plan)
+    if not old.exists:
+        status = "added"
+    elif not new.exists:
+        status = "removed"
+    elif any(f.action != "same" for f in files) or old.error != new.error:
+        status = "changed"
+    else:
+        status = "same"
+    return ArtifactDiff(
+        title=title, old_label=old.label, new_label=new.label,
+        old_name=_name(old), new_name=_name(new), status=status,
+        old_error=old.error, new_error=new.error,
+        layout_changes=layout_changes, summary=summary,
+        warnings=tuple(warnings_for(old, new, summary)) if status != "same" else (),
+        files=files)
+
+
+def _name(side: Side) -> str | None:
+    return side.plan.name if side.plan is not None else None
+
+
+# --------------------------------------------------------------------------- the semantic summary
+
+_LAYOUT_FIELDS = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("cp", "cp"), ("ep", "ep"), ("dp", "dp"),
+                  ("dp_replicate", "dp_replicate"), ("dp_shard", "dp_shard"), ("zero_stage", "zero"),
+                  ("micro_batch", "micro_batch"), ("grad_accum", "grad_accum"), ("recompute", "recompute"),
+                  ("sequence_parallel", "sp"), ("schedule", "schedule"),
+                  ("offload_optimizer", "offload_optimizer"), ("offload_params", "offload_params"))
+
+
+def _layout_changes(old: Plan | None, new: Plan | None) -> tuple[KeyChange, ...]:
+    if old is None or new is None:
+        return ()
+    a, b = old.layout, new.layout
+    hsdp = a.is_hsdp or b.is_hsdp
+    out = []
+    for attr, label in _LAYOUT_FIELDS:
+        if attr in ("dp_replicate", "dp_shard") and not hsdp:
+            continue
+        if attr == "schedule" and a.pp == 1 and b.pp == 1:
+            continue
+        va, vb = getattr(a, attr), getattr(b, attr)
+        if va != vb:
+            out.append(KeyChange(label, _show(va), _show(vb)))
+    return tuple(out)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _rel(old: float | None, new: float | None) -> float | None:
+    if old is None or new is None or old == 0:
+        return None
+    return (new - old) / abs(old)
+
+
+def _pct(old: float | None, new: float | None) -> str:
+    rel = _rel(old, new)
+    if rel is None or old == new:
+        return ""
+    return f"{rel * 100:+.1f}%"
+
+
+def _budget_text(b: Any) -> str:
+    parts = [f"max {format_money(b['max_cost_usd'])}"] if b.get("max_cost_usd") is not None else []
+    if b.get("deadline_s") is not None:
+        parts.append(f"deadline {format_seconds(b['deadline_s'])}")
+    return ", ".join(parts + [str(b.get("objective", ""))])
+
+
+def _memory_value(p: Plan) -> tuple[int, int]:
+    return p.estimate.memory.total_bytes_per_gpu, p.estimate.memory.usable_bytes_per_gpu
+
+
+def _facts(p: Plan) -> dict[str, tuple[str, Any, str, float | None]]:
+    """Summary key -> (label, raw value compared and kept in JSON, text, number whose change is shown in %)."""
+    e, c, t, m = p.estimate, p.cluster, p.training, p.model
+    total, usable = _memory_value(p)
+    nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] != 1 else ''}"
+    return {
+        "model": ("model", [m["name"], m["params_total"]], f"{m['name']} ({format_count(m['params_total'])} params)",
+                  m["params_total"]),
+        "tokens": ("tokens", t["tokens"], format_count(t["tokens"]), t["tokens"]),
+        "gpus": ("GPUs", [c["num_gpus"], c["gpu"], c["num_nodes"]], f"{c['num_gpus']} x {c['gpu']} ({nodes})",
+                 c["num_gpus"]),
+        "budget": ("budget", [p.budget.get("max_cost_usd"), p.budget.get("deadline_s"), p.budget.get("objective")],
+                   _budget_text(p.budget), p.budget.get("max_cost_usd")),
+        "targets": ("targets", list(p.targets), ", ".join(p.targets), None),
+        "layout": ("layout", p.layout.describe(), p.layout.describe(), None),
+        "global_batch": ("global batch", [t["global_batch"], t["seq_len"]],
+                         f"{t['global_batch']:,} x {t['seq_len']:,} tokens", t["global_batch"] * t["seq_len"]),
+        "memory": ("memory/GPU", [total, usable], f"{format_bytes(total)} of {format_bytes(usable)}", total),
+        "step_time": ("step time", e.step_time_s, format_seconds(e.step_time_s), e.step_time_s),
+        "throughput": ("tokens/s/GPU", e.tokens_per_s_per_gpu, f"{e.tokens_per_s_per_gpu:,.0f}",
+                       e.tokens_per_s_per_gpu),
+        "mfu": ("MFU", e.mfu, f"{e.mfu * 100:.1f}%", None),
+        "time_to_train": ("time to train", e.time_to_train_s, format_seconds(e.time_to_train_s), e.time_to_train_s),
+        "gpu_hours": ("GPU-hours", e.gpu_hours, f"{e.gpu_hours:,.0f}", e.gpu_hours),
+        "cost": ("cost", e.cost_usd, format_money(e.cost_usd), e.cost_usd),
+    }
+
+
+def _change(key: str, a: Plan, b: Plan, num_a: float | None, num_b: float | None) -> str:
+    if key == "layout":
+        return ", ".join(f"{k.key} {k.old} -> {k.new}" for k in _layout_changes(a, b))
+    if key == "targets":
+        return ", ".join([f"+{t}" for t in b.targets if t not in a.targets] +
+                         [f"-{t}" for t in a.targets if t not in b.targets])
+    if key == "mfu":
+        return f"{(b.estimate.mfu - a.estimate.mfu) * 100:+.1f} pts"
+    return _pct(num_a, num_b)
+
+
+def summary_rows(old: Plan | None, new: Plan | None) -> list[SummaryChange]:
+    """Every row of the semantic summary, old -> new (a side without a plan shows None)."""
+    fa = _facts(old) if old is not None else {}
+    fb = _facts(new) if new is not None else {}
+    rows = []
+    for key in (fb or fa):
+        label = (fb or fa)[key][0]
+        _, va, ta, na = fa.get(key, (label, None, None, None))
+        _, vb, tb, nb = fb.get(key, (label, None, None, None))
+        change = _change(key, old, new, na, nb) if old is not None and new is not None and va != vb else ""
+        rows.append(SummaryChange(key=key, label=label, old=ta, new=tb, change=change, changed=va != vb,
+                                  old_value=va, new_value=vb))
+    return rows
+
+
+# --------------------------------------------------------------------------- warnings
+
+
+def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list[str]:
+    """What a reviewer must not miss; thresholds are the module constants."""
+    out: list[str] = [*old.notes, *new.notes]
+    if new.error:
+        out.append(f"the new version does not compile: {new.error}")
+    if old.error and not new.error:
+        out.append(f"the old version did not compile: {old.error}")
+    a, b = old.plan, new.plan
+    if b is not None:
+        total, usable = _memory_value(b)
+        near = total >= (1 - HBM_MARGIN) * usable
+        was_near = a is not None and _memory_value(a)[0] >= (1 - HBM_MARGIN) * _memory_value(a)[1]
+        if near and not was_near:
+            out.append(f"memory is {'now ' if a is not None else ''}within {HBM_MARGIN:.0%} of usable HBM "
+                       f"({total / 2**30:.1f} of {usable / 2**30:.1f} GiB per GPU)")
+        if _near_budget(b) and not (a is not None and _near_budget(a)):
+            out.append(f"cost is {'now ' if a is not None else ''}within {BUDGET_MARGIN:.0%} of the budget "
+                       f"({format_money(b.estimate.cost_usd)} of {format_money(b.budget['max_cost_usd'])})")
+    if a is None or b is None:
+        return out
+    ea, eb = a.estimate, b.estimate
+    rel = _rel(ea.cost_usd, eb.cost_usd)
+    if rel is not None and rel >= COST_UP:
+        out.append(f"cost up {rel:.0%} ({format_money(ea.cost_usd)} -> {format_money(eb.cost_usd)})")
+    rel = _rel(ea.time_to_train_s, eb.time_to_train_s)
+    if rel is not None and rel >= TIME_UP:
+        out.append(f"time to train up {rel:.0%} ({format_seconds(ea.time_to_train_s)} -> "
+                   f"{format_seconds(eb.time_to_train_s)})")
+    rel = _rel(ea.mfu, eb.mfu)
+    if rel is not None and -rel >= MFU_DOWN:
+        out.append(f"MFU down {-rel:.0%} relative ({ea.mfu * 100:.1f}% -> {eb.mfu * 100:.1f}%)")
+    for target in a.targets:
+        if target not in b.targets:
+            gone = sorted(p for p in old.artifacts.files if p not in new.artifacts.files and p != MANIFEST)
+            what = f": {', '.join(gone)} no longer generated" if gone else ""
+            out.append(f"target {target} dropped{what}")
+    ga, gb = a.training["global_batch"], b.training["global_batch"]
+    if ga != gb:
+        out.append(f"global batch {ga:,} -> {gb:,} sequences: this changes the training itself "
+                   f"(learning-rate schedule, convergence), not only its speed")
+    return out
+
+
+def _near_budget(p: Plan) -> bool:
+    limit = p.budget.get("max_cost_usd")
+    return limit is not None and p.estimate.cost_usd >= (1 - BUDGET_MARGIN) * limit
+
+
+# --------------------------------------------------------------------------- formatting (re-exported)
+
+
+def format_diff(diffs: ArtifactDiff | Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
+    """Text (Terraform-like), Markdown (a pull-request comment) or JSON (sorted keys)."""
+    from compiler.diff_format import format_diff as _format
+
+    return _format([diffs] if isinstance(diffs, ArtifactDiff) else list(diffs), fmt, unified=unified)
+
+
+__all__ = ["ArtifactDiff", "FileChange", "KeyChange", "Side", "SummaryChange", "compare_file", "diff_sides",
+           "format_diff", "key_changes", "summary_rows", "warnings_for"]

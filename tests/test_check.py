@@ -1,0 +1,204 @@
+"""`dtc check`: generated/ against the specs, recompiled in memory; exit codes as diff(1)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compiler.artifacts import MANIFEST, ArtifactSet, write_artifacts
+from compiler.commands.check import SpecCheck, compare, summary_line
+from helpers import REPO, run_cli
+
+CASE = REPO / "tests" / "cases" / "diff" / "pinned_tp" / "old.yaml"
+OTHER = REPO / "tests" / "cases" / "diff" / "slurm_partition" / "old.yaml"
+
+
+# --------------------------------------------------------------------------- compare(), no solver
+
+
+def _expected() -> ArtifactSet:
+    return ArtifactSet({"plan.json": "{}\n", "ds_config.json": '{\n  "a": 1\n}\n', "PLAN.md": "# x\n"}).with_manifest()
+
+
+def test_compare_up_to_date(tmp_path: Path):
+    write_artifacts(_expected(), tmp_path / "x")
+    result = SpecCheck(spec="specs/x.yaml")
+    compare(_expected(), tmp_path / "x", result)
+    assert result.status == "ok" and not result.needs_force
+
+
+def test_compare_stale_missing_orphaned(tmp_path: Path):
+    out = tmp_path / "x"
+    write_artifacts(ArtifactSet({"plan.json": "{}\n", "ds_config.json": '{\n  "a": 2\n}\n', "old.sbatch": "#\n"}), out)
+    result = SpecCheck(spec="specs/x.yaml")
+    compare(_expected(), out, result)
+    assert result.status == "stale"
+    assert result.stale == ["ds_config.json"]  # the manifest follows from the others and is not listed
+    assert result.missing == ["PLAN.md"] and result.orphaned == ["old.sbatch"]
+    assert '-  "a": 2' in result.diffs["ds_config.json"] and '+  "a": 1' in result.diffs["ds_config.json"]
+    assert not result.needs_force  # the folder matches its own manifest: dtc compile may replace it
+
+
+def test_compare_hand_edit_needs_force(tmp_path: Path):
+    out = tmp_path / "x"
+    write_artifacts(_expected(), out)
+    (out / "ds_config.json").write_text("{}\n")
+    result = SpecCheck(spec="specs/x.yaml")
+    compare(_expected(), out, result)
+    assert result.stale == ["ds_config.json"] and result.needs_force
+    assert summary_line([result], [], Path("generated")) == (
+        "Check: 1 spec, 0 up to date, 1 stale (1 file). Run: dtc compile --force specs/x.yaml")
+
+
+def test_compare_only_manifest(tmp_path: Path):
+    out = tmp_path / "x"
+    write_artifacts(_expected(), out)
+    (out / MANIFEST).write_text("")
+    result = SpecCheck(spec="specs/x.yaml")
+    compare(_expected(), out, result)
+    assert result.stale == [MANIFEST]
+
+
+def test_summary_line_variants():
+    ok, stale, failed = SpecCheck("specs/a.yaml"), SpecCheck("specs/b.yaml", missing=["x", "y"]), SpecCheck(
+        "specs/c.yaml", errors=["boom"])
+    assert summary_line([ok], [], Path("generated")) == "Check: 1 spec, 1 up to date."
+    assert summary_line([ok, stale, failed], ["generated/old/"], Path("out")) == (
+        "Check: 3 specs, 1 up to date, 1 stale (2 files), 1 failed, 1 orphaned folder. "
+        "Run: dtc compile --out out specs/b.yaml; rm -r generated/old/")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """specs/ with two small specs, compiled into generated/."""
+    (tmp_path / "specs").mkdir()
+    shutil.copy(CASE, tmp_path / "specs" / "a.yaml")
+    shutil.copy(OTHER, tmp_path / "specs" / "b.yaml")
+    text = (tmp_path / "specs" / "b.yaml").read_text()
+    (tmp_path / "specs" / "b.yaml").write_text(text.replace("name: diff-case", "name: diff-case-b"))
+    return tmp_path
+
+
+def _compile_all(project: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    monkeypatch.chdir(project)
+    run_cli(["compile", "specs/a.yaml", "specs/b.yaml"])
+    folders = sorted(p for p in (project / "generated").iterdir())
+    assert len(folders) == 2
+    return {"a": folders[0], "b": folders[1]}
+
+
+def test_check_up_to_date(project: Path, monkeypatch: pytest.MonkeyPatch):
+    _compile_all(project, monkeypatch)
+    result = run_cli(["check"], exit_code=0)
+    assert result.stdout == "Check: 2 specs, 2 up to date.\n"
+    assert run_cli(["check", "specs/a.yaml"], exit_code=0).stdout == "Check: 1 spec, 1 up to date.\n"
+
+
+def test_check_edited_file_is_stale(project: Path, monkeypatch: pytest.MonkeyPatch):
+    folders = _compile_all(project, monkeypatch)
+    plan_md = folders["a"] / "PLAN.md"
+    plan_md.write_text(plan_md.read_text() + "an edit\n")
+    result = run_cli(["check"], exit_code=1)
+    assert f"specs/a.yaml -> generated/{folders['a'].name}/: stale" in result.stdout
+    assert "  ~ PLAN.md" in result.stdout and "      -an edit" in result.stdout
+    assert result.stdout.endswith("Check: 2 specs, 1 up to date, 1 stale (1 file). "
+                                  "Run: dtc compile --force specs/a.yaml\n")
+
+
+def test_check_missing_and_orphaned_files(project: Path, monkeypatch: pytest.MonkeyPatch):
+    folders = _compile_all(project, monkeypatch)
+    (folders["a"] / "PLAN.md").unlink()
+    (folders["b"] / "notes.txt").write_text("stray\n")
+    result = run_cli(["check"], exit_code=1)
+    assert "  + PLAN.md (missing)" in result.stdout
+    assert "  - notes.txt (orphaned: not produced by the spec)" in result.stdout
+    assert "2 stale (2 files)" in result.stdout
+    data = json.loads(run_cli(["check", "--json"], exit_code=1).stdout)
+    assert [s["status"] for s in data["specs"]] == ["stale", "stale"]
+    assert data["specs"][0]["missing"] == ["PLAN.md"] and data["specs"][1]["orphaned"] == ["notes.txt"]
+
+
+def test_check_orphaned_and_missing_folders(project: Path, monkeypatch: pytest.MonkeyPatch):
+    folders = _compile_all(project, monkeypatch)
+    (project / "generated" / "old-run").mkdir()
+    (project / "generated" / "old-run" / "plan.json").write_text("{}\n")
+    result = run_cli(["check"], exit_code=1)
+    assert "generated/old-run/: orphaned folder (no spec in specs/ is named old-run)" in result.stdout
+    assert result.stdout.endswith("Check: 2 specs, 2 up to date, 1 orphaned folder. Run: rm -r generated/old-run/\n")
+    # naming specs checks only those: the stray folder is not reported
+    assert run_cli(["check", "specs/a.yaml"], exit_code=0)
+    shutil.rmtree(folders["b"])
+    result = run_cli(["check", "specs/b.yaml"], exit_code=1)
+    assert f"specs/b.yaml -> generated/{folders['b'].name}/: missing (" in result.stdout
+
+
+def test_check_other_folders(project: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(project)
+    (project / "cfg").mkdir()
+    shutil.move(str(project / "specs" / "a.yaml"), project / "cfg" / "a.yaml")
+    run_cli(["compile", "cfg/a.yaml", "--out", "out"])
+    assert run_cli(["check", "--specs-dir", "cfg", "--generated", "out"], exit_code=0)
+    result = run_cli(["check", "--specs-dir", "cfg"], exit_code=1)
+    assert "Run: dtc compile cfg/a.yaml" in result.stdout
+
+
+def test_check_bad_input_exits_2(project: Path, monkeypatch: pytest.MonkeyPatch):
+    _compile_all(project, monkeypatch)
+    (project / "specs" / "c.yaml").write_text("name: broken\nmodel: {preset: llama3-8b}\n")
+    result = run_cli(["check"], exit_code=2)
+    assert "specs/c.yaml: failed" in result.stderr and "missing required key" in result.stderr
+    assert "1 failed" in result.stdout
+    assert run_cli(["check", "specs/nope.yaml"], exit_code=2)
+    assert "no specs folder" in run_cli(["check", "--specs-dir", "nowhere"], exit_code=2).stderr
+    (project / "specs" / "c.yaml").write_text((project / "specs" / "a.yaml").read_text())
+    assert "is also used by specs/a.yaml" in run_cli(["check"], exit_code=2).stderr
+
+
+def test_check_is_fast_on_the_examples():
+    """The issue asks for every example spec in under 2 seconds (measured here, reported on failure)."""
+    if not (REPO / "generated").is_dir() or not any((REPO / "generated").iterdir()):
+        pytest.skip("generated/ is empty")
+    from helpers import run_dtc
+
+    start = time.perf_counter()
+    result = run_dtc(["check"])  # a real process: imports included, as a user or CI sees it
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed < 2.0, f"dtc check took {elapsed:.2f}s over specs/ (the issue asks < 2 s)"
+
+
+# --------------------------------------------------------------------------- CI integration files
+
+
+def test_ci_workflow_and_pre_commit_hook():
+    import re
+    import subprocess
+
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="safe")
+    workflow = yaml.load((REPO / ".github" / "workflows" / "dtc.yml").read_text())
+    assert set(workflow["on"]["pull_request"]["paths"]) >= {"specs/**", "generated/**", "compiler/**"}
+    assert workflow["permissions"]["pull-requests"] == "write"
+    steps = workflow["jobs"]["review"]["steps"]
+    checkout = next(s for s in steps if s.get("uses", "").startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0  # dtc diff --base reads the base branch with git
+    runs = [s["run"] for s in steps if "run" in s]
+    script = "\n".join(runs)
+    assert "pip install -e ." in script and "dtc check" in script
+    assert 'dtc diff --base "origin/$BASE_REF" --format markdown > diff.md || [ $? -eq 1 ]' in script
+    for run in runs:  # every step is valid bash once the ${{ }} expressions are filled in
+        body = re.sub(r"\$\{\{[^}]*\}\}", "0", run)
+        subprocess.run(["bash", "-n", "-c", body], check=True)
+    hooks = yaml.load((REPO / ".pre-commit-hooks.yaml").read_text())
+    (hook,) = hooks
+    assert hook["id"] == "dtc-check" and hook["entry"] == "dtc check" and hook["language"] == "python"
+    assert hook["pass_filenames"] is False and hook["files"] == "^(specs|generated)/"
+    doc = (REPO / "docs" / "review.md").read_text()
+    for needle in ("dtc check", "dtc diff --base", ".github/workflows/dtc.yml", "id: dtc-check", "--format markdown"):
+        assert needle in doc, needle
