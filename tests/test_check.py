@@ -159,19 +159,6 @@ def test_check_bad_input_exits_2(project: Path, monkeypatch: pytest.MonkeyPatch)
     assert "is also used by specs/a.yaml" in run_cli(["check"], exit_code=2).stderr
 
 
-def test_check_is_fast_on_the_examples():
-    """The issue asks for every example spec in under 2 seconds (measured here, reported on failure)."""
-    if not (REPO / "generated").is_dir() or not any((REPO / "generated").iterdir()):
-        pytest.skip("generated/ is empty")
-    from helpers import run_dtc
-
-    start = time.perf_counter()
-    result = run_dtc(["check"])  # a real process: imports included, as a user or CI sees it
-    elapsed = time.perf_counter() - start
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert elapsed < 2.0, f"dtc check took {elapsed:.2f}s over specs/ (the issue asks < 2 s)"
-
-
 # --------------------------------------------------------------------------- CI integration files
 
 
