@@ -9,10 +9,15 @@ same table so that they never emit a config the solver would have refused.
 Versions are those of ``compiler.plan.FRAMEWORK_VERSIONS`` (DeepSpeed 0.19.8,
 megatron-core 0.19.2, torch 2.13). SLURM has no constraints of its own. Each rule is
 one small function ``(layout, precision) -> reason | None`` so a rule can be read,
-tested and changed on its own; the reasons below were checked against the framework
-sources (DeepSpeed ``runtime/pipe/engine.py`` and ``runtime/zero``; megatron-core
-``training/arguments.py`` and ``core/transformer/transformer_config.py``; torch
-``distributed/fsdp/_fully_shard``, ``distributed/pipelining``).
+tested and changed on its own. Sources: tools/validators/DEEPSPEED_KEYS.md (AutoTP is
+``tensor_parallel.autotp_size``; hpZ is ``zero_hpz_partition_size``; NVMe offload needs
+ZeRO-3), tools/validators/MEGATRON_FLAGS.md and megatron_check.py (``--use-megatron-fsdp``
+with ``--data-parallel-sharding-strategy optim_grads|optim_grads_params``,
+``--num-distributed-optimizer-instances``, ``--optimizer-cpu-offload``; no GPipe
+schedule), torch ``fully_shard``/``CPUOffloadPolicy``/``torch.distributed.pipelining``.
+Where a framework accepts a combination that dtc does not render (Megatron-FSDP with
+pipeline parallelism: megatron-core's argument checks accept it, dtc's renderer does
+not use it), the rule says so.
 """
 from __future__ import annotations
 
@@ -209,7 +214,8 @@ def framework_notes(problem: Any, layout: Layout) -> tuple[str, ...]:
         if layout.zero_stage == 2:
             notes.append("FSDP2: zero_stage 2 is fully_shard(reshard_after_forward=False)")
         if layout.zero_stage in (2, 3) and layout.dp_replicate > 1:
-            notes.append(f"FSDP2: hybrid sharding on a 2-D mesh ({layout.dp_replicate} replicate x {layout.dp_shard} shard)")
+            notes.append(f"FSDP2: hybrid sharding on a 2-D mesh ({layout.dp_replicate} replicate x "
+                         f"{layout.dp_shard} shard)")
     if "megatron" in targets:
         if layout.zero_stage == 1 and layout.dp_replicate > 1:
             notes.append(f"Megatron: --use-distributed-optimizer with --num-distributed-optimizer-instances "

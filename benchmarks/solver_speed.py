@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Time the full layout search (issue #4, item 6), on one core.
+
+Cases: every spec under specs/, GPT-3 175B on 1024 A100-80GB with global batch 1536,
+and Llama 3 405B on up to 16,384 H100s with every dimension free. For each: CPU
+seconds of ``solve`` (process time, so other jobs on the machine count less), how many
+layouts the space holds, how many were costed by the model, found feasible, pruned by
+a bound or rejected by a rule, and the chosen layout.
+
+Goals: under 1 s for the 405B case and under 0.5 s for GPT-3 175B.
+
+    python benchmarks/solver_speed.py [--repeat N] [--json] [--only NAME]
+
+Exit status 1 when a goal is missed (so CI can run it), 0 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from compiler.errors import DtcError  # noqa: E402
+from compiler.problem import lower  # noqa: E402
+from compiler.spec.load import load_spec, load_spec_text  # noqa: E402
+
+GPT3_1024_A100 = """
+name: gpt3-175b-1024xa100
+model:
+  preset: gpt3-175b
+training:
+  tokens: 300B
+  sequence_length: 2048
+  global_batch: 1536
+cluster:
+  gpu: a100-80gb
+  num_gpus: 1024
+budget:
+  objective: throughput
+targets: [megatron, slurm]
+"""
+
+LLAMA3_405B_FREE = """
+name: llama3-405b-free
+model:
+  preset: llama3.1-405b
+training:
+  tokens: 15.6T
+  sequence_length: 8192
+  global_batch: 2048
+cluster:
+  gpu: h100-sxm
+  max_gpus: 16384
+budget:
+  objective: fastest
+targets: [megatron, slurm]
+"""
+
+GOALS_S = {"gpt3-175b-1024xa100": 0.5, "llama3-405b-free": 1.0}
+
+
+def cases() -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = [
+        ("gpt3-175b-1024xa100", load_spec_text(GPT3_1024_A100, "benchmarks/gpt3-175b-1024xa100.yaml")),
+        ("llama3-405b-free", load_spec_text(LLAMA3_405B_FREE, "benchmarks/llama3-405b-free.yaml")),
+    ]
+    for path in sorted((ROOT / "specs").glob("*.yaml")):
+        out.append((f"specs/{path.name}", load_spec(path)))
+    return out
+
+
+def run_case(name: str, loaded, repeat: int) -> dict:
+    from compiler.solver import solve
+
+    problem = lower(loaded)
+    best = float("inf")
+    plan, error = None, None
+    for _ in range(repeat):
+        t0 = time.process_time()
+        try:
+            plan = solve(problem)
+        except DtcError as exc:
+            error = exc
+        best = min(best, time.process_time() - t0)
+    row: dict = {"case": name, "cpu_s": round(best, 3), "goal_s": GOALS_S.get(name)}
+    summary = plan.search if plan is not None else getattr(error, "summary", None)
+    if summary is not None:
+        row.update(considered=summary.num_considered, evaluated=summary.num_evaluated,
+                   feasible=summary.num_feasible, pruned_by_bound=summary.num_pruned_by_bound,
+                   rejected=dict(summary.rejections_by_code))
+    if plan is not None:
+        e = plan.estimate
+        row.update(layout=plan.layout.describe(), gpus=e.num_gpus, mfu=round(e.mfu, 3),
+                   step_time_s=round(e.step_time_s, 3), days=round(e.time_to_train_s / 86400, 1),
+                   cost_usd=round(e.cost_usd))
+    else:
+        row["infeasible"] = error.diagnostics[0].summary if error else "?"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported")
+    ap.add_argument("--json", action="store_true", help="print JSON lines")
+    ap.add_argument("--only", help="run only cases whose name contains this")
+    args = ap.parse_args(argv)
+    missed = []
+    for name, loaded in cases():
+        if args.only and args.only not in name:
+            continue
+        row = run_case(name, loaded, args.repeat)
+        goal = row["goal_s"]
+        if goal is not None and row["cpu_s"] > goal:
+            missed.append(name)
+        if args.json:
+            print(json.dumps(row, sort_keys=True))
+            continue
+        verdict = "" if goal is None else (" (goal < %.1f s: %s)" % (goal, "met" if row["cpu_s"] <= goal else "MISSED"))
+        print(f"{name}: {row['cpu_s']:.3f} s CPU{verdict}")
+        if "considered" in row:
+            print(f"  searched {row['considered']:,} layouts: {row['evaluated']:,} evaluated, {row['feasible']:,} "
+                  f"feasible, {row['pruned_by_bound']:,} pruned by bound; rejected: "
+                  + ", ".join(f"{k} {v:,}" for k, v in sorted(row["rejected"].items())))
+        if "layout" in row:
+            print(f"  chose {row['layout']} on {row['gpus']} GPUs: MFU {row['mfu']:.1%}, step {row['step_time_s']} s, "
+                  f"{row['days']} d, ${row['cost_usd']:,}")
+        else:
+            print(f"  infeasible: {row['infeasible']}")
+    if missed:
+        print(f"goal missed: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

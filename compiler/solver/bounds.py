@@ -1,0 +1,350 @@
+"""Lower bounds on step time and memory, built from the cost model's own quantity functions.
+
+Every bound here is <= what ``compiler.costmodel.evaluate`` returns for every layout it
+covers (tests/unit/solver/test_solver_bounds.py checks it on sampled layouts, and the
+brute-force property tests check that pruning never loses the optimum). The argument
+for each, in the cost model's terms (compiler/costmodel/step.py):
+
+    step = pipeline makespan (with p2p) + exposed dp comm + optimizer step + offload,
+    makespan >= (m + (pp - 1) / v) x (f + b) + 2 (pp v - 1) x p2p     (v = 1 unless interleaved),
+    (f, b) of the bottleneck stage = compute + exposed tp/cp/ep comm + exposed ZeRO-2/3 comm.
+
+* **shape** (GPU-seconds per token): the bottleneck stage is busy m x (f + b) >= m x the
+  mean over stages, and the stages' compute + tp/cp/ep terms add up to the whole model's,
+  which per token only falls as the micro-batch grows (GEMM efficiency sat(M) rises,
+  latencies amortise; attention, memory-bound work and bandwidth terms are linear). So the
+  whole model's time for a huge micro-batch, per token, x tp bounds every layout of the
+  shape; times the smallest (m + (pp - 1) / v) / m the shape's schedules and batches allow.
+* **group** (schedule, micro-batch, recompute fixed): (f, b) of each candidate stage
+  without the ZeRO-2/3 term and with sequence parallel on where allowed (it only lowers
+  memory-bound work and the ep all-to-all). A stage's (f, b) is linear in its dense and
+  MoE layers and its first/last extras, so they are built from cached per-layer pieces.
+  The bottleneck stage's f + b is at least the largest of these; with the p2p term above
+  that bounds the step.
+* **layout**: the stage times + the ZeRO-2/3 traffic per micro-batch that cannot hide
+  (max(total - 0.9 x compute window, total / layers)), then + the exposed gradient reduce and
+  parameter gather of the step (max(total - window, last bucket)), the optimizer step and the
+  offload traffic that cannot overlap (host-to-device parameters, CPU Adam, NVMe), each the
+  minimum over stages.
+* **memory**: for each candidate stage, (weights + gradients + master + optimizer states
+  + activations in flight + logits) x (1 + fragmentation) + CUDA context + NCCL buffers;
+  the bound is the maximum over stages (the cost model reports the largest stage). The
+  group bound takes the smallest model states over the group's sharding/offload choices.
+
+Step-time bounds are multiplied by ``SAFETY`` (0.998) to absorb the cost model's rounding
+of pipeline ratios to 3 significant digits.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from compiler.costmodel import comm as cm_comm
+from compiler.costmodel import memory as cm_memory
+from compiler.costmodel import step as cm_step
+from compiler.costmodel.activations import DEFAULT_IMPL
+from compiler.costmodel.compute import StageCompute
+from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup
+from compiler.costmodel.efficiency import load_efficiency
+from compiler.costmodel.stages import StageLayers, stage_layers, stage_params
+from compiler.layout import Layout
+from compiler.problem import Problem
+from compiler.solver.candidates import Shape, Sharding
+
+SAFETY = 0.998
+_HUGE_MB = 1 << 20  # the micro-batch of the shape bound's limit (sat(M) ~ 1)
+_INF_STAGE_S = 1e30
+
+
+def pipeline_units_lb(schedule: str, pp: int, m: int, vpp: int) -> float:
+    """The schedule's makespan without p2p, in units of one micro-batch's forward + backward on the
+    bottleneck stage: m + (pp - 1) for GPipe and 1F1B, m + (pp - 1) / vpp interleaved (Narayanan et
+    al. 2021, sec. 2.2). The cost model's simulation reproduces these exactly (its tests and ours)."""
+    if pp == 1:
+        return float(m)
+    if schedule == "interleaved_1f1b" and vpp > 1:
+        return m + (pp - 1) / vpp
+    return float(m + pp - 1)
+
+
+def candidate_stage_indices(pp: int) -> tuple[int, ...]:
+    """The stages the cost model inspects for the binding stage (first, second, last)."""
+    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+
+
+class Bounds:
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.eff = load_efficiency()
+        self.recipe = RECIPES[problem.precision]
+        self.state_bytes = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
+        self.gens = [self.eff.for_generation(o.spec.generation) for o in problem.gpu_options]
+        self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
+        self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
+        self._per_token: dict[tuple, float] = {}
+        self._stage_fb: dict[tuple, tuple[float, float]] = {}
+        self._stage_sum: dict[tuple, tuple[float, float]] = {}
+        self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
+        self._sparams: dict[tuple, object] = {}
+        self._act: dict[tuple, float] = {}
+        self._group_mem: dict[tuple, float] = {}
+        self._dp: dict[tuple, tuple] = {}
+        self._p2p: dict[tuple, float] = {}
+        self._states: dict[tuple, float] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def setup(self, option: int, layout: Layout) -> Setup:
+        return Setup(problem=self.problem, layout=layout, gpu=self.problem.gpu_options[option], eff=self.eff,
+                     gen=self.gens[option], recipe=self.recipe, impl=DEFAULT_IMPL,
+                     stages=self.stages(layout.pp, layout.vpp))
+
+    def stages(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
+        got = self._stages.get((pp, vpp))
+        if got is None:
+            got = self._stages[(pp, vpp)] = stage_layers(self.problem.shape, pp, vpp)
+        return got
+
+    def _probe(self, shape: Shape, *, pp: int = 1, vpp: int = 1, sched: str = "1f1b", mb: int = 1, ga: int = 1,
+               rc: str = "none", sp: bool = False, sh: Sharding | None = None) -> Layout:
+        sh = sh or Sharding(0, 1)
+        return Layout(gpu=shape.gpu, gpus_per_node=shape.gpus_per_node, tp=shape.tp, pp=pp, cp=shape.cp, ep=shape.ep,
+                      dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard, zero_stage=sh.zero_stage,
+                      micro_batch=mb, grad_accum=ga, vpp=vpp, schedule=sched, recompute=rc,  # type: ignore[arg-type]
+                      sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]
+                      offload_params=sh.offload_params)  # type: ignore[arg-type]
+
+    def _stage_params(self, shape: Shape, pp: int, vpp: int, sl: StageLayers):
+        key = (shape.tp, shape.ep, pp > 1, pp, sl.dense, sl.moe, sl.first, sl.last)
+        got = self._sparams.get(key)
+        if got is None:
+            got = self._sparams[key] = stage_params(self.problem.shape, self.problem.params, sl, tp=shape.tp,
+                                                         ep=shape.ep, pp=pp)
+        return got
+
+    def _unit_fb(self, shape: Shape, mb: int, sp: bool, rc: str, kind: str) -> tuple[float, float]:
+        """(forward, backward) of one piece of a stage: one dense layer, one MoE layer, or the extras of
+        the first / last stage (embedding, final norm and logits). A stage's time without ZeRO-2/3
+        traffic is linear in these (compiler/costmodel/compute.stage_compute, step.stage_time)."""
+        key = (shape.option, shape.tp, shape.cp, shape.ep, mb, sp, rc, kind)
+        got = self._stage_fb.get(key)
+        if got is None:
+            probe = self._probe(Shape(shape.option, shape.gpu, shape.gpus_per_node, shape.tp, 1, shape.cp, shape.ep,
+                                      shape.ep), mb=mb, rc=rc, sp=sp)
+            setup = self.setup(shape.option, probe)
+            sl = StageLayers(0, int(kind == "dense"), int(kind == "moe"), 1, kind == "first", kind == "last")
+            st = cm_step.stage_time(setup, sl, self._stage_params(shape, 1, 1, setup.stages[0]), [])
+            got = self._stage_fb[key] = (st.forward_s, st.backward_s)
+        return got
+
+    def stage_fb(self, shape: Shape, sl: StageLayers, mb: int, sp: bool, rc: str) -> tuple[float, float]:
+        key = (shape.option, shape.tp, shape.cp, shape.ep, mb, sp, rc, sl.dense, sl.moe, sl.first, sl.last)
+        got = self._stage_sum.get(key)
+        if got is None:
+            f = b = 0.0
+            for kind, n in (("dense", sl.dense), ("moe", sl.moe), ("first", sl.first), ("last", sl.last)):
+                if n:
+                    uf, ub = self._unit_fb(shape, mb, sp, rc, kind)
+                    f += n * uf
+                    b += n * ub
+            got = self._stage_sum[key] = (f, b)
+        return got
+
+    @staticmethod
+    def _sp_min(shape: Shape, sps: Iterable[bool]) -> bool:
+        return shape.tp > 1 and True in tuple(sps)
+
+    # ------------------------------------------------------------------ time
+    def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True)) -> float:
+        sp = self._sp_min(shape, sps)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, sp)
+        got = self._per_token.get(key)
+        if got is None:
+            whole = self.stages(1, 1)[0]
+            f, b = self.stage_fb(shape, whole, _HUGE_MB, sp, "none")
+            tokens = _HUGE_MB * self.problem.seq_len // shape.cp
+            got = self._per_token[key] = SAFETY * (f + b) * shape.tp / tokens
+        return got
+
+    def group_stage_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
+                       sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:
+        """(forward, backward, stage) of each candidate stage, without ZeRO-2/3 traffic, sp at its best."""
+        sp = self._sp_min(shape, sps)
+        stages = self.stages(shape.pp, vpp)
+        out = []
+        for i in candidate_stage_indices(shape.pp):
+            f, b = self.stage_fb(shape, stages[i], mb, sp, recompute)
+            out.append((f, b, stages[i]))
+        return tuple(out)
+
+    def p2p_s(self, shape: Shape, mb: int) -> float:
+        """Seconds of one pipeline send (activations of a micro-batch to the next stage)."""
+        if shape.pp == 1:
+            return 0.0
+        key = (shape.option, shape.tp, shape.cp, shape.dp, shape.pp, mb)
+        got = self._p2p.get(key)
+        if got is None:
+            setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, mb=mb))
+            got = self._p2p[key] = cm_comm.pp_p2p_time_s(setup)
+        return got
+
+    def span_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, worst_fb: float) -> float:
+        """The pipeline makespan: the schedule's closed form + the p2p transfers on its critical path,
+        2 (pp x vpp - 1) of them (the first micro-batch's forward down and backward up; the cost model's
+        simulation is never shorter, tests/unit/solver/test_solver_bounds.py)."""
+        span = pipeline_units_lb(sched, shape.pp, ga, vpp) * worst_fb
+        if shape.pp > 1:
+            span += 2 * (shape.pp * vpp - 1) * self.p2p_s(shape, mb)
+        return span
+
+    def group_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
+                      sps: Iterable[bool] = (False, True), fbs=None) -> float:
+        fbs = fbs or self.group_stage_fb(shape, vpp, mb, recompute, sps)
+        return SAFETY * self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs))
+
+    def shape_bubble_factor(self, shape: Shape, pipeline: Iterable[tuple[str, int]],
+                            batches: Iterable[tuple[int, int]]) -> float:
+        """The smallest (makespan units / m) over the shape's schedules and micro-batch counts (>= 1)."""
+        if shape.pp == 1:
+            return 1.0
+        gas = sorted({ga for _, ga in batches}, reverse=True)
+        best = float("inf")
+        for sched, vpp in pipeline:
+            for ga in gas:
+                if sched == "interleaved_1f1b" and ga % shape.pp:
+                    continue
+                best = min(best, pipeline_units_lb(sched, shape.pp, ga, vpp) / ga)
+                break  # the largest valid m is the best for this schedule
+        return best if best < float("inf") else 1.0
+
+    def _dp_pieces(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding, make_layout) -> tuple[float, ...]:
+        """Per stage: (forward, backward) ZeRO-2/3 seconds per micro-batch; (total, tail) of the step's
+        gradient reduction and of the parameter gather; optimizer step + offload that cannot overlap."""
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last, sh)
+        got = self._dp.get(key)
+        if got is None:
+            layout = make_layout()
+            setup = self.setup(shape.option, layout)
+            spp = self._stage_params(shape, shape.pp, vpp, sl)
+            coll = cm_comm.dp_collectives(setup, spp)
+            fwd = sum(x.time_per_call_s for x in coll if x.phase == "forward")
+            bwd = sum(x.time_per_call_s for x in coll if x.phase == "backward")
+            last = self.eff.last_bucket_bytes
+            pieces = []
+            for phase in ("step_grad", "step_param"):
+                total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == phase)
+                nbytes = sum(x.bytes_per_call for x in coll if x.phase == phase)
+                pieces += [total, total * min(1.0, last / nbytes) if nbytes else 0.0]
+            huge = StageCompute(_INF_STAGE_S, 0.0, 0.0, 0.0, 0.0)
+            st = cm_step.StageTime(sl.stage, huge, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
+            extra = cm_step.optimizer_step_time_s(setup, spp) + cm_step.offload_time_s(setup, spp, st)[0]
+            got = self._dp[key] = (fwd, bwd, *pieces, extra)
+        return got
+
+    def layout_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, sh: Sharding, fbs,
+                       make_layout) -> float:
+        """The group bound with this layout's sharding/offload terms (see the module docstring).
+
+        ``fbs``: group_stage_fb of the group; ``make_layout()`` builds the layout (only on a cache miss)."""
+        w = self.eff.dp_overlap_window_fraction
+        worst = 0.0
+        step_extra = float("inf")
+        for f, b, sl in fbs:
+            fwd, bwd, g_tot, g_tail, p_tot, p_tail, extra = self._dp_pieces(shape, vpp, sl, sh, make_layout)
+            units = max(1, sl.layers)
+            if fwd:
+                f += max(fwd - w * f, min(fwd, fwd / units))
+            if bwd:
+                b += max(bwd - w * b, min(bwd, bwd / units))
+            worst = max(worst, f + b)
+            exposed = (max(g_tot - w * b, g_tail) if g_tot else 0.0) + (max(p_tot - w * f, p_tail) if p_tot else 0.0)
+            step_extra = min(step_extra, exposed + extra)
+        return SAFETY * (self.span_lb(shape, sched, vpp, mb, ga, worst) + step_extra)
+
+    # ------------------------------------------------------------------ memory
+    def usable_bytes(self, shape: Shape) -> float:
+        return self.usable[shape.option]
+
+    def _activations(self, shape: Shape, setup: Setup, sl: StageLayers) -> float:
+        lay = setup.layout
+        key = (shape.option, shape.tp, shape.cp, shape.pp, lay.vpp, lay.schedule, lay.micro_batch, lay.grad_accum,
+               lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
+        got = self._act.get(key)
+        if got is None:
+            inflight = cm_memory.inflight_for_stage(setup, sl.stage)
+            got = cm_memory.stage_activation_bytes_per_microbatch(setup, sl) * inflight
+            if sl.last:
+                saved, transient = cm_memory.logits_bytes(setup, inflight)
+                got += saved + transient
+            self._act[key] = got
+        return got
+
+    def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last, sh)
+        got = self._states.get(key)
+        if got is None:
+            view = _ShardingView(shape, sh)
+            spp = self._stage_params(shape, shape.pp, vpp, sl)
+            r = self.recipe
+            got = (cm_memory.weight_bytes_per_gpu(spp, view, r.weight_bytes)  # type: ignore[arg-type]
+                   + cm_memory.gradient_bytes_per_gpu(spp, view, r.grad_bytes)  # type: ignore[arg-type]
+                   + cm_memory.master_weight_bytes_per_gpu(spp, view, r.master_bytes)  # type: ignore[arg-type]
+                   + cm_memory.optimizer_state_bytes_per_gpu(spp, view, self.state_bytes))  # type: ignore[arg-type]
+            self._states[key] = got
+        return got
+
+    def _min_states(self, shape: Shape, vpp: int, sl: StageLayers, options: tuple) -> float:
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last,
+               id(options))
+        got = self._states.get(key)
+        if got is None:
+            got = self._states[key] = min(self._model_states(shape, vpp, sl, sh) for _, sh in options)
+        return got
+
+    def _fixed(self, layout: Layout) -> float:
+        return self.eff.cuda_context_bytes + cm_memory.num_process_groups(layout) * self.eff.nccl_bytes_per_group
+
+    def group_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
+                        options: tuple) -> float:
+        """Bytes per GPU every (sequence parallel, sharding) option of this group needs at least.
+
+        ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
+        sp = self._sp_min(shape, (o[0] for o in options))
+        probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+        setup = self.setup(shape.option, probe)
+        frag = 1.0 + self.eff.fragmentation_fraction
+        best = 0.0
+        for i in candidate_stage_indices(shape.pp):
+            sl = setup.stages[i]
+            states = self._min_states(shape, vpp, sl, options)
+            best = max(best, frag * (states + self._activations(shape, setup, sl)))
+        return _mem_safe(best + self._fixed(probe))
+
+    def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
+        setup = self.setup(shape.option, layout)
+        frag = 1.0 + self.eff.fragmentation_fraction
+        best = 0.0
+        for i in candidate_stage_indices(shape.pp):
+            sl = setup.stages[i]
+            states = self._model_states(shape, layout.vpp, sl, sh)
+            best = max(best, frag * (states + self._activations(shape, setup, sl)))
+        return _mem_safe(best + self._fixed(layout))
+
+    def option_index(self, layout: Layout) -> int:
+        return self._option_index[layout.gpu]
+
+
+def _mem_safe(x: float) -> float:
+    """The cost model truncates its total to whole bytes and sums the items in another order."""
+    return x * (1 - 1e-9) - 1.0
+
+
+class _ShardingView:
+    """The sharding fields of a layout (what the cost model's model-state functions read), without
+    building a Layout: the group memory bound asks for every sharding choice of a group."""
+
+    __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params")
+
+    def __init__(self, shape: Shape, sh: Sharding):
+        self.tp, self.cp, self.ep = shape.tp, shape.cp, shape.ep
+        self.dp_shard, self.dp_replicate = sh.dp_shard, shape.dp // sh.dp_shard
+        self.zero_stage = sh.zero_stage
+        self.offload_optimizer, self.offload_params = sh.offload_optimizer, sh.offload_params

@@ -1,0 +1,295 @@
+"""The search space: divisor generators for each axis, and cheap structural pruning with counts.
+
+The space has two levels, so that whole families can be bounded (and counted) at once:
+
+* a **shape** fixes the GPU type and the parallel degrees that set the world size:
+  ``tp x pp x cp x dp`` (plus ``ep``, carved out of dp x cp). Shapes come from generators
+  that already obey the per-axis rules (tp divides the attention and KV heads and stays in
+  a node; cp with 2 x cp dividing the sequence; pp with a stage split, see ``arith``), and
+  from the GPU-count rule (whole nodes within [min_gpus, max_gpus], or exactly num_gpus).
+  A dp that breaks the batch arithmetic is tallied per shape as ``batch_not_divisible``.
+* the **inner** choices of a shape are independent of each other, so a shape holds
+  ``|pipeline| x |sharding| x |batch| x |recompute| x |sp|`` layouts, counted without
+  enumerating them:
+
+  - pipeline: pp == 1 -> one choice; pp > 1 -> gpipe, 1f1b, and interleaved_1f1b for every
+    vpp > 1 with a stage split;
+  - sharding: zero 0 (replicate); zero 1/2/3 over every dp_shard that divides dp (dp_shard
+    < dp is hybrid sharding, HSDP), with optimizer offload none/cpu (+ nvme at zero 3) and
+    parameter offload none/cpu/nvme at zero 3. A zero stage needs a shard group of more
+    than one GPU, except with offload on a single data-parallel rank (ZeRO-Offload);
+  - batch: micro_batch divides global_batch / dp and grad_accum = global_batch / (dp x
+    micro_batch); with a tolerance, every micro_batch with a grad_accum whose realised
+    batch is within it (the one closest to the requested batch);
+  - recompute none / selective / full; sequence parallel off/on when tp > 1.
+
+Pins of the spec's ``layout`` section replace a generator by the pinned value.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from compiler.layout import Layout
+from compiler.problem import GpuOption, Problem
+from compiler.solver import feasibility as F
+from compiler.solver.arith import GpuCounts, batch_range, divisors, grad_accum_for, stage_layers
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The parallel degrees that fix the world size, on one GPU type."""
+
+    option: int  # index into problem.gpu_options
+    gpu: str
+    gpus_per_node: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def num_parallel_dims(self) -> int:
+        return sum(x > 1 for x in (self.tp, self.pp, self.cp, self.ep, self.dp))
+
+
+@dataclass(frozen=True)
+class Sharding:
+    zero_stage: int
+    dp_shard: int
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+
+
+@dataclass
+class ShapeSpace:
+    shapes: list[Shape]
+    rejected_shapes: dict[str, int] = field(default_factory=dict)  # code -> number of shapes
+    examples: dict[str, str] = field(default_factory=dict)  # code -> one message
+
+
+class Space:
+    """The generators for one Problem (pins applied), with per-argument caches."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.pins = problem.pins
+        s = problem.shape
+        self.num_layers = s.num_layers
+        self.lo_batch, self.hi_batch = batch_range(problem.global_batch, problem.global_batch_tolerance)
+        self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
+        self._sharding: dict[int, tuple[Sharding, ...]] = {}
+        self._batch: dict[int, tuple[tuple[int, int], ...]] = {}
+
+    # ------------------------------------------------------------------ per-axis generators
+    def tp_values(self, option: GpuOption) -> tuple[int, ...]:
+        s = self.problem.shape
+        cap = s.num_attention_heads if self.problem.allow_cross_node_tp else option.gpus_per_node
+        values = [t for t in divisors(math.gcd(s.num_attention_heads, s.num_kv_heads)) if t <= cap]
+        return self._pin(values, self.pins.tp)
+
+    def pp_values(self) -> tuple[int, ...]:
+        values = [p for p in range(1, self.num_layers + 1) if self.pipeline_choices(p)]
+        return self._pin(values, self.pins.pp)
+
+    def cp_values(self) -> tuple[int, ...]:
+        seq = self.problem.seq_len
+        values = [1] + ([c for c in divisors(seq // 2) if c > 1] if seq % 2 == 0 else [])
+        return self._pin(values, self.pins.cp)
+
+    def ep_values(self, dp: int, cp: int) -> tuple[int, ...]:
+        moe = self.problem.shape.moe
+        if moe is None:
+            values = [1]
+        else:
+            values = list(divisors(math.gcd(moe.num_experts, dp * cp)))
+        return self._pin(values, self.pins.ep)
+
+    def dp_values(self, counts: GpuCounts, base: int) -> tuple[list[int], int]:
+        """(dp values whose world base x dp is allowed and meets the batch rule, number failing the batch)."""
+        first, last, step = counts.multiples_of(base)
+        if first > last:
+            return [], 0
+        if self.pins.dp is not None:
+            n = base * self.pins.dp
+            if n not in counts:
+                return [], 0
+            return ([self.pins.dp], 0) if self._dp_batch_ok(self.pins.dp) else ([], 1)
+        lo_dp, hi_dp = first // base, last // base
+        dstep = step // base
+        total = (hi_dp - lo_dp) // dstep + 1
+        if self.lo_batch == self.hi_batch:
+            ok = [d for d in divisors(self.problem.global_batch) if lo_dp <= d <= hi_dp and (d - lo_dp) % dstep == 0]
+        else:
+            top = min(hi_dp, self.hi_batch)
+            ok = [d for d in range(lo_dp, top + 1, dstep) if self._dp_batch_ok(d)]
+        return ok, total - len(ok)
+
+    def _dp_batch_ok(self, dp: int) -> bool:
+        if self.lo_batch == self.hi_batch:
+            return self.problem.global_batch % dp == 0
+        return -(-self.lo_batch // dp) * dp <= self.hi_batch
+
+    # ------------------------------------------------------------------ inner generators
+    def pipeline_choices(self, pp: int) -> tuple[tuple[str, int], ...]:
+        """(schedule, vpp) pairs for ``pp``."""
+        got = self._pipeline.get(pp)
+        if got is not None:
+            return got
+        pins = self.pins
+        out: list[tuple[str, int]] = []
+        if pp == 1:
+            sched = pins.schedule if pins.schedule in ("gpipe", "1f1b") else "1f1b"
+            if pins.schedule != "interleaved_1f1b" and pins.vpp in (None, 1) and stage_layers(self.num_layers, 1, 1):
+                out.append((sched, 1))
+        else:
+            if stage_layers(self.num_layers, pp, 1):
+                for sched in ("gpipe", "1f1b"):
+                    if pins.schedule in (None, sched) and pins.vpp in (None, 1):
+                        out.append((sched, 1))
+            if pins.schedule in (None, "interleaved_1f1b"):
+                for vpp in range(2, self.num_layers // pp + 1):
+                    if pins.vpp in (None, vpp) and stage_layers(self.num_layers, pp, vpp):
+                        out.append(("interleaved_1f1b", vpp))
+        result = tuple(out)
+        self._pipeline[pp] = result
+        return result
+
+    def sharding_choices(self, dp: int) -> tuple[Sharding, ...]:
+        got = self._sharding.get(dp)
+        if got is not None:
+            return got
+        pins = self.pins
+        out: list[Sharding] = []
+        for zero in (0, 1, 2, 3):
+            if pins.zero_stage is not None and zero != pins.zero_stage:
+                continue
+            if zero == 0:
+                cand = [Sharding(0, 1)]
+            else:
+                opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
+                par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
+                cand = [Sharding(zero, d, oo, op) for d in divisors(dp) for oo in opt for op in par]
+            for c in cand:
+                if (pins.dp_shard is not None and c.dp_shard != pins.dp_shard) \
+                        or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
+                        or (pins.offload_params is not None and c.offload_params != pins.offload_params):
+                    continue
+                if c.zero_stage > 0 and c.dp_shard == 1 and not (
+                        dp == 1 and (c.offload_optimizer != "none" or c.offload_params != "none")):
+                    continue
+                out.append(c)
+        result = tuple(out)
+        self._sharding[dp] = result
+        return result
+
+    def batch_choices(self, dp: int) -> tuple[tuple[int, int], ...]:
+        """(micro_batch, grad_accum) pairs for ``dp``."""
+        got = self._batch.get(dp)
+        if got is not None:
+            return got
+        b, tol = self.problem.global_batch, self.problem.global_batch_tolerance
+        out: list[tuple[int, int]] = []
+        if tol <= 0:
+            if b % dp == 0:
+                out = [(mb, b // dp // mb) for mb in divisors(b // dp)]
+        else:
+            for mb in range(1, self.hi_batch // dp + 1):
+                ga = grad_accum_for(b, tol, dp, mb)
+                if ga is not None:
+                    out.append((mb, ga))
+        if self.pins.micro_batch is not None:
+            out = [c for c in out if c[0] == self.pins.micro_batch]
+        result = tuple(out)
+        self._batch[dp] = result
+        return result
+
+    def recompute_choices(self) -> tuple[str, ...]:
+        return self._pin(list(RECOMPUTE_MODES), self.pins.recompute)
+
+    def sp_choices(self, tp: int) -> tuple[bool, ...]:
+        if tp == 1:
+            return (False,) if self.pins.sequence_parallel in (None, False) else ()
+        return self._pin([False, True], self.pins.sequence_parallel)
+
+    @staticmethod
+    def _pin(values, pin) -> tuple:
+        if pin is None:
+            return tuple(values)
+        return (pin,) if pin in values else ()
+
+    # ------------------------------------------------------------------ shapes and counts
+    def shapes(self) -> ShapeSpace:
+        space = ShapeSpace(shapes=[])
+        cps, pps = self.cp_values(), self.pp_values()
+        for index, option in enumerate(self.problem.gpu_options):
+            counts = F.gpu_counts(self.problem, option)
+            if counts.largest is None:
+                continue
+            for tp in self.tp_values(option):
+                for cp in cps:
+                    if tp * cp > counts.hi:
+                        break
+                    for pp in pps:
+                        base = tp * cp * pp
+                        if base > counts.hi:
+                            break
+                        dps, failed = self.dp_values(counts, base)
+                        if failed:
+                            self._note_batch(space, failed, base)
+                        for dp in dps:
+                            for ep in self.ep_values(dp, cp):
+                                space.shapes.append(Shape(index, option.name, option.gpus_per_node,
+                                                          tp, pp, cp, dp, ep))
+        return space
+
+    def _note_batch(self, space: ShapeSpace, failed: int, base: int) -> None:
+        code = F.BATCH_NOT_DIVISIBLE
+        space.rejected_shapes[code] = space.rejected_shapes.get(code, 0) + failed
+        if code not in space.examples:
+            want = (str(self.problem.global_batch) if self.lo_batch == self.hi_batch
+                    else f"{self.lo_batch}-{self.hi_batch}")
+            space.examples[code] = (f"dp must divide the global batch ({want} sequences) so that "
+                                    f"micro_batch x grad_accum x dp equals it; e.g. tp x pp x cp = {base} "
+                                    "leaves a dp that does not")
+
+    def inner_count(self, shape: Shape) -> int:
+        return (len(self.pipeline_choices(shape.pp)) * len(self.sharding_choices(shape.dp))
+                * len(self.batch_choices(shape.dp)) * len(self.recompute_choices()) * len(self.sp_choices(shape.tp)))
+
+    def layout(self, shape: Shape, sched: str, vpp: int, sh: Sharding, mb: int, ga: int, recompute: str,
+               sp: bool) -> Layout:
+        return Layout(gpu=shape.gpu, gpus_per_node=shape.gpus_per_node, tp=shape.tp, pp=shape.pp, cp=shape.cp,
+                      ep=shape.ep, dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                      zero_stage=sh.zero_stage, micro_batch=mb, grad_accum=ga, vpp=vpp,
+                      schedule=sched, recompute=recompute,  # type: ignore[arg-type]
+                      sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]
+                      offload_params=sh.offload_params)  # type: ignore[arg-type]
+
+    def layouts_of(self, shape: Shape) -> Iterator[Layout]:
+        for sched, vpp in self.pipeline_choices(shape.pp):
+            for mb, ga in self.batch_choices(shape.dp):
+                for rc in self.recompute_choices():
+                    for sp in self.sp_choices(shape.tp):
+                        for sh in self.sharding_choices(shape.dp):
+                            yield self.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+
+
+def enumerate_layouts(problem: Problem) -> Iterator[Layout]:
+    """Every layout of the search space, shape by shape (for tests and brute force; the solver bounds)."""
+    space = Space(problem)
+    for shape in space.shapes().shapes:
+        yield from space.layouts_of(shape)
+
+
+def count_layouts(problem: Problem) -> int:
+    space = Space(problem)
+    return sum(space.inner_count(s) for s in space.shapes().shapes)

@@ -1,0 +1,373 @@
+"""solve(problem) -> Plan: an exhaustive branch-and-bound search over the layout space.
+
+The space (``candidates.Space``) is a list of shapes (GPU type, tp, pp, cp, dp, ep), each
+holding a product of independent inner choices, so every count is exact without
+enumerating. The search
+
+1. tallies, per shape, the layouts no target framework can run (``frameworks``, cached per
+   ``support_key``) and the interleaved schedules whose micro-batch count is not a multiple
+   of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
+   cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
+2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
+   bound and a memory bound, and visits groups best bound first;
+3. inside a group, bounds each layout (sequence parallel x ZeRO/HSDP/offload) with its
+   sharding terms and its memory, and only then calls the cost model.
+
+A shape, group or layout is skipped only when its lower bound proves it cannot enter the
+top k+1 (the plan and its k alternatives): ``num_pruned_by_bound`` counts those layouts.
+Layouts proven infeasible by a bound (memory above usable HBM, cost above the budget,
+time past the deadline) are rejections under the codes the cost model or the budget
+check would give. Every layout of the space is accounted for exactly once:
+``num_considered == num_pruned_by_bound + sum(layout rejections) + num_feasible``
+(``batch_not_divisible`` counts parallel shapes outside the space).
+
+When nothing is feasible, ``InfeasibleError`` carries the tally, an example per code and
+the closest misses; a budget or deadline that rules everything out is explained by
+solving again without it (the cheapest / the fastest layout, and by how much it misses).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from compiler.estimate import Estimate, Rejection
+from compiler.frameworks import framework_notes, support_key, unsupported_reasons
+from compiler.layout import Layout
+from compiler.plan import Candidate, Plan, SearchSummary, make_plan
+from compiler.problem import Problem
+from compiler.solver import feasibility as F
+from compiler.solver.bounds import Bounds
+from compiler.solver.candidates import Sharding, Shape, Space
+from compiler.solver.explain import infeasible_error, plan_notes, why_lost
+from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
+from compiler.solver.tally import MAX_MISSES, Tally, miss_dict
+
+Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
+
+
+def solve(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> Plan:
+    """The best layout of ``problem`` and its ``top_k`` runners-up (default: the spec's search.top_k).
+
+    Raises InfeasibleError (with the tally of reasons and the closest misses) when no
+    layout is feasible. ``evaluator`` replaces the cost model (tests only).
+    """
+    return search(problem, top_k=top_k, evaluator=evaluator).plan
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plan: Plan
+    examples: dict[str, str]  # reason code -> one message (what `dtc plan` shows next to the tally)
+
+
+def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> SearchResult:
+    """``solve``, plus an example message for each rejection code."""
+    final = evaluator
+    if evaluator is None:
+        evaluator, final = _search_evaluate, _plan_evaluate
+    k = problem.top_k if top_k is None else top_k
+    s = _Search(problem, max(0, k), evaluator)
+    s.run()
+    s.tally.finish_examples()
+    return SearchResult(s.result(final), dict(sorted(s.tally.examples.items())))
+
+
+def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
+    """The cost model as the search calls it: uneven stages allowed, no pipeline event list (speed)."""
+    from compiler.costmodel import evaluate
+
+    return evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False)
+
+
+def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
+    """The chosen layout again, with the simulated pipeline schedule for the report."""
+    from compiler.costmodel import evaluate
+
+    return evaluate(problem, layout, allow_uneven_stages=True)
+
+
+@dataclass(order=True)
+class _Entry:
+    key: tuple
+    layout: Layout = field(compare=False)
+    estimate: Estimate = field(compare=False)
+
+
+class _Search:
+    def __init__(self, problem: Problem, k: int, evaluator: Evaluator):
+        self.problem = problem
+        self.k = k
+        self.evaluate = evaluator
+        self.space = Space(problem)
+        self.bounds = Bounds(problem)
+        self.top: list[_Entry] = []  # sorted, at most k + 1
+        self.tally = Tally(problem)
+        self.num_considered = 0
+        self.num_evaluated = 0
+        self.num_feasible = 0
+        self.num_pruned = 0
+        self.largest_gpus = 0
+        self._support: dict[tuple, bool] = {}
+        self._options: dict[tuple, tuple] = {}
+        self._pipe_classes: dict[int, tuple] = {}
+        self._bad_batches: dict[tuple[int, int], int] = {}
+        self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
+                         for i, o in enumerate(problem.gpu_options)}
+
+    # ------------------------------------------------------------------ bookkeeping
+    @property
+    def threshold(self) -> float:
+        """The objective key a layout must beat to enter the top k+1 (inf until it is full)."""
+        if len(self.top) <= self.k:
+            return float("inf")
+        return self.top[-1].key[0]
+
+    def offer(self, layout: Layout, est: Estimate) -> None:
+        entry = _Entry(rank_key(self.problem, layout, est), layout, est)
+        if len(self.top) <= self.k or entry.key < self.top[-1].key:
+            bisect.insort(self.top, entry)
+            if len(self.top) > self.k + 1:
+                self.top.pop()
+
+    # ------------------------------------------------------------------ the search
+    def options(self, shape: Shape, sched: str, vpp: int) -> tuple[tuple[bool, Sharding], ...]:
+        """The (sequence parallel, sharding) choices every target can run, for this shape and schedule.
+
+        Support depends only on ``frameworks.support_key``, so the lists are cached per class; the
+        unsupported rest is tallied once per shape as ``framework_unsupported``.
+        """
+        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1)
+        got = self._options.get(key)
+        if got is not None:
+            return got
+        ok: list[tuple[bool, Sharding]] = []
+        for sp in self.space.sp_choices(shape.tp):
+            for sh in self.space.sharding_choices(shape.dp):
+                skey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sp, sh.zero_stage, vpp > 1, sched,
+                        shape.dp // sh.dp_shard > 1, sh.dp_shard > 1, sh.offload_optimizer, sh.offload_params)
+                supported = self._support.get(skey)
+                if supported is None or (not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples):
+                    layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
+                    assert support_key(layout) == skey, "frameworks.support_key changed: update the solver's copy"
+                    supported = self.supported(layout)
+                    if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
+                        r = F.check_framework(self.problem, layout)
+                        assert r is not None
+                        self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+                if supported:
+                    ok.append((sp, sh))
+        result = tuple(ok)
+        self._options[key] = result
+        return result
+
+    def pipeline_classes(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
+        """The pipeline choices of ``pp`` grouped by what framework support depends on."""
+        got = self._pipe_classes.get(pp)
+        if got is None:
+            counts: dict[tuple[str, bool], int] = {}
+            for sched, vpp in self.space.pipeline_choices(pp):
+                counts[(sched, vpp > 1)] = counts.get((sched, vpp > 1), 0) + 1
+            got = self._pipe_classes[pp] = tuple(sorted(counts.items()))
+        return got
+
+    def bad_interleave_batches(self, dp: int, pp: int) -> int:
+        key = (dp, pp)
+        got = self._bad_batches.get(key)
+        if got is None:
+            got = self._bad_batches[key] = sum(1 for _, ga in self.space.batch_choices(dp) if ga % pp)
+        return got
+
+    def run(self) -> None:
+        problem, space, bounds = self.problem, self.space, self.bounds
+        shape_space = space.shapes()
+        for code, n in shape_space.rejected_shapes.items():
+            self.tally.reject(code, n, shape_space.examples.get(code, ""))
+        queue = []
+        rc_n = len(space.recompute_choices())
+        for order, shape in enumerate(shape_space.shapes):
+            total = space.inner_count(shape)
+            if total == 0:
+                continue
+            self.num_considered += total
+            batches = space.batch_choices(shape.dp)
+            supported = bad_interleave = 0
+            for (sched, interleaved), count in self.pipeline_classes(shape.pp):
+                n_opts = len(self.options(shape, sched, 2 if interleaved else 1))
+                supported += count * n_opts * len(batches) * rc_n
+                if interleaved:
+                    bad_interleave += count * n_opts * rc_n * self.bad_interleave_batches(shape.dp, shape.pp)
+            if supported < total:
+                self.tally.add(F.FRAMEWORK_UNSUPPORTED, total - supported)
+            if bad_interleave:
+                self.tally.reject(F.MICROBATCHES_NOT_DIVISIBLE, bad_interleave,
+                            f"interleaved 1F1B runs micro-batches in groups of pp (pp={shape.pp}); grad_accum must "
+                            "be a multiple of pp")
+            supported -= bad_interleave
+            if supported == 0:
+                continue
+            self.largest_gpus = max(self.largest_gpus, shape.world)
+            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp)) * bounds.shape_bubble_factor(
+                shape, space.pipeline_choices(shape.pp), batches)
+            lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
+            queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
+        queue.sort(key=lambda q: q[:3])
+        for lb, _, _, shape, n, g in queue:
+            pricing = self._pricing[shape.option]
+            cost = pricing.cost_lb_from_gpu_s_per_token(g)
+            if problem.max_cost_usd is not None and cost > problem.max_cost_usd:
+                self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
+                continue
+            t = pricing.time_lb_from_gpu_s_per_token(g, shape.world)
+            if problem.deadline_s is not None and t > problem.deadline_s:
+                self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
+                continue
+            if can_prune(lb, self.threshold):
+                self.num_pruned += n
+                continue
+            self.explore(shape)
+
+    def explore(self, shape: Shape) -> None:
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp)
+        groups = []
+        order = 0
+        class_opts: dict[tuple[str, bool], tuple] = {}
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            opts = class_opts.get((sched, vpp > 1))
+            if opts is None:
+                opts = class_opts[(sched, vpp > 1)] = self.options(shape, sched, vpp)
+            if not opts:
+                continue
+            for mb, ga in space.batch_choices(shape.dp):
+                if sched == "interleaved_1f1b" and ga % shape.pp:
+                    continue  # rejected (counted) in run()
+                batch = mb * ga * shape.dp
+                for rc in space.recompute_choices():
+                    fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
+                    step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
+                    lb = key_lb_from_step(problem, pricing, step, batch, shape.world)
+                    groups.append((lb, order, sched, vpp, mb, ga, rc, step, batch, opts, fbs))
+                    order += 1
+        groups.sort(key=lambda g: g[:2])
+        usable = bounds.usable_bytes(shape)
+        for lb, _, sched, vpp, mb, ga, rc, step, batch, opts, fbs in groups:
+            n = len(opts)
+            if self._bound_infeasible(pricing, step, batch, shape.world, n):
+                continue
+            if can_prune(lb, self.threshold):
+                self.num_pruned += n
+                continue
+            mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts)
+            if mem > usable:
+                sp, sh = opts[-1]
+                self.tally.reject_memory_bound(lambda: space.layout(shape, sched, vpp, sh, mb, ga, rc, sp), mem,
+                                               usable, n)
+                continue
+            cands = []
+            for i, (sp, sh) in enumerate(opts):
+                def make(sh=sh, sp=sp):
+                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+                cands.append((bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, make), i, sp, sh))
+            cands.sort(key=lambda c: c[:2])
+            for i, (layout_step, _, sp, sh) in enumerate(cands):
+                # bounds ascend along cands and the threshold only falls: the first layout a bound rules
+                # out rules out the rest of the group the same way
+                rest = len(cands) - i
+                if self._bound_infeasible(pricing, layout_step, batch, shape.world, rest):
+                    break
+                if can_prune(key_lb_from_step(problem, pricing, layout_step, batch, shape.world), self.threshold):
+                    self.num_pruned += rest
+                    break
+                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable)
+
+    def _bound_infeasible(self, pricing: Pricing, step: float, batch: int, world: int, n: int) -> bool:
+        problem = self.problem
+        if problem.max_cost_usd is not None:
+            cost = pricing.cost_usd(step, batch, world)
+            if cost > problem.max_cost_usd:
+                self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
+                return True
+        if problem.deadline_s is not None:
+            t = pricing.time_to_train_s(step, batch)
+            if t > problem.deadline_s:
+                self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
+                return True
+        return False
+
+    def supported(self, layout: Layout) -> bool:
+        key = support_key(layout)
+        ok = self._support.get(key)
+        if ok is None:
+            ok = not unsupported_reasons(self.problem, layout)
+            self._support[key] = ok
+        return ok
+
+    def visit(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, rc: str, sp: bool, sh: Sharding,
+              usable: float) -> None:
+        """One layout whose step-time bound could still win: its memory bound, then the cost model."""
+        problem, bounds = self.problem, self.bounds
+        layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+        mem = bounds.layout_memory_lb(shape, layout, sh)
+        if mem > usable:
+            self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
+            return
+        self.num_evaluated += 1
+        result = self.evaluate(problem, layout)
+        if isinstance(result, Estimate):
+            over = F.check_estimate(problem, result)
+            if over is None:
+                self.num_feasible += 1
+                self.offer(layout, result)
+                return
+            result = over
+        self.tally.reject_costed(layout, result)
+
+    # ------------------------------------------------------------------ results
+    def summary(self, misses: tuple = ()) -> SearchSummary:
+        return SearchSummary(num_considered=self.num_considered, num_evaluated=self.num_evaluated,
+                             num_feasible=self.num_feasible, num_pruned_by_bound=self.num_pruned,
+                             rejections_by_code=dict(sorted(self.tally.counts.items())), closest_misses=misses)
+
+    def relaxed_misses(self) -> tuple[dict[str, Any], ...]:
+        """When the budget or the deadline is what rules layouts out: the best layout without that limit
+        (the cheapest, or the fastest), and by how much it misses."""
+        problem, out = self.problem, []
+        if self.tally[F.OVER_BUDGET] and problem.max_cost_usd is not None:
+            relaxed = _Search(replace(problem, max_cost_usd=None, objective="cheapest"), 0, self.evaluate)
+            relaxed.run()
+            if relaxed.top:
+                e = relaxed.top[0]
+                over = F.check_budget(problem, e.estimate)
+                if over is not None:
+                    out.append(miss_dict(e.layout, over, "the cheapest layout " + over.message,
+                                          over.details["over_by_usd"] / problem.max_cost_usd))
+        if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
+            relaxed = _Search(replace(problem, deadline_s=None, objective="fastest"), 0, self.evaluate)
+            relaxed.run()
+            if relaxed.top:
+                e = relaxed.top[0]
+                over = F.check_deadline(problem, e.estimate)
+                if over is not None:
+                    out.append(miss_dict(e.layout, over, "the fastest layout " + over.message,
+                                          over.details["over_by_s"] / problem.deadline_s))
+        return tuple(out)
+
+    def result(self, final: Evaluator) -> Plan:
+        problem = self.problem
+        if not self.top:
+            misses = (self.relaxed_misses() + self.tally.closest_misses(self.evaluate))[:MAX_MISSES]
+            raise infeasible_error(problem, self.summary(misses), self.tally.examples, misses)
+        best = self.top[0]
+        if final is not self.evaluate:  # the chosen layout again, with its simulated pipeline schedule
+            again = final(problem, best.layout)
+            assert isinstance(again, Estimate), f"the cost model changed its mind about {best.layout.tag}"
+            best.estimate = again
+        alternatives = tuple(
+            Candidate(layout=e.layout, estimate=e.estimate, rank=i + 2,
+                      why_lost=why_lost(problem, e.layout, e.estimate, best.layout, best.estimate))
+            for i, e in enumerate(self.top[1:self.k + 1]))
+        notes = plan_notes(problem, best.layout, largest_gpus=self.largest_gpus) + framework_notes(problem, best.layout)
+        return make_plan(problem, best.layout, best.estimate, alternatives=alternatives,
+                         search=self.summary(), notes=notes)

@@ -1,0 +1,133 @@
+"""The solver's lower bounds never exceed what the cost model returns (else pruning could lose the optimum)."""
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+
+from compiler.costmodel import evaluate
+from compiler.costmodel.pipeline import makespan_units
+from compiler.estimate import Estimate
+from compiler.problem import lower
+from compiler.solver.bounds import Bounds, pipeline_units_lb
+from compiler.solver.candidates import Sharding, Space
+from compiler.spec.load import load_spec_text
+
+SPECS = {
+    "llama-405b": """
+        name: b405
+        model: {preset: llama3.1-405b}
+        training: {tokens: 1T, sequence_length: 8192, global_batch: 512}
+        cluster: {gpu: h100-sxm, num_gpus: 1024}
+        targets: [megatron]
+    """,
+    "mixtral-fp8": """
+        name: bmix
+        model: {preset: mixtral-8x7b}
+        training: {tokens: 1T, sequence_length: 4096, global_batch: 256, precision: fp8}
+        cluster: {gpu: h100-sxm, num_gpus: 64}
+        targets: [megatron]
+    """,
+    "gpt3-a100": """
+        name: bgpt
+        model: {preset: gpt3-175b}
+        training: {tokens: 300B, sequence_length: 2048, global_batch: 1536}
+        cluster: {gpu: a100-80gb, num_gpus: 512}
+        targets: [megatron]
+    """,
+    "tiny-offload": """
+        name: btiny
+        model: {num_layers: 6, hidden_size: 1024, ffn_hidden_size: 2816, num_attention_heads: 16, num_kv_heads: 4,
+                vocab_size: 32000}
+        training: {tokens: 10B, sequence_length: 2048, global_batch: 64, optimizer: adamw}
+        cluster: {gpu: a100-40gb, num_gpus: 16}
+        targets: [deepspeed]
+    """,
+}
+
+
+def _problem(name: str):
+    return lower(load_spec_text(textwrap.dedent(SPECS[name]), f"{name}.yaml"))
+
+
+def _sample(problem, n: int, seed: int):
+    """n random layouts of the space (uniform over shapes, then over each inner choice)."""
+    rng = random.Random(seed)
+    space = Space(problem)
+    shapes = space.shapes().shapes
+    out = []
+    while len(out) < n:
+        shape = rng.choice(shapes)
+        pipes, batches = space.pipeline_choices(shape.pp), space.batch_choices(shape.dp)
+        shards, sps = space.sharding_choices(shape.dp), space.sp_choices(shape.tp)
+        if not (pipes and batches and shards and sps):
+            continue
+        sched, vpp = rng.choice(pipes)
+        mb, ga = rng.choice(batches)
+        if sched == "interleaved_1f1b" and ga % shape.pp:
+            continue
+        sh: Sharding = rng.choice(shards)
+        rc = rng.choice(space.recompute_choices())
+        sp = rng.choice(sps)
+        out.append((shape, sched, vpp, mb, ga, rc, sp, sh, space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)))
+    return space, out
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_bounds_below_the_cost_model(name: str) -> None:
+    problem = _problem(name)
+    space, samples = _sample(problem, 60, seed=hash(name) % 1000)
+    bounds = Bounds(problem)
+    checked = 0
+    for shape, sched, vpp, mb, ga, rc, sp, sh, layout in samples:
+        est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+        assert isinstance(est, Estimate), (layout.tag, est)
+        step = est.step_time_s
+        sps = space.sp_choices(shape.tp)
+        # shape: GPU-seconds per token
+        g = bounds.gpu_s_per_token_lb(shape, sps) * bounds.shape_bubble_factor(
+            shape, space.pipeline_choices(shape.pp), space.batch_choices(shape.dp))
+        assert g <= step * layout.world_size / est.tokens_per_step, layout.tag
+        # group and layout: step time
+        fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
+        group = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
+        assert group <= step, (layout.tag, group, step)
+        full = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, lambda: layout)
+        assert group * 0.999 <= full <= step, (layout.tag, full, step)
+        # memory
+        total = est.memory.total_bytes_per_gpu
+        assert bounds.layout_memory_lb(shape, layout, sh) <= total, layout.tag
+        opts = tuple((s, x) for s in sps for x in space.sharding_choices(shape.dp))
+        assert bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) <= total, layout.tag
+        checked += 1
+    assert checked == 60
+
+
+def test_bounds_are_not_vacuous() -> None:
+    """On a typical good layout the step bound is within 25% of the estimate (else pruning is weak)."""
+    problem = _problem("llama-405b")
+    space = Space(problem)
+    shape = next(s for s in space.shapes().shapes if (s.tp, s.pp, s.cp, s.dp) == (8, 8, 1, 16))
+    bounds = Bounds(problem)
+    sh = Sharding(1, 16)
+    layout = space.layout(shape, "interleaved_1f1b", 2, sh, 1, 32, "none", True)
+    est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+    fbs = bounds.group_stage_fb(shape, 2, 1, "none", (False, True))
+    lb = bounds.layout_step_lb(shape, "interleaved_1f1b", 2, 1, 32, sh, fbs, lambda: layout)
+    assert 0.75 * est.step_time_s <= lb <= est.step_time_s
+
+
+@pytest.mark.parametrize("sched", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_pipeline_closed_form_is_below_the_simulation(sched: str) -> None:
+    """makespan >= (m + (pp-1)/v) (f + b) + 2 (pp v - 1) p2p, in units of f (the bound's premise)."""
+    for pp in (2, 3, 4, 8):
+        for m in (1, 2, 4, 8, 12, 16):
+            for v in ((1,) if sched != "interleaved_1f1b" else (2, 3)):
+                if sched == "interleaved_1f1b" and m % pp:
+                    continue
+                for r in (1.0, 2.0, 2.7, 3.3):
+                    for x in (0.0, 0.05, 0.5, 2.0):
+                        units = makespan_units(sched, pp, m, v, r, x)
+                        closed = pipeline_units_lb(sched, pp, m, v) * (1 + r) + 2 * (pp * v - 1) * x
+                        assert closed <= units * (1 + 1e-9)

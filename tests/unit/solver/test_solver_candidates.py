@@ -1,0 +1,132 @@
+"""The search space: divisor generators, the stage-split rule, GPU counts, pins and counts."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from compiler.layout import Layout
+from compiler.problem import lower
+from compiler.solver import feasibility as F
+from compiler.solver.arith import GpuCounts, divisors, grad_accum_for, stage_layers
+from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
+from compiler.spec.load import load_spec_text
+
+
+def problem(extra: str = "", *, cluster: str = "{gpu: h100-sxm, num_gpus: 16}", batch: int = 32,
+            model: str = "{preset: llama3-8b}", tol: float = 0.0):
+    text = textwrap.dedent(f"""\
+        name: t
+        model: {model}
+        training: {{tokens: 1T, sequence_length: 4096, global_batch: {batch}, global_batch_tolerance: {tol}}}
+        cluster: {cluster}
+        targets: [megatron]
+        """) + textwrap.dedent(extra)
+    return lower(load_spec_text(text, "t.yaml"))
+
+
+def test_divisors() -> None:
+    assert divisors(1) == (1,)
+    assert divisors(12) == (1, 2, 3, 4, 6, 12)
+    assert divisors(1953) == (1, 3, 7, 9, 21, 31, 63, 93, 217, 279, 651, 1953)
+
+
+@pytest.mark.parametrize("layers,pp,vpp,want", [
+    (126, 16, 1, (7,) + (8,) * 14 + (7,)),  # Llama 3 405B as Meta ran it
+    (80, 8, 1, (10,) * 8),
+    (80, 8, 5, (10,) * 8),
+    (100, 8, 1, (11,) + (13,) * 6 + (11,)),
+    (80, 8, 4, (4,) + (12,) * 6 + (4,)),
+    (32, 2, 1, (16, 16)),
+    (33, 2, 1, (16, 17)),
+    (4, 4, 1, (1, 1, 1, 1)),
+    (96, 64, 1, None),  # no Megatron first/last split
+    (10, 3, 2, (2, 4, 4)),
+    (9, 3, 2, None),  # vpp must divide every stage
+    (8, 1, 2, None),
+    (8, 9, 1, None),
+])
+def test_stage_layers(layers: int, pp: int, vpp: int, want) -> None:
+    got = stage_layers(layers, pp, vpp)
+    assert got == want
+    if got is not None:
+        assert sum(got) == layers and all(n % vpp == 0 and n >= vpp for n in got)
+        assert len(set(got[1:-1])) <= 1 and max(got[0], got[-1]) <= max(got)
+
+
+def test_gpu_counts() -> None:
+    c = GpuCounts(1, 1024, 8, None)
+    assert (c.lo, c.hi, c.step) == (8, 1024, 8) and 16 in c and 12 not in c and 1032 not in c
+    assert c.count_multiples_of(3) == len([n for n in range(8, 1025, 8) if n % 3 == 0])
+    small = GpuCounts(1, 4, 8, None)  # the spec asks for less than a node
+    assert 3 in small and 5 not in small
+    assert 24 in GpuCounts(1, 1, 8, 24) and 16 not in GpuCounts(1, 1, 8, 24)
+
+
+def test_grad_accum_with_tolerance() -> None:
+    assert grad_accum_for(1000, 0.0, 8, 1) == 125
+    assert grad_accum_for(1000, 0.0, 16, 1) is None
+    assert grad_accum_for(1000, 0.05, 16, 1) == 62  # 992, closest to 1000 (1008 is as close: lower wins)
+    assert grad_accum_for(1000, 0.001, 16, 1) is None
+
+
+def test_enumeration_obeys_every_structural_rule() -> None:
+    p = problem()
+    layouts = list(enumerate_layouts(p))
+    assert len(layouts) == count_layouts(p) > 1000
+    for layout in layouts[::37]:
+        assert F.check_structure(p, layout) is None, layout.tag
+    assert {l.world_size for l in layouts} == {16}
+    assert {l.tp for l in layouts} == {1, 2, 4, 8}  # divides 32 heads and 8 KV heads, within a node
+
+
+def test_structural_checks_name_the_rule() -> None:
+    p = problem()
+    base = dict(gpu="h100-sxm", gpus_per_node=8, tp=2, pp=2, cp=1, ep=1, dp_replicate=4, dp_shard=1, zero_stage=0,
+                micro_batch=1, grad_accum=8)
+    assert F.check_structure(p, Layout(**base)) is None
+    cases = [
+        (F.TP_NOT_DIVISOR, dict(tp=16, pp=1, dp_replicate=1, grad_accum=32)),
+        (F.TP_NOT_DIVISOR, dict(tp=3, pp=1, dp_replicate=1, grad_accum=32, gpus_per_node=3)),
+        (F.GPU_COUNT_NOT_ALLOWED, dict(dp_replicate=2, grad_accum=16)),
+        (F.BATCH_NOT_DIVISIBLE, dict(grad_accum=3)),
+        (F.NOT_CANONICAL, dict(zero_stage=1)),
+        (F.CP_NOT_DIVISOR, dict(cp=3, tp=1, pp=1, dp_replicate=1, grad_accum=32, gpus_per_node=3)),
+        (F.PP_SPLIT_INVALID, dict(pp=16, tp=1, dp_replicate=1, grad_accum=32, vpp=3,
+                                  schedule="interleaved_1f1b")),
+    ]
+    for code, change in cases:
+        r = F.check_structure(p, Layout(**{**base, **change}))
+        assert r is not None and r.code in (code, F.GPU_COUNT_NOT_ALLOWED, F.GPU_NOT_OFFERED), (code, r)
+    for code, change in cases[2:5]:
+        assert F.check_structure(p, Layout(**{**base, **change})).code == code
+
+
+def test_pins_cut_the_space() -> None:
+    free = problem()
+    pinned = problem("layout: {tensor_parallel: 4, zero_stage: 1, recompute: selective, sequence_parallel: true}\n")
+    layouts = list(enumerate_layouts(pinned))
+    assert 0 < len(layouts) < count_layouts(free)
+    assert all((l.tp, l.zero_stage, l.recompute, l.sequence_parallel) == (4, 1, "selective", True) for l in layouts)
+
+
+def test_batch_not_divisible_is_tallied_per_shape() -> None:
+    p = problem(batch=977, cluster="{gpu: h100-sxm, num_gpus: 16}")  # a prime batch: dp must be 1
+    space = Space(p).shapes()
+    assert {s.dp for s in space.shapes} == {1}
+    assert space.rejected_shapes[F.BATCH_NOT_DIVISIBLE] > 0
+
+
+def test_tolerance_admits_more_data_parallel_degrees() -> None:
+    exact = Space(problem(batch=977, cluster="{gpu: h100-sxm, max_gpus: 64}")).shapes()
+    loose = Space(problem(batch=977, cluster="{gpu: h100-sxm, max_gpus: 64}", tol=0.05)).shapes()
+    assert {s.dp for s in exact.shapes} == {1}
+    assert {2, 4, 8, 16, 32, 64} <= {s.dp for s in loose.shapes}
+
+
+def test_moe_expert_parallel_is_carved_out_of_dp_x_cp() -> None:
+    p = problem(model="{preset: mixtral-8x7b}", cluster="{gpu: h100-sxm, num_gpus: 32}", batch=64)
+    shapes = Space(p).shapes().shapes
+    assert any(s.ep == 8 for s in shapes)
+    for s in shapes:
+        assert (s.dp * s.cp) % s.ep == 0 and 8 % s.ep == 0 and s.world == 32
