@@ -158,10 +158,18 @@ def _mg_offload(l: Layout, precision: str) -> str | None:
     return None
 
 
+def _mg_ep_tp_sp(l: Layout, precision: str) -> str | None:
+    # megatron/core/model_parallel_config.py: "When using expert parallelism and tensor
+    # parallelism, sequence parallelism must be used" (checked when the model config is built).
+    if l.ep > 1 and l.tp > 1 and not l.sequence_parallel:
+        return f"expert parallel (ep={l.ep}) with tensor parallel (tp={l.tp}) needs sequence parallelism"
+    return None
+
+
 RULES: Mapping[str, tuple[Rule, ...]] = {
     "deepspeed": (_ds_cp, _ds_ep, _ds_fp8, _ds_sp, _ds_pipeline, _ds_tp, _ds_hsdp, _ds_offload),
     "fsdp": (_fsdp_zero1, _fsdp_ep, _fsdp_fp8, _fsdp_offload),
-    "megatron": (_mg_fsdp, _mg_gpipe, _mg_interleaved, _mg_offload),
+    "megatron": (_mg_fsdp, _mg_gpipe, _mg_interleaved, _mg_offload, _mg_ep_tp_sp),
     "slurm": (),
 }
 

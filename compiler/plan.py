@@ -10,6 +10,7 @@ digit of the cost model does not churn every golden file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -110,13 +111,16 @@ def _round(obj: Any) -> Any:
     return obj
 
 
+@functools.cache
+def _field_types(tp: type) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(tp)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(tp))
+
+
 def _from_data(tp: Any, data: Any) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {f.name: _from_data(hints[f.name], data[f.name])
-                  for f in dataclasses.fields(tp) if f.name in data}
-        return tp(**kwargs)
+        return tp(**{name: _from_data(hint, data[name]) for name, hint in _field_types(tp) if name in data})
     if origin is tuple:
         args = typing.get_args(tp)
         inner = args[0] if args else Any
