@@ -1,0 +1,176 @@
+"""`dtc smoke`: execute the generated configs for real, at the scale this machine allows.
+
+    run_smoke(generated_dir, targets=..., steps=..., slurm=False, timeout_s=...) -> SmokeReport
+
+Modules:
+
+* ``scale``    plan -> SmokeSetup (pure): the reduced world, degrees, batch, model and precision,
+               with every change stated
+* ``launch``   process management: own session, three clocks, no orphans, the failing rank's error;
+               DeepSpeed's persistent JIT cache and its stale locks
+* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) and reading results back
+* ``probe``    copied into the ranks: saved-activation and optimizer-state measurements
+* ``predict``  the cost model's prediction for the same reduced model and world
+* ``slurm``    the --slurm path: the generated sbatch script, rewritten for a local cluster
+* ``report``   SmokeReport, text / JSON, smoke.json
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from compiler.errors import Diagnostic, Location, SmokeError
+from compiler.plan import Plan
+from compiler.smoke.report import SmokeReport, TargetResult, plan_sha256, write_smoke_json
+from compiler.smoke.scale import DEFAULT_STEPS, check_ds_batch, local_world, scale_plan
+
+ALL_TARGETS = ("fsdp", "deepspeed", "megatron")
+DEFAULT_TIMEOUT_S = 600.0
+
+__all__ = ["run_smoke", "load_plan", "resolve_targets", "ALL_TARGETS", "DEFAULT_TIMEOUT_S"]
+
+
+def load_plan(generated_dir: Path) -> tuple[Plan, str]:
+    path = generated_dir / "plan.json"
+    if not generated_dir.is_dir():
+        raise SmokeError(Diagnostic(summary=f"{generated_dir} is not a folder", location=Location(str(generated_dir)),
+                                    hint="pass the folder `dtc compile` wrote, e.g. generated/<name>/"))
+    try:
+        text = path.read_text(encoding="utf-8")
+        return Plan.from_json(text), text
+    except FileNotFoundError:
+        raise SmokeError(Diagnostic(summary=f"no plan.json in {generated_dir}", location=Location(str(path)),
+                                    hint="run `dtc compile SPEC` first; smoke runs a generated folder")) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SmokeError(Diagnostic(summary=f"plan.json is not a dtc plan: {exc}", location=Location(str(path)),
+                                    hint="recompile the spec")) from None
+
+
+def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], bool]:
+    """(targets to report, explicitly named?). "all": what the folder holds; a named target must exist."""
+    from compiler.smoke.targets import available_targets
+
+    present = available_targets(generated_dir)
+    if requested == "all":
+        if not present:
+            raise SmokeError(Diagnostic(summary=f"{generated_dir} holds no framework artifacts to run",
+                                        location=Location(str(generated_dir)),
+                                        hint="compile with a target: fsdp, deepspeed or megatron"))
+        return present, False
+    if requested not in present:
+        from compiler.smoke.targets import FILES
+
+        raise SmokeError(Diagnostic(
+            summary=f"{generated_dir} has no {requested} artifacts ({', '.join(FILES[requested])})",
+            location=Location(str(generated_dir)),
+            hint=f"targets present: {', '.join(present) or 'none'}; add {requested} to the spec's targets"))
+    return [requested], True
+
+
+def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
+    """Fail fast, before any launch, on artifacts that contradict the plan."""
+    import json
+
+    if "deepspeed" in targets:
+        path = generated_dir / "ds_config.json"
+        try:
+            cfg = json.loads(path.read_text())
+        except ValueError as exc:
+            raise SmokeError(Diagnostic(summary=f"ds_config.json is not valid JSON: {exc}",
+                                        location=Location(str(path)), hint="recompile the spec")) from None
+        why = check_ds_batch(cfg, plan.layout)
+        if why:
+            raise SmokeError(Diagnostic(
+                summary="ds_config.json's batch fields disagree", location=Location(str(path)),
+                detail=why + f"\nplan layout: {plan.layout.describe()}",
+                hint="DeepSpeed would refuse it (\"Check batch related parameters\"); recompile the spec "
+                     "instead of editing ds_config.json"))
+
+
+def machine_world() -> tuple[str, int, int]:
+    """(device, ranks to use, GPUs present)."""
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError as exc:
+        raise SmokeError(Diagnostic(summary=f"torch is not installed: {exc}",
+                                    hint="pip install torch (and deepspeed for the deepspeed target)")) from None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    device, ranks = local_world(cpu_count=cores, gpu_count=gpus)
+    return device, ranks, gpus
+
+
+def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DEFAULT_STEPS, slurm: bool = False,
+              timeout_s: float = DEFAULT_TIMEOUT_S, write_json: bool = True,
+              on_line: Callable[[str], None] | None = None) -> SmokeReport:
+    """Run the requested targets of a generated folder and return the report (also written to
+    ``smoke.json`` in the folder)."""
+    from compiler.smoke import targets as T
+
+    generated_dir = Path(generated_dir).resolve()
+    plan, plan_text = load_plan(generated_dir)
+    names, explicit = resolve_targets(generated_dir, target)
+    preflight(generated_dir, plan, names)
+    device, ranks, gpus = machine_world()
+    setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
+    report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
+                         plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
+    workdir = Path(tempfile.mkdtemp(prefix="dtc-smoke-"))
+    try:
+        T.install_probe(workdir)
+        ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
+                           timeout_s=timeout_s, on_line=on_line)
+        for name in names:
+            report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
+    finally:
+        if os.environ.get("DTC_SMOKE_KEEP") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+    if write_json:
+        write_smoke_json(report, generated_dir)
+    return report
+
+
+def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
+    from compiler.smoke import targets as T
+    from compiler.smoke.predict import compare, predict_memory
+    from compiler.smoke.scale import built_shape
+
+    if name == "megatron":
+        reason = T.megatron_skip_reason(ctx.plan, gpus)
+        if reason:
+            return TargetResult("megatron", "skipped", reason=reason)
+    if slurm:
+        from compiler.smoke.slurm import run_slurm_target
+
+        result = run_slurm_target(ctx, name)
+    else:
+        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed, "megatron": T.run_megatron}[name](ctx)
+    if result.status != "skipped":
+        from compiler.model import ModelShape
+
+        shape = (ModelShape.from_dict(result.model_shape) if result.model_shape
+                 else built_shape(ctx.setup.shape, name))
+        memory = predict_memory(ctx.setup, shape, name)
+        if isinstance(memory, str):
+            result.prediction_note = memory
+        else:
+            result.comparisons = compare(memory, result.ranks, host_offload=ctx.setup.device == "cpu",
+                                         gpus_per_node=ctx.setup.layout.gpus_per_node)
+            if result.ranks and all(r.grad_bytes is None for r in result.ranks):
+                result.prediction_note = ("gradients are not measured for this target: model_states compares "
+                                          "parameters + optimizer states (+ master copies) with the prediction "
+                                          "less its gradient item")
+    return result
+
+
+def _display(path: Path) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = str(path)
+    return (str(path) if rel.startswith("..") else rel) + "/"

@@ -1,0 +1,104 @@
+"""The cost model's prediction for the reduced model and world a smoke run used.
+
+A Problem for the reduced model is built the way a user would write it: a spec with the
+explicit shape, the smoke's sequence length, global batch and precision, on the plan's GPU
+type (``load_spec_text`` + ``lower``), and the smoke layout is costed with ``evaluate``.
+The comparison groups the line items the way the ranks can measure them:
+
+* ``model_states``: weights + gradients + master weights + optimizer states
+  (measured: parameter + gradient + optimizer-state bytes of the rank);
+* ``activations``: activations + logits/loss + recompute working set
+  (measured: the peak bytes autograd saved for backward);
+* ``total``: everything the allocator sees (GPU only: ``torch.cuda.max_memory_allocated``
+  against the total less the CUDA context and NCCL allowances).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from compiler.errors import DtcError
+from compiler.estimate import Estimate, MemoryBreakdown
+from compiler.model import ModelShape
+from compiler.smoke.report import Comparison, RankMeasure
+from compiler.smoke.scale import SmokeSetup
+
+STATE_ITEMS = ("weights", "gradients", "master_weights", "optimizer_states")
+ACTIVATION_ITEMS = ("activations", "logits_loss", "recompute_working_set")
+NOT_ALLOCATED = ("cuda_context", "nccl_buffers")
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def reduced_spec_text(setup: SmokeSetup, shape: ModelShape, target: str) -> str:
+    """A spec for the reduced model on the smoke world (plain YAML)."""
+    rows = [f"name: {setup.plan_name}-smoke", "model:"]
+    keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+            "vocab_size", "mlp", "norm", "position", "tied_embeddings", "attention_bias", "linear_bias")
+    for key in keys:
+        rows.append(f"  {key}: {_yaml(getattr(shape, key))}")
+    if shape.position == "learned":
+        rows.append(f"  max_position_embeddings: {max(shape.max_position_embeddings, setup.seq_len)}")
+    if shape.moe is not None:
+        rows.append("  moe:")
+        for key, value in shape.moe.__dict__.items():
+            rows.append(f"    {key}: {_yaml(value)}")
+    tokens = setup.global_batch * setup.seq_len * max(1, setup.steps)
+    rows += ["training:", f"  tokens: {tokens}", f"  sequence_length: {setup.seq_len}",
+             f"  global_batch: {setup.global_batch}", f"  precision: {setup.precision}",
+             f"  optimizer: {setup.optimizer}",
+             "cluster:", f"  gpu: {setup.gpu}", f"  num_gpus: {setup.world_size}",
+             f"  gpus_per_node: {setup.layout.gpus_per_node}", f"targets: [{target}]", ""]
+    return "\n".join(rows)
+
+
+def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryBreakdown | str:
+    """The predicted per-GPU memory breakdown of the smoke layout, or why there is none."""
+    from compiler.costmodel import evaluate
+    from compiler.problem import lower
+    from compiler.spec.load import load_spec_text
+
+    try:
+        problem = lower(load_spec_text(reduced_spec_text(setup, shape, target), f"<smoke {setup.plan_name}>"))
+        est = evaluate(problem, setup.layout)
+    except DtcError as exc:
+        return f"no prediction: {exc.diagnostics[0].summary}"
+    if not isinstance(est, Estimate):
+        return f"no prediction: the cost model rejects the smoke layout ({est.code}: {est.message})"
+    return est.memory
+
+
+def _max(values: list[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def compare(memory: MemoryBreakdown, ranks: list[RankMeasure], *, host_offload: bool = False,
+            gpus_per_node: int = 1) -> list[Comparison]:
+    """Measured (max over ranks) vs predicted, by group (a rank's ``peak_bytes`` is the allocator's
+    peak on GPU, the sum of the measured parts on CPU)."""
+    items = {i.name: i.value for i in memory.items}
+
+    def total(names: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+        used = tuple(n for n in names if n in items)
+        return int(sum(items[n] for n in used)), used
+
+    grads_measured = any(r.grad_bytes is not None for r in ranks)
+    states, state_names = total(STATE_ITEMS if grads_measured or not ranks
+                                else tuple(n for n in STATE_ITEMS if n != "gradients"))
+    acts, act_names = total(ACTIVATION_ITEMS)
+    measured_states = _max([None if r.param_bytes is None else
+                            r.param_bytes + (r.grad_bytes or 0) + (r.optimizer_bytes or 0) for r in ranks])
+    if host_offload and memory.cpu_bytes_per_node:
+        # on CPU the offloaded states live in the same memory the ranks measure
+        states += int(memory.cpu_bytes_per_node / max(1, gpus_per_node))
+        state_names += ("offloaded_to_host",)
+    out = [Comparison("model_states", measured_states, states, state_names),
+           Comparison("activations", _max([r.activation_bytes for r in ranks]), acts, act_names)]
+    allocated_names = tuple(n for n in items if n not in NOT_ALLOCATED)
+    allocated = int(sum(items[n] for n in allocated_names))
+    out.append(Comparison("total", _max([r.peak_bytes for r in ranks]), allocated, allocated_names))
+    return out

@@ -1,0 +1,261 @@
+"""`dtc smoke --slurm`: submit the generated sbatch script, rewritten for one local node, and wait.
+
+Only ``#SBATCH`` directives change (``rewrite_sbatch``): GPU requests (``--gpus*``,
+``--gres=gpu``) and ``--exclusive`` are dropped, ``--nodes=1``, ``--partition=debug`` (or
+``$SLURM_SMOKE_PARTITION``), ``--cpus-per-task`` at most the ranks (or
+``$SLURM_SMOKE_CPUS_PER_TASK``), ``--time`` from the smoke timeout, ``--no-requeue``, and the
+job's output goes to a private folder. The script body is untouched: the smoke settings
+travel in the environment the script already reads (``DTC_NPROC_PER_NODE``,
+``DTC_ARTIFACT_DIR``, and fsdp_train.py's ``DTC_SMOKE_*`` options). Where the submitting
+machine has no ``module`` command, a no-op ``module`` shell function is exported so that the
+script's ``module load`` lines do not abort a job on a cluster without environment modules.
+
+The job is polled with ``scontrol show job`` (``sacct`` once it is purged); on timeout it is
+cancelled and every process carrying the launch's marker is ended. A job that fails or is
+cancelled is reported with its SLURM state, exit code and the end of its log.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from compiler.smoke import launch as L
+from compiler.smoke.report import TargetResult
+from compiler.smoke.scale import SmokeSetup
+
+SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+SCRIPTS = {"fsdp": "train_fsdp.sbatch", "deepspeed": "train_deepspeed.sbatch", "megatron": "train_megatron.sbatch"}
+_DROP = re.compile(r"^--(gpus(-per-node|-per-task|-per-socket)?|gres=gpu.*|exclusive|requeue|no-requeue)\b")
+
+
+def _search_path(env: dict[str, str]) -> str:
+    parts = env.get("PATH", "").split(os.pathsep)
+    return os.pathsep.join([p for p in parts if p] + [d for d in SBIN_DIRS if d not in parts])
+
+
+def rewrite_sbatch(text: str, *, partition: str, cpus_per_task: int, time_limit_s: float, output_dir: Path,
+                   job_name_suffix: str = "-smoke") -> str:
+    """The script with its #SBATCH directives fitted to one local node (body unchanged)."""
+    out, placed = [], set()
+    minutes = max(1, int(time_limit_s // 60) + 1)
+    replace = {
+        "nodes": "--nodes=1",
+        "partition": f"--partition={partition}",
+        "cpus-per-task": f"--cpus-per-task={cpus_per_task}",
+        "time": f"--time={minutes}",
+        "output": f"--output={output_dir}/%x-%j.out",
+        "error": f"--error={output_dir}/%x-%j.err",
+    }
+    last_directive = -1
+    for line in text.splitlines():
+        if not line.startswith("#SBATCH "):
+            out.append(line)
+            continue
+        directive = line[len("#SBATCH "):].strip()
+        if _DROP.match(directive):
+            continue
+        key = directive[2:].split("=", 1)[0]
+        if key in replace:
+            directive = replace[key]
+            placed.add(key)
+        elif key == "job-name":
+            directive = f"{directive}{job_name_suffix}"
+        out.append(f"#SBATCH {directive}")
+        last_directive = len(out) - 1
+    extra = [f"#SBATCH {v}" for k, v in replace.items() if k not in placed] + ["#SBATCH --no-requeue"]
+    at = last_directive + 1 if last_directive >= 0 else min(1, len(out))
+    out[at:at] = extra
+    return "\n".join(out) + "\n"
+
+
+def smoke_env(setup: SmokeSetup, generated_dir: Path, base: dict[str, str]) -> dict[str, str]:
+    """The job's environment: the launch environment plus the overrides the script and
+    fsdp_train.py read (DTC_NPROC_PER_NODE, DTC_ARTIFACT_DIR, DTC_SMOKE_<OPTION>)."""
+    d = setup.degrees
+    env = dict(base)
+    env.update({
+        "DTC_NPROC_PER_NODE": str(setup.world_size),
+        "DTC_ARTIFACT_DIR": str(generated_dir),
+        "DTC_SMOKE_STEPS": str(setup.steps),
+        "DTC_SMOKE_TP": str(d.tp), "DTC_SMOKE_PP": str(d.pp), "DTC_SMOKE_CP": str(d.cp),
+        "DTC_SMOKE_DP_SHARD": str(d.dp_shard), "DTC_SMOKE_DP_REPLICATE": str(d.dp_replicate),
+        "DTC_SMOKE_VPP": str(d.vpp),
+        "DTC_SMOKE_MICRO_BATCH": str(setup.micro_batch), "DTC_SMOKE_GRAD_ACCUM": str(setup.grad_accum),
+        "DTC_SMOKE_SEQ": str(setup.seq_len), "DTC_SMOKE_DEVICE": setup.device,
+        "DTC_SMOKE_MODEL_FACTORY": "dtc_smoke_probe:fsdp_model",
+    })
+    env["PATH"] = _search_path(env)
+    if not _has_module_command(env):
+        env["BASH_FUNC_module%%"] = "() {  echo \"dtc smoke: no environment modules here; skipped: module $*\" >&2\n}"
+    for k in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) and k != "SLURM_CONF"]:
+        del env[k]
+    return env
+
+
+def _has_module_command(env: dict[str, str]) -> bool:
+    try:
+        r = subprocess.run(["bash", "-c", "command -v module || [[ -r /etc/profile.d/modules.sh ]]"],
+                           capture_output=True, env=env, timeout=10)
+        return r.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _run(argv: list[str], env: dict[str, str], *, cwd: Path | None = None, timeout: float = 30) \
+        -> subprocess.CompletedProcess:
+    exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+    return subprocess.run([exe, *argv[1:]], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def job_state(job_id: int, env: dict[str, str]) -> dict[str, str] | None:
+    r = _run(["scontrol", "show", "job", "-o", str(job_id)], env, timeout=15)
+    if r.returncode == 0 and "JobId=" in r.stdout:
+        info: dict[str, str] = {}
+        for tok in r.stdout.splitlines()[0].split():
+            key, sep, value = tok.partition("=")
+            if sep:
+                info.setdefault(key, value)
+        return info
+    for args in (["sacct", "-c"], ["sacct"]):
+        r = _run([*args, "-j", str(job_id), "-n", "-P", "-o", "JobID,State,ExitCode"], env, timeout=15)
+        for line in r.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) >= 3 and parts[0] == str(job_id):
+                return {"JobState": parts[1].split()[0], "ExitCode": parts[2]}
+    return None
+
+
+def wait_job(job_id: int, env: dict[str, str], timeout_s: float, run_id: str) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, str] = {}
+    while True:
+        info = job_state(job_id, env)
+        if info:
+            last = info
+            if info.get("JobState", "").split()[0] in FINAL_STATES:
+                return info
+        if time.monotonic() > deadline:
+            _run(["scancel", str(job_id)], env, timeout=15)
+            end = time.monotonic() + 15
+            while time.monotonic() < end:
+                info = job_state(job_id, env) or {}
+                if info.get("JobState", "") in FINAL_STATES:
+                    break
+                time.sleep(0.5)
+            L.end_processes(None, run_id)
+            return {**last, "JobState": "CANCELLED", "dtc_timeout": "1"}
+        time.sleep(0.5)
+
+
+def _drop_launcher_traceback(rows: list[str]) -> list[str]:
+    """torchrun's own traceback (run.py -> ChildFailedError) says nothing the ranks did not; keep
+    only its summary line and the "Root Cause" block that follows."""
+    out, i = [], 0
+    while i < len(rows):
+        if rows[i].startswith("Traceback (most recent call last):"):
+            j = i + 1
+            while j < len(rows) and (rows[j].startswith(" ") or not rows[j].strip()):
+                j += 1
+            frames = "\n".join(rows[i:j])
+            if "torch/distributed/run.py" in frames or "torch/distributed/launcher" in frames:
+                i = j
+                continue
+        out.append(rows[i])
+        i += 1
+    return out
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        rows = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    rows = [r for r in rows if "Warning" not in r and "warnings.warn" not in r and "pmix" not in r.lower()]
+    return "\n".join(_drop_launcher_traceback(rows)[-lines:])
+
+
+def run_slurm_target(ctx, target: str) -> TargetResult:
+    """Submit ``train_<target>.sbatch`` (rewritten) and report like a local launch."""
+    from compiler.smoke import targets as T
+
+    setup: SmokeSetup = ctx.setup
+    if target != "fsdp":
+        return TargetResult(target, "skipped", reason=(
+            f"--slurm runs the fsdp target only: the sbatch script passes the smoke overrides through the "
+            f"environment, and {'ds_train.py' if target == 'deepspeed' else 'pretrain_gpt.py'} reads no "
+            f"DTC_SMOKE_* variables"))
+    script = ctx.generated_dir / SCRIPTS[target]
+    if not script.is_file():
+        return TargetResult(target, "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
+    out_dir = ctx.workdir / "slurm"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cpus = int(os.environ.get("SLURM_SMOKE_CPUS_PER_TASK") or min(setup.world_size, os.cpu_count() or 1))
+    text = rewrite_sbatch(script.read_text(), partition=os.environ.get("SLURM_SMOKE_PARTITION") or "debug",
+                          cpus_per_task=cpus, time_limit_s=ctx.timeout_s, output_dir=out_dir)
+    job_script = out_dir / script.name
+    job_script.write_text(text)
+    run_id = uuid.uuid4().hex
+    env = smoke_env(setup, ctx.generated_dir, T.rank_env(ctx, target))
+    env[L.RUN_ID_ENV] = run_id
+    result = TargetResult(target, "failed", launched=True, command=f"sbatch {job_script}",
+                          steps_requested=setup.steps)
+    start = time.monotonic()
+    r = _run(["sbatch", "--parsable", str(job_script)], env, cwd=ctx.generated_dir)
+    m = re.match(r"\s*(\d+)", r.stdout)
+    if r.returncode != 0 or not m:
+        result.reason = f"sbatch refused the job: {(r.stderr or r.stdout).strip()}"
+        result.slurm = {"state": "NOT_SUBMITTED", "script": text}
+        return result
+    job_id = int(m.group(1))
+    info = wait_job(job_id, env, ctx.timeout_s, run_id)
+    result.wall_s = time.monotonic() - start
+    state = info.get("JobState", "?").split()[0]
+    code, _, sig = info.get("ExitCode", "0:0").partition(":")
+    out_path = Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out")
+    err_path = Path(info.get("StdErr") or out_dir / f"{_job_name(text)}-{job_id}.err")
+    lines = [re.sub(r"^\[(?:default)?\d+\]:", "", l) for l in _read_lines(out_path)]
+    summary = T.fsdp_summary(lines) or {}
+    losses, times = T.parse_steps(lines)
+    result.losses = [float(x) for x in summary.get("losses", losses)]
+    result.steps_done = int(summary.get("steps", len(losses)))
+    if summary.get("mean_step_time_s_after_first") is not None:
+        result.step_time_s = float(summary["mean_step_time_s_after_first"])
+    result.ranks = T.rank_measures(summary.get("ranks", []), T.read_probe(ctx.workdir / f"measure-{target}"),
+                                   setup.world_size, setup.device)
+    tail = "\n".join(x for x in (_tail(out_path, 15), _tail(err_path, 30)) if x)
+    result.slurm = {"job_id": job_id, "state": state, "exit_code": int(code or 0), "signal": int(sig or 0),
+                    "log_tail": tail}
+    if state != "COMPLETED":
+        why = "cancelled after the smoke timeout" if info.get("dtc_timeout") else f"ended {state}"
+        result.reason = f"SLURM job {job_id} {why} (exit {code}:{sig})"
+        result.error, result.error_tail = L.own_error(_tail(err_path, 200) + "\n" + _tail(out_path, 50))
+        return result
+    if result.steps_done < setup.steps:
+        result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
+    elif not result.loss_fell:
+        result.reason = "the loss did not fall on the learnable synthetic task"
+    elif not summary:
+        result.reason = "fsdp_train.py printed no dtc_fsdp_summary line"
+    else:
+        result.status = "passed"
+    return result
+
+
+def _job_name(text: str) -> str:
+    m = re.search(r"^#SBATCH --job-name=(\S+)", text, re.M)
+    return m.group(1) if m else "slurm"
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+

@@ -1,0 +1,349 @@
+"""`dtc smoke`: the pure parts (scaling, ds_config rewrite, sbatch rewrite, error extraction, report),
+and the helpers the launch tests share (generated folders for pinned layouts, leftover checks).
+
+The tests that launch real torchrun / DeepSpeed / SLURM processes are in test_smoke_*.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compiler.layout import Layout
+from compiler.model import ModelShape, MoEShape
+from compiler.smoke import launch as L
+from compiler.smoke.report import Comparison, RankMeasure, SmokeReport, TargetResult, format_report
+from compiler.smoke.scale import (SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan,
+                                  smoke_ds_config)
+from compiler.smoke.slurm import rewrite_sbatch
+from compiler.smoke.targets import megatron_flags
+
+# ------------------------------------------------------------------------------------------- helpers
+SPEC = """
+name: {name}
+model:
+  num_layers: 8
+  hidden_size: 512
+  ffn_hidden_size: 1408
+  num_attention_heads: 8
+  num_kv_heads: 2
+  vocab_size: 32000
+training:
+  tokens: 1B
+  sequence_length: 1024
+  global_batch: {gbs}
+  precision: {precision}
+cluster:
+  gpu: a100-80gb
+  num_gpus: {num_gpus}
+targets: [{targets}]
+slurm:
+  partition: gpu
+  time_limit: 1h
+  rdzv_port: {port}
+  modules: [cuda/12.4]
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_plan(name: str = "smoke-test", *, precision: str = "bf16", targets: str = "fsdp, deepspeed, slurm",
+              gbs: int = 32, **layout: Any):
+    """A Plan for a pinned layout, costed by the real cost model (tests/plan_fixtures.py)."""
+    from plan_fixtures import layout_for, plan_for, problem_for
+
+    dp = layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
+    world = dp * layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
+    problem = problem_for(SPEC.format(name=name, precision=precision, num_gpus=world, gbs=gbs, targets=targets,
+                                      port=free_port()))
+    return plan_for(problem, layout_for(problem, **layout))
+
+
+def make_generated(parent: Path, name: str, **kw: Any) -> Path:
+    """Render a pinned layout with the real renderers and write it like `dtc compile` does."""
+    from compiler.artifacts import write_artifacts
+    from compiler.render import render
+
+    plan = make_plan(name, **kw)
+    out = parent / name
+    write_artifacts(render(plan, targets=plan.targets), out)
+    return out
+
+
+def smoke_pids() -> list[int]:
+    """Live processes started by any smoke launch (they carry DTC_SMOKE_RUN_ID)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X"):
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(v.startswith(L.RUN_ID_ENV.encode() + b"=") for v in f.read().split(b"\0")):
+                    pids.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return pids
+
+
+def assert_no_leftovers(*, allow: set[int] = frozenset()) -> None:
+    """No child of the test process remains (except ``allow`` and their descendants, e.g. the
+    SLURM test cluster's daemons), and no process of any smoke launch."""
+    import psutil
+
+    allowed = set(allow)
+    for pid in allow:
+        try:
+            allowed.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + 5
+    while True:
+        children = [p for p in psutil.Process().children(recursive=True)
+                    if p.pid not in allowed and p.status() != psutil.STATUS_ZOMBIE]
+        marked = smoke_pids()
+        if not children and not marked:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"processes left behind: children {[(p.pid, p.name()) for p in children]}, "
+                        f"smoke-marked {marked}")
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------- world and degrees
+def _layout(**kw: Any) -> Layout:
+    values: dict[str, Any] = dict(gpu="h100-sxm", gpus_per_node=8, tp=1, pp=1, cp=1, ep=1, dp_replicate=1,
+                                  dp_shard=1, zero_stage=0, micro_batch=1, grad_accum=1)
+    values.update(kw)
+    return Layout(**values)
+
+
+def test_local_world_cpu_and_gpu():
+    assert local_world(cpu_count=2, gpu_count=0) == ("cpu", 4)
+    assert local_world(cpu_count=1, gpu_count=0) == ("cpu", 2)
+    assert local_world(cpu_count=64, gpu_count=0) == ("cpu", 4)
+    assert local_world(cpu_count=2, gpu_count=8) == ("cuda", 8)
+
+
+def test_map_degrees_keeps_dp_then_pp_then_tp():
+    lay = _layout(tp=8, pp=4, dp_shard=4, zero_stage=1, vpp=2, schedule="interleaved_1f1b", grad_accum=16)
+    degrees, changes, _ = map_degrees(lay, device="cpu", max_ranks=4)
+    assert degrees == SmokeDegrees(tp=1, pp=2, dp_shard=2, vpp=2)
+    dropped = {c.what: (c.plan, c.smoke) for c in changes}
+    assert dropped["tp"] == (8, 1) and dropped["pp"] == (4, 2) and dropped["dp_shard"] == (4, 2)
+    # 8 GPUs keep all three axes
+    degrees, _, _ = map_degrees(lay, device="cuda", max_ranks=8)
+    assert degrees == SmokeDegrees(tp=2, pp=2, dp_shard=2, vpp=2)
+
+
+def test_map_degrees_hsdp_cp_ep():
+    lay = _layout(dp_replicate=4, dp_shard=8, cp=2, ep=4, zero_stage=3)
+    degrees, changes, _ = map_degrees(lay, device="cpu", max_ranks=4)
+    assert (degrees.dp_replicate, degrees.dp_shard, degrees.cp) == (2, 2, 1)
+    whats = [c.what for c in changes]
+    assert "cp" in whats and "ep" in whats
+    assert any("CUDA" in c.why for c in changes if c.what == "cp")
+    # with two ranks the replicate axis of HSDP goes, and the report says so
+    degrees, changes, _ = map_degrees(lay, device="cpu", max_ranks=2)
+    assert (degrees.dp_replicate, degrees.dp_shard) == (1, 2)
+    assert any(c.what == "sharding" for c in changes)
+
+
+def test_map_degrees_zero0_replicates():
+    degrees, _, _ = map_degrees(_layout(dp_replicate=8, zero_stage=0), device="cpu", max_ranks=4)
+    assert (degrees.dp_replicate, degrees.dp_shard) == (2, 1)
+
+
+def test_reduce_shape_keeps_family():
+    s = ModelShape(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64, num_kv_heads=8,
+                   vocab_size=128256)
+    small = reduce_shape(s, tp=2, num_chunks=4)
+    assert small.num_layers == 4
+    assert small.num_attention_heads // small.num_kv_heads == 8  # GQA ratio
+    assert small.num_kv_heads % 2 == 0 and small.num_attention_heads % 2 == 0
+    assert small.hidden_size % small.num_attention_heads == 0 and small.kv_channels % 2 == 0
+    assert abs(small.ffn_hidden_size / small.hidden_size - 3.5) < 0.5
+    assert small.ffn_hidden_size % 16 == 0 and small.vocab_size % 2 == 0
+    mha = reduce_shape(ModelShape(32, 4096, 11008, 32, 32, 32000, mlp="gelu", norm="layernorm",
+                                  position="learned", max_position_embeddings=4096, tied_embeddings=True),
+                       tp=1, num_chunks=1)
+    assert mha.num_attention_heads == mha.num_kv_heads >= 4
+    assert (mha.mlp, mha.norm, mha.position, mha.tied_embeddings) == ("gelu", "layernorm", "learned", True)
+    moe = reduce_shape(ModelShape(32, 4096, 14336, 32, 8, 32000, moe=MoEShape(8, 2, 14336)), tp=1, num_chunks=1)
+    assert moe.moe is not None and moe.moe.num_experts == 4 and moe.moe.top_k == 2
+
+
+def test_scale_plan_1b_like():
+    plan = make_plan("scale", precision="fp16", dp_shard=16, zero_stage=2, micro_batch=32, grad_accum=64,
+                     targets="megatron, slurm", gbs=32768)
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    assert setup.world_size == 2 and setup.degrees.dp_shard == 2
+    assert (setup.micro_batch, setup.grad_accum, setup.global_batch) == (16, 8, 256)
+    assert setup.precision == "bf16" and setup.layout.zero_stage == 2
+    whats = {c.what for c in setup.changes}
+    assert {"precision", "micro_batch", "grad_accum", "num_layers", "seq_len"} <= whats
+    d = setup.to_dict()
+    assert d["global_batch"] == 256 and d["layout_tag"].startswith("t1_p1_d2_z2")
+
+
+def test_scale_plan_pipeline_microbatches():
+    plan = make_plan("pipe", targets="megatron, slurm", pp=4, dp_shard=2, zero_stage=1, grad_accum=1, micro_batch=1,
+                     gbs=2)
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    assert setup.degrees.pp == 2 and setup.grad_accum >= 2
+    assert any(c.what == "grad_accum" and "pipeline" in c.why for c in setup.changes)
+
+
+# ------------------------------------------------------------------------------------------- DeepSpeed config
+def test_smoke_ds_config_rewrites_batch_only_for_the_world():
+    plan = make_plan("dsrw", dp_shard=8, zero_stage=3, micro_batch=2, grad_accum=4, targets="deepspeed")
+    from compiler.render.deepspeed import deepspeed_context
+
+    cfg = deepspeed_context(plan)
+    assert check_ds_batch(cfg, plan.layout) is None
+    setup = scale_plan(plan, device="cpu", max_ranks=4, steps=3)
+    out, changes = smoke_ds_config(cfg, setup)
+    assert out["train_batch_size"] == 2 * 4 * 2 and out["train_micro_batch_size_per_gpu"] == 2
+    assert out["gradient_accumulation_steps"] == 4
+    assert out["zero_optimization"] == cfg["zero_optimization"]
+    assert out["optimizer"] == cfg["optimizer"]
+    assert out["scheduler"]["params"]["total_num_steps"] == 3
+    assert cfg["train_batch_size"] == 64  # the input is not modified
+    assert {c.what for c in changes} >= {"ds_config.train_batch_size"}
+
+
+def test_check_ds_batch_reports_disagreement():
+    lay = _layout(dp_shard=4, zero_stage=2, micro_batch=2, grad_accum=4)
+    why = check_ds_batch({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 2,
+                          "gradient_accumulation_steps": 4}, lay)
+    assert why and "30" in why and "32" in why
+    assert "lacks" in check_ds_batch({"train_batch_size": 32}, lay)
+
+
+# ------------------------------------------------------------------------------------------- sbatch / megatron
+SBATCH = """#!/bin/bash
+# header
+#SBATCH --job-name=run
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=128
+#SBATCH --time=3-00:00:00
+#SBATCH --partition=gpu
+#SBATCH --exclusive
+#SBATCH --output=logs/%x-%j.out
+#SBATCH --error=logs/%x-%j.err
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+
+set -euo pipefail
+srun torchrun x.py
+"""
+
+
+def test_rewrite_sbatch_only_touches_directives(tmp_path):
+    text = rewrite_sbatch(SBATCH, partition="debug", cpus_per_task=2, time_limit_s=300, output_dir=tmp_path)
+    directives = [l for l in text.splitlines() if l.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=1" in directives and "#SBATCH --partition=debug" in directives
+    assert "#SBATCH --cpus-per-task=2" in directives and "#SBATCH --time=6" in directives
+    assert "#SBATCH --job-name=run-smoke" in directives and "#SBATCH --no-requeue" in directives
+    assert f"#SBATCH --output={tmp_path}/%x-%j.out" in directives
+    assert not any("gpus" in d or "exclusive" in d or d == "#SBATCH --requeue" for d in directives)
+    body = lambda t: [l for l in t.splitlines() if not l.startswith("#SBATCH")]  # noqa: E731
+    assert body(text) == body(SBATCH)
+
+
+def test_megatron_flags_overrides():
+    plan = make_plan("mg", targets="megatron, slurm", tp=2, pp=2, dp_shard=4, zero_stage=1, micro_batch=1, grad_accum=8)
+    setup = scale_plan(plan, device="cuda", max_ranks=4)
+    flags = ["--tensor-model-parallel-size", "8", "--num-layers", "80", "--use-distributed-optimizer",
+             "--save", "ckpt", "--data-path", "/d", "--seq-length", "8192"]
+    out = megatron_flags(flags, setup)
+    assert out[out.index("--tensor-model-parallel-size") + 1] == str(setup.degrees.tp)
+    assert out[out.index("--num-layers") + 1] == str(setup.shape.num_layers)
+    assert "--save" not in out and "--data-path" not in out and "--mock-data" in out
+    assert "--use-distributed-optimizer" in out and out[out.index("--train-iters") + 1] == "4"
+
+
+# ------------------------------------------------------------------------------------------- errors, locks
+def test_own_error_picks_the_rank_error():
+    stderr = textwrap.dedent("""\
+        [rank1]: /x/warnings.py:1: FutureWarning: deprecated
+        [rank1]: Traceback (most recent call last):
+        [rank1]:   File "a.py", line 3, in <module>
+        [rank1]: ValueError: warmup_num_steps must be a positive integer, got 0
+        """)
+    error, tail = L.own_error(stderr)
+    assert error == "ValueError: warmup_num_steps must be a positive integer, got 0"
+    assert "FutureWarning" not in tail
+    assert L.own_error("fsdp_train.py: error: the device mesh pp=1 needs 4 ranks\n")[0].startswith("fsdp_train.py")
+
+
+def test_clear_stale_locks(tmp_path):
+    op = tmp_path / "cpu_adam"
+    op.mkdir()
+    lock = op / "lock"
+    lock.write_text("")
+    assert L.clear_stale_locks(tmp_path) == []  # too young: a build may have just taken it
+    old = time.time() - 120
+    os.utime(lock, (old, old))
+    assert L.clear_stale_locks(tmp_path) == [lock] and not lock.exists()
+
+
+# ------------------------------------------------------------------------------------------- report
+def test_report_text_json_and_ok():
+    plan = make_plan("rep", dp_shard=2, zero_stage=3, micro_batch=1, grad_accum=2, targets="fsdp")
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    t = TargetResult("fsdp", "passed", launched=True, steps_done=4, steps_requested=4,
+                     losses=[5.5, 5.4, 5.3, 5.2], step_time_s=0.5, wall_s=20,
+                     ranks=[RankMeasure(0, 100, 100, 200, 50, 450)],
+                     comparisons=[Comparison("model_states", 400, 500, ("weights",))])
+    skipped = TargetResult("megatron", "skipped", reason="Megatron-LM needs CUDA GPUs; none here")
+    report = SmokeReport("generated/rep/", plan.name, plan.layout.tag, "0" * 64, setup.to_dict(), [t, skipped])
+    assert report.ok
+    text = format_report(report)
+    assert "loss 5.5000 -> 5.2000" in text and "ratio x0.80" in text and "skipped" in text
+    data = json.loads(report.to_json())
+    assert data["targets"][0]["comparisons"][0]["ratio"] == 0.8 and data["counts"]["skipped"] == 1
+    report.explicit = True
+    assert not report.ok  # a named target that was skipped did not pass
+    report.explicit = False
+    report.targets = [skipped]
+    assert not report.ok  # nothing ran
+
+
+def test_cli_options_frozen():
+    from compiler.commands.smoke import smoke_command
+
+    names = sorted(o for p in smoke_command.params for o in p.opts)
+    assert names == ["--json", "--slurm", "--steps", "--target", "--timeout", "generated_dir"]
+
+
+def test_cli_refuses_before_launch(tmp_path):
+    from helpers import run_cli
+
+    r = run_cli(["smoke", str(tmp_path)], exit_code=2)
+    assert "no plan.json" in r.stderr
+    gen = make_generated(tmp_path, "bad-ds", dp_shard=2, zero_stage=2, micro_batch=2, targets="deepspeed")
+    cfg = json.loads((gen / "ds_config.json").read_text())
+    cfg["train_batch_size"] += 2
+    (gen / "ds_config.json").write_text(json.dumps(cfg))
+    t0 = time.monotonic()
+    r = run_cli(["smoke", str(gen), "--target", "deepspeed"], exit_code=2)
+    assert "batch fields disagree" in r.stderr and "train_batch_size" in r.stderr
+    assert time.monotonic() - t0 < 20
+    r = run_cli(["smoke", str(gen), "--target", "fsdp"], exit_code=2)
+    assert "no fsdp artifacts" in r.stderr
