@@ -3,7 +3,8 @@
 The context (``deepspeed_context``) is checked as data per layout. Then every generated
 config goes through DeepSpeed 0.19.8's own DeepSpeedConfig in ONE subprocess
 (tools/validators/deepspeed_check.py --batch) at the plan's real data-parallel size, and
-the generated ds_train.py runs for real once: torchrun, 2 CPU processes (gloo), ZeRO-2 bf16.
+the generated ds_train.py's config handling and lr-schedule alignment run in one subprocess against
+DeepSpeed's own classes, and the script runs for real once: torchrun, 2 CPU processes (gloo), ZeRO-2 bf16.
 """
 from __future__ import annotations
 
@@ -246,25 +247,160 @@ def test_deepspeed_accepts_every_config(matrix: dict[str, Plan], tmp_path: Path)
     assert len(results) == len(jobs)
 
 
+# ------------------------------------------------------------------------------ ds_train.py's logic, in-process
+# One subprocess (DeepSpeed's import costs seconds): the generated ds_train.py imported as a module,
+# DeepSpeed's own WarmupCosineLR and DeepSpeedConfig; prints the results as JSON.
+SCRIPT_LOGIC = r"""
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import ds_train as T
+import torch
+import deepspeed.runtime.config as dsc
+from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+dsc.dist.get_rank = lambda group=None: 0  # DeepSpeedConfig outside a process group
+cfg = json.load(open(sys.argv[2]))
+params = cfg["scheduler"]["params"]
+out = {}
+
+def schedule(align):
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg["optimizer"]["params"]["lr"])
+    sched = WarmupCosineLR(opt, **params)
+    if align:
+        T.align_lr_schedule(sched)
+    lrs = []
+    for _ in range(params["total_num_steps"]):  # what the engine does: the optimizer step, then the schedule
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+    return lrs
+
+out["default_lrs"] = schedule(False)[:3]
+out["aligned_lrs"] = schedule(True)
+
+def adapt(world, on_cpu=False, **kw):
+    args = dict(tp=None, pp=None, dp_shard=None, micro_batch=None, grad_accum=None, allow_resize=False,
+                cpu_optimizer="torch", steps=params["total_num_steps"], config="ds_config.json")
+    args.update(kw)
+    c, changes = T.adapt_config(json.loads(json.dumps(cfg)), types.SimpleNamespace(**args), world, on_cpu)
+    try:
+        T.check_config(c, world, "ds_config.json")
+        refused = None
+    except SystemExit as exc:
+        refused = str(exc)
+    return {"changes": {ch["key"]: ch["to"] for ch in changes}, "refused": refused, "cfg": c}
+
+out["plan_world"] = adapt(2)
+out["smaller_world"] = adapt(1)
+out["smaller_world_resized"] = adapt(1, allow_resize=True)
+fitted = dict(cfg, train_batch_size=cfg["train_batch_size"] // 2)
+cfg, saved = fitted, cfg
+out["config_for_the_world"] = adapt(1)
+cfg = saved
+out["micro_batch"] = adapt(2, micro_batch=2 * cfg["train_micro_batch_size_per_gpu"])
+out["short_run"] = adapt(2, steps=10)
+out["cpu"] = adapt(2, on_cpu=True)
+out["cpu_deepspeed_optimizer"] = adapt(2, on_cpu=True, cpu_optimizer="deepspeed")
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def script_logic(tmp_path_factory) -> dict[str, Any]:
+    """ds_train.py of a 2-GPU fp16 ZeRO-1 plan (7813 steps, 79 warm-up steps), exercised in one subprocess."""
+    directory = tmp_path_factory.mktemp("ds_logic")
+    files = render_deepspeed(plan(problem_for(TINY_SPEC.format(precision="fp16")), dp_shard=2, zero_stage=1,
+                                  micro_batch=1, grad_accum=2))
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    (directory / "logic.py").write_text(SCRIPT_LOGIC)
+    proc = subprocess.run([sys.executable, "logic.py", str(directory), str(directory / "ds_config.json")],
+                          cwd=directory, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    data["config"] = json.loads(files["ds_config.json"])
+    return data
+
+
+def test_first_optimizer_step_learns(script_logic: dict[str, Any]) -> None:
+    """DeepSpeed's WarmupCosineLR (last_batch_iteration -1) runs the first two steps at lr 0; ds_train.py moves
+    it to iteration 1: step k runs at peak x k / warmup, the peak is reached, the run ends at the floor."""
+    params = script_logic["config"]["scheduler"]["params"]
+    peak = script_logic["config"]["optimizer"]["params"]["lr"]
+    assert params["warmup_min_ratio"] == 0.0 and params["warmup_num_steps"] >= 2
+    assert script_logic["default_lrs"][:2] == [0.0, 0.0], "DeepSpeed changed WarmupCosineLR's start"
+    lrs, warmup = script_logic["aligned_lrs"], params["warmup_num_steps"]
+    assert len(lrs) == params["total_num_steps"]
+    for k in (1, 2, warmup - 1):
+        assert lrs[k - 1] == pytest.approx(peak * k / warmup), k
+    assert all(a < b for a, b in zip(lrs[:warmup - 1], lrs[1:warmup])), "warm-up rises"
+    assert max(lrs) == pytest.approx(peak, rel=1e-3)
+    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1:])), "cosine decays"
+    assert lrs[-1] == pytest.approx(peak * params["cos_min_ratio"])
+
+
+def test_batch_fields_are_rewritten_only_when_needed_and_allowed(script_logic: dict[str, Any]) -> None:
+    tbs = script_logic["config"]["train_batch_size"]
+    plan_world = script_logic["plan_world"]
+    assert plan_world["refused"] is None and "train_batch_size" not in plan_world["changes"]
+    # a wrong config (here: the plan's, on half the world) fails fast, with DeepSpeed's own message
+    smaller = script_logic["smaller_world"]
+    assert "train_batch_size" not in smaller["changes"]
+    assert "Check batch related parameters" in smaller["refused"] and "--allow-resize" in smaller["refused"]
+    resized = script_logic["smaller_world_resized"]
+    assert resized["refused"] is None and resized["changes"]["train_batch_size"] == tbs // 2
+    # a config whose identity holds for the launched world is used as it is, --allow-resize or not
+    fitted = script_logic["config_for_the_world"]
+    assert fitted["refused"] is None and fitted["changes"] == {}
+    micro = script_logic["micro_batch"]
+    assert micro["refused"] is None and micro["changes"]["train_batch_size"] == 2 * tbs
+
+
+def test_cpu_and_short_run_adjustments(script_logic: dict[str, Any]) -> None:
+    short = script_logic["short_run"]["changes"]
+    assert short["scheduler.params.total_num_steps"] == 10 and short["scheduler.params.warmup_num_steps"] == 1
+    cpu = script_logic["cpu"]
+    assert cpu["changes"]["fp16.enabled"] is False and cpu["changes"]["bf16.enabled"] is True
+    assert cpu["changes"]["optimizer.params.torch_adam"] is True and cpu["refused"] is None
+    own = script_logic["cpu_deepspeed_optimizer"]["changes"]
+    assert "optimizer.params.torch_adam" not in own and own["bf16.enabled"] is True
+    assert script_logic["plan_world"]["changes"] == {}  # on GPUs nothing changes
+
+
 def test_ds_train_runs_on_cpu_with_torchrun(tmp_path: Path) -> None:
-    """The generated script trains for real: 2 processes, gloo, ZeRO-2 bf16, 2 steps, no JIT builds."""
+    """The generated script trains for real: 2 processes, gloo, ZeRO-2 bf16, 4 steps, no JIT builds;
+    the loss falls on the fixed learnable batch and the summary line measures every rank."""
     problem = problem_for(TINY_SPEC.format(precision="bf16"))
     files = render_deepspeed(plan(problem, dp_shard=2, zero_stage=2))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     ext = tmp_path / "torch_extensions"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "DTC_SMOKE_STEPS": "4", "DTC_SMOKE_KV_HEADS": "1"}  # options from the environment too
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "ds_train.py", "--steps", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           "ds_train.py", "--ffn", "96"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=240)
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     steps = [line for line in proc.stdout.splitlines() if line.startswith("[ds_train] step ")]
-    assert [line.split()[2] for line in steps] == ["1/2", "2/2"], out[-3000:]
-    for line in steps:
-        loss = float(line.split(" loss ")[1].split()[0])
-        assert 0.0 < loss < 10.0, line
+    assert [line.split()[2] for line in steps] == ["1/4", "2/4", "3/4", "4/4"], out[-3000:]
+    lrs = [float(line.split(" lr ")[1].split()[0]) for line in steps]
+    assert lrs[0] > 0, "the first optimizer step ran at lr 0"
+    summaries = [json.loads(line) for line in proc.stdout.splitlines() if "dtc_deepspeed_summary" in line]
+    assert len(summaries) == 1, out[-3000:]
+    summary = summaries[0]
+    assert summary["steps"] == 4 and summary["last_loss"] < summary["first_loss"]
+    assert summary["losses"] == sorted(summary["losses"], reverse=True), "the fixed batch's loss falls every step"
+    assert summary["model"]["num_kv_heads"] == 1 and summary["model"]["ffn_hidden_size"] == 96
+    assert summary["zero_stage"] == 2 and summary["precision"] == "bf16" and summary["optimizer"] == "AdamW"
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+    full_bf16 = summary["num_params"] * 2
+    for r in summary["ranks"]:  # ZeRO-2: full bf16 weights, gradients and fp32 states partitioned over 2
+        assert r["param_bytes"] == full_bf16, r
+        assert 0.4 * full_bf16 < r["grad_bytes"] < 1.2 * full_bf16, r
+        assert r["master_bytes"] == pytest.approx(full_bf16, rel=0.05), r  # fp32 half
+        assert r["optimizer_bytes"] == pytest.approx(2 * full_bf16, rel=0.05), r  # Adam: 2 fp32 halves
+        assert r["saved_activation_bytes"] > 0 and r["peak_memory_bytes"] > 0, r
     assert not ext.exists() or not any(ext.rglob("*.so")), "a DeepSpeed op was JIT-compiled on CPU"
     print(f"ds_train.py torchrun x2: {elapsed:.1f}s")

@@ -246,6 +246,25 @@ def test_train_entry_rejects_wrong_world_size(tmp_path: Path) -> None:
     assert "needs 4 ranks, but WORLD_SIZE is 1" in proc.stderr
 
 
+def test_train_entry_measures_saved_activations_with_a_dtype_override(tmp_path: Path) -> None:
+    """One process (a world of one, mesh overridden from the environment): a selective-recompute fp16 plan
+    run as fp32; the summary counts the saved activations, the selective-checkpoint cache included."""
+    pytest.importorskip("torch")
+    problem = problem_for(TINY_SPEC.replace("learning_rate: 0.001", "learning_rate: 0.001\n  precision: fp16"))
+    directory = _write(plan_for(problem, layout_for(problem, tp=2, dp_shard=2, zero_stage=3, recompute="selective"),
+                                real_estimate=False), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", DTC_SMOKE_TP="1", DTC_SMOKE_DP_SHARD="1", DTC_SMOKE_PARAM_DTYPE="fp32")
+    proc = subprocess.run([sys.executable, "fsdp_train.py", "--steps", "2", "--micro-batch", "2"], cwd=directory,
+                          env=env, capture_output=True, text=True, timeout=180)
+    summary = _summary(proc, 2)
+    assert summary["param_dtype"] == "float32" and summary["ac_mode"] == "selective"
+    assert summary["sac_cache_counted"] is True
+    rank = summary["ranks"][0]
+    # at least the logits (micro 2 x seq 32 x vocab 256, fp32) and each block's cached matmul outputs
+    assert rank["saved_activation_bytes"] > 2 * 32 * 256 * 4, rank
+
+
 # ------------------------------------------------------------------------------ torchrun, 4 CPU processes
 def _torchrun(directory: Path, nproc: int, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -290,6 +309,7 @@ def test_torchrun_tp2_dp_shard2(tmp_path: Path) -> None:
     for r in ranks:  # each rank holds about a quarter: tp halves, then dp_shard halves
         assert 0.2 * full_bytes < r["param_bytes"] < 0.3 * full_bytes, r
         assert r["optimizer_bytes"] == pytest.approx(2 * r["param_bytes"], rel=0.01)  # AdamW: 2 states
+        assert r["saved_activation_bytes"] > 0, r
 
 
 @pytest.mark.slow

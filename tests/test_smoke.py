@@ -18,10 +18,9 @@ from compiler.layout import Layout
 from compiler.model import ModelShape, MoEShape
 from compiler.smoke import launch as L
 from compiler.smoke.report import Comparison, RankMeasure, SmokeReport, TargetResult, format_report
-from compiler.smoke.scale import (SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan,
-                                  smoke_ds_config)
-from compiler.smoke.slurm import rewrite_sbatch
-from compiler.smoke.targets import megatron_flags
+from compiler.smoke.scale import SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan
+from compiler.smoke.slurm import rewrite_sbatch, smoke_env
+from compiler.smoke.targets import as_argv, as_env, megatron_flags, smoke_options
 
 # ------------------------------------------------------------------------------------------- helpers
 SPEC = """
@@ -208,21 +207,32 @@ def test_scale_plan_pipeline_microbatches():
 
 
 # ------------------------------------------------------------------------------------------- DeepSpeed config
-def test_smoke_ds_config_rewrites_batch_only_for_the_world():
-    plan = make_plan("dsrw", dp_shard=8, zero_stage=3, micro_batch=2, grad_accum=4, targets="deepspeed")
-    from compiler.render.deepspeed import deepspeed_context
-
-    cfg = deepspeed_context(plan)
-    assert check_ds_batch(cfg, plan.layout) is None
+def test_smoke_options_are_the_scripts_own_options():
+    """One set of options per target: on the command line locally, as DTC_SMOKE_<OPTION> for --slurm."""
+    plan = make_plan("opts", precision="fp16", dp_shard=8, zero_stage=3, micro_batch=2, grad_accum=4,
+                     targets="fsdp, deepspeed, slurm")
     setup = scale_plan(plan, device="cpu", max_ranks=4, steps=3)
-    out, changes = smoke_ds_config(cfg, setup)
-    assert out["train_batch_size"] == 2 * 4 * 2 and out["train_micro_batch_size_per_gpu"] == 2
-    assert out["gradient_accumulation_steps"] == 4
-    assert out["zero_optimization"] == cfg["zero_optimization"]
-    assert out["optimizer"] == cfg["optimizer"]
-    assert out["scheduler"]["params"]["total_num_steps"] == 3
-    assert cfg["train_batch_size"] == 64  # the input is not modified
-    assert {c.what for c in changes} >= {"ds_config.train_batch_size"}
+    s = setup.shape
+    ds = smoke_options(setup, "deepspeed")
+    assert ds["--steps"] == "3" and ds["--micro-batch"] == "2" and ds["--grad-accum"] == "4"
+    assert "--allow-resize" in ds and ds["--allow-resize"] is None  # the world is smaller than the plan's
+    assert (ds["--tp"], ds["--pp"], ds["--dp-shard"]) == ("1", "1", "2")
+    assert (ds["--heads"], ds["--kv-heads"], ds["--ffn"]) == tuple(
+        str(v) for v in (s.num_attention_heads, s.num_kv_heads, s.ffn_hidden_size))
+    assert ds["--seq-len"] == str(setup.seq_len) and "--config" not in ds  # the generated ds_config.json
+    argv = as_argv(ds)
+    assert argv[argv.index("--allow-resize") + 1].startswith("--")
+    env = as_env(ds)
+    assert env["DTC_SMOKE_ALLOW_RESIZE"] == "1" and env["DTC_SMOKE_KV_HEADS"] == str(s.num_kv_heads)
+    assert env["DTC_SMOKE_SEQ_LEN"] == str(setup.seq_len)
+    fsdp = smoke_options(setup, "fsdp")
+    assert fsdp["--param-dtype"] == "bf16"  # fp16 cannot run on CPU
+    assert fsdp["--seq"] == str(setup.seq_len) and fsdp["--device"] == "cpu" and fsdp["--dp-shard"] == "2"
+    assert "--model-factory" not in fsdp
+    job = smoke_env(setup, Path("/gen"), {"PATH": "/usr/bin"}, "deepspeed")
+    assert job["DTC_NPROC_PER_NODE"] == "2" and job["DTC_SMOKE_MICRO_BATCH"] == "2"
+    assert job["DTC_SMOKE_ALLOW_RESIZE"] == "1" and "DTC_SMOKE_PARAM_DTYPE" not in job
+    assert smoke_env(setup, Path("/gen"), {"PATH": "/usr/bin"}, "fsdp")["DTC_SMOKE_PARAM_DTYPE"] == "bf16"
 
 
 def test_check_ds_batch_reports_disagreement():

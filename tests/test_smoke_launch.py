@@ -165,7 +165,6 @@ def test_mesh_that_differs_from_the_world_fails_fast(gen, tmp_path):
                             targets="fsdp, slurm")
     plan, _ = load_plan(folder)
     setup = dataclasses.replace(scale_plan(plan, device="cpu", max_ranks=2), world_size=1)
-    T.install_probe(tmp_path)
     ctx = T.RunContext(generated_dir=folder, plan=plan, setup=setup, workdir=tmp_path, timeout_s=120)
     t0 = time.monotonic()
     result = T.run_fsdp(ctx)

@@ -1,8 +1,9 @@
 """`dtc smoke --slurm` against a real one-node SLURM cluster (tests/slurm_cluster.py).
 
-The generated train_fsdp.sbatch of a tiny plan (its #SBATCH lines rewritten for the local
-node, its `module load` line neutralised) is submitted, waited for and reported like a local
-launch. Needs slurm-wlm, munge and root: without them this FAILS (it does not skip).
+The generated train_fsdp.sbatch and train_deepspeed.sbatch of tiny plans (their #SBATCH lines
+rewritten for the local node, their `module load` line neutralised, the smoke options in the
+environment) are submitted, waited for and reported like a local launch. Needs slurm-wlm,
+munge and root: without them this FAILS (it does not skip).
 """
 from __future__ import annotations
 
@@ -54,6 +55,25 @@ def test_smoke_slurm_fsdp(cluster, tmp_path):
     assert len(t.ranks) == 2 and all(r.param_bytes for r in t.ranks)
     assert "skipped: module load" in t.slurm["log_tail"]  # the spec's `module load` was neutralised
     assert not cluster.run(["squeue", "-h"]).stdout.strip()
+    assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
+
+
+def test_smoke_slurm_deepspeed(cluster, tmp_path):
+    """train_deepspeed.sbatch passes only --config: ds_train.py takes the smoke's options from DTC_SMOKE_*."""
+    from compiler.smoke import run_smoke
+    from compiler.smoke.report import format_report
+
+    folder = make_generated(tmp_path, "slurm-ds", dp_shard=4, zero_stage=2, micro_batch=1, grad_accum=2,
+                            targets="deepspeed, slurm")
+    t0 = time.monotonic()
+    report = run_smoke(folder, target="deepspeed", slurm=True, timeout_s=240)
+    print(f"slurm deepspeed smoke: {time.monotonic() - t0:.1f}s\n{format_report(report)}")
+    t = report.targets[0]
+    assert report.ok, f"{t.reason}\n{(t.slurm or {}).get('log_tail')}"
+    assert t.slurm["state"] == "COMPLETED" and t.steps_done == 4 and t.last_loss < t.first_loss
+    assert len(t.ranks) == 2 and all(r.param_bytes and r.grad_bytes and r.activation_bytes for r in t.ranks)
+    changes = {c["what"]: c["smoke"] for c in t.changes}
+    assert changes["ds_config.train_batch_size"] == 1 * 2 * 2  # the plan's 8, resized for 2 ranks by the env
     assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
 
 

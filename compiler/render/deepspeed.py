@@ -231,7 +231,14 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
 
 
 def _scheduler(plan: Plan) -> dict[str, Any]:
-    """Linear warm-up to the peak lr, then cosine decay to min_learning_rate at the last step."""
+    """Linear warm-up to the peak lr, then cosine decay to min_learning_rate at the last step.
+
+    DeepSpeed 0.19.8's WarmupCosineLR starts at last_batch_iteration -1 (lr 0) and is stepped after
+    each optimizer step, so optimizer step k runs at iteration k-2. No config value fixes the start
+    (last_batch_iteration >= 0 skips the initial lr update: step 1 would run at the full peak), so
+    ds_train.py moves the fresh schedule to iteration 1 (``align_lr_schedule``): step k runs at
+    peak x k / warmup_num_steps, as Megatron and fsdp_train.py count.
+    """
     warmup, total = lr_schedule_steps(plan)
     lr = float(plan.training["learning_rate"])
     return {"type": "WarmupCosineLR", "params": {

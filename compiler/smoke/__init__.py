@@ -8,8 +8,8 @@ Modules:
                with every change stated
 * ``launch``   process management: own session, three clocks, no orphans, the failing rank's error;
                DeepSpeed's persistent JIT cache and its stale locks
-* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) and reading results back
-* ``probe``    copied into the ranks: saved-activation and optimizer-state measurements
+* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) with the scripts' own
+               options, and reading back their summaries (losses, per-rank memory)
 * ``predict``  the cost model's prediction for the same reduced model and world
 * ``slurm``    the --slurm path: the generated sbatch script, rewritten for a local cluster
 * ``report``   SmokeReport, text / JSON, smoke.json
@@ -122,7 +122,6 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
                          plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
     workdir = Path(tempfile.mkdtemp(prefix="dtc-smoke-"))
     try:
-        T.install_probe(workdir)
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
                            timeout_s=timeout_s, on_line=on_line)
         for name in names:

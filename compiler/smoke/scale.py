@@ -362,55 +362,6 @@ def _schedule(lay: Layout, degrees: SmokeDegrees) -> str:
 
 
 # ------------------------------------------------------------------------------------------- DeepSpeed
-def ds_dp_size(degrees: SmokeDegrees) -> int:
-    """The world DeepSpeed 0.19.8's batch identity divides by (compiler.render.deepspeed.deepspeed_dp_size):
-    dp x tp under AutoTP (no mpu), dp for the pipeline engine and plain data parallel."""
-    return degrees.dp * degrees.tp if degrees.tp > 1 else degrees.dp
-
-
-def smoke_ds_config(cfg: Mapping[str, Any], setup: SmokeSetup) -> tuple[dict[str, Any], list[Change]]:
-    """The generated ds_config with the batch fields (and the degrees it carries) rewritten for the
-    smaller world; the lr schedule is fitted to the smoke's steps. Nothing else changes."""
-    out = _deep_copy(cfg)
-    changes: list[Change] = []
-    d = setup.degrees
-
-    def put(path: tuple[str, ...], value: Any, why: str) -> None:
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        old = node.get(path[-1])
-        if old != value:
-            node[path[-1]] = value
-            changes.append(Change("ds_config." + ".".join(path), old, value, why))
-
-    put(("train_micro_batch_size_per_gpu",), setup.micro_batch, "the smoke micro-batch")
-    put(("gradient_accumulation_steps",), setup.grad_accum, "the smoke accumulation")
-    put(("train_batch_size",), setup.micro_batch * setup.grad_accum * ds_dp_size(d),
-        f"micro x accum x {ds_dp_size(d)} (the smaller world)")
-    if "pipeline" in out:
-        put(("pipeline", "stages"), d.pp, "the smoke pipeline degree")
-    if "tensor_parallel" in out or d.tp > 1:
-        put(("tensor_parallel", "autotp_size"), d.tp, "the smoke tensor-parallel degree")
-    zero = out.get("zero_optimization", {})
-    if "zero_hpz_partition_size" in zero:
-        put(("zero_optimization", "zero_hpz_partition_size"), d.dp_shard, "the smoke shard group")
-    if setup.precision != setup.plan_precision:
-        put(("fp16", "enabled"), setup.precision == "fp16", f"{setup.plan_precision} -> {setup.precision}")
-        put(("bf16", "enabled"), setup.precision == "bf16", f"{setup.plan_precision} -> {setup.precision}")
-    sched = out.get("scheduler")
-    if isinstance(sched, dict) and sched.get("type") == "WarmupCosineLR":
-        # The plan's warm-up spans hundreds of steps (lr ~ 0 for a smoke run); DeepSpeed also starts
-        # at lr 0 when last_batch_iteration is -1. Start at the peak and decay over the smoke's steps.
-        sched.setdefault("params", {})
-        why = "lr schedule fitted to the smoke's steps (no warm-up)"
-        put(("scheduler", "params", "total_num_steps"), setup.steps, why)
-        put(("scheduler", "params", "warmup_num_steps"), 1, why)
-        put(("scheduler", "params", "warmup_min_ratio"), 1.0, why)
-        put(("scheduler", "params", "last_batch_iteration"), 0, why)
-    return out, changes
-
-
 def check_ds_batch(cfg: Mapping[str, Any], layout: Layout) -> str | None:
     """Why the generated ds_config's batch fields disagree with the plan's layout (None if they agree)."""
     try:
@@ -427,11 +378,3 @@ def check_ds_batch(cfg: Mapping[str, Any], layout: Layout) -> str | None:
         return (f"micro-batch {mbs} / accumulation {gas} differ from the plan's layout "
                 f"({layout.micro_batch} / {layout.grad_accum})")
     return None
-
-
-def _deep_copy(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {k: _deep_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_deep_copy(v) for v in obj]
-    return obj

@@ -6,7 +6,9 @@ Only ``#SBATCH`` directives change (``rewrite_sbatch``): GPU requests (``--gpus*
 ``$SLURM_SMOKE_CPUS_PER_TASK``), ``--time`` from the smoke timeout, ``--no-requeue``, and the
 job's output goes to a private folder. The script body is untouched: the smoke settings
 travel in the environment the script already reads (``DTC_NPROC_PER_NODE``,
-``DTC_ARTIFACT_DIR``, and fsdp_train.py's ``DTC_SMOKE_*`` options). Where the submitting
+``DTC_ARTIFACT_DIR``) and the entry point reads (fsdp_train.py's and ds_train.py's options as
+``DTC_SMOKE_<OPTION>``, the same options a local smoke run passes on the command line; the
+sbatch script's own ``--config`` still wins for ds_train.py). Where the submitting
 machine has no ``module`` command, a no-op ``module`` shell function is exported so that the
 script's ``module load`` lines do not abort a job on a cluster without environment modules.
 
@@ -75,22 +77,14 @@ def rewrite_sbatch(text: str, *, partition: str, cpus_per_task: int, time_limit_
     return "\n".join(out) + "\n"
 
 
-def smoke_env(setup: SmokeSetup, generated_dir: Path, base: dict[str, str]) -> dict[str, str]:
-    """The job's environment: the launch environment plus the overrides the script and
-    fsdp_train.py read (DTC_NPROC_PER_NODE, DTC_ARTIFACT_DIR, DTC_SMOKE_<OPTION>)."""
-    d = setup.degrees
+def smoke_env(setup: SmokeSetup, generated_dir: Path, base: dict[str, str], target: str = "fsdp") -> dict[str, str]:
+    """The job's environment: the launch environment plus the overrides the script reads
+    (DTC_NPROC_PER_NODE, DTC_ARTIFACT_DIR) and the entry point's smoke options as DTC_SMOKE_<OPTION>."""
+    from compiler.smoke.targets import as_env, smoke_options
+
     env = dict(base)
-    env.update({
-        "DTC_NPROC_PER_NODE": str(setup.world_size),
-        "DTC_ARTIFACT_DIR": str(generated_dir),
-        "DTC_SMOKE_STEPS": str(setup.steps),
-        "DTC_SMOKE_TP": str(d.tp), "DTC_SMOKE_PP": str(d.pp), "DTC_SMOKE_CP": str(d.cp),
-        "DTC_SMOKE_DP_SHARD": str(d.dp_shard), "DTC_SMOKE_DP_REPLICATE": str(d.dp_replicate),
-        "DTC_SMOKE_VPP": str(d.vpp),
-        "DTC_SMOKE_MICRO_BATCH": str(setup.micro_batch), "DTC_SMOKE_GRAD_ACCUM": str(setup.grad_accum),
-        "DTC_SMOKE_SEQ": str(setup.seq_len), "DTC_SMOKE_DEVICE": setup.device,
-        "DTC_SMOKE_MODEL_FACTORY": "dtc_smoke_probe:fsdp_model",
-    })
+    env.update({"DTC_NPROC_PER_NODE": str(setup.world_size), "DTC_ARTIFACT_DIR": str(generated_dir)})
+    env.update(as_env(smoke_options(setup, target)))
     env["PATH"] = _search_path(env)
     if not _has_module_command(env):
         env["BASH_FUNC_module%%"] = "() {  echo \"dtc smoke: no environment modules here; skipped: module $*\" >&2\n}"
@@ -186,11 +180,10 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup
-    if target != "fsdp":
+    if target not in T.ENTRY:
         return TargetResult(target, "skipped", reason=(
-            f"--slurm runs the fsdp target only: the sbatch script passes the smoke overrides through the "
-            f"environment, and {'ds_train.py' if target == 'deepspeed' else 'pretrain_gpt.py'} reads no "
-            f"DTC_SMOKE_* variables"))
+            "--slurm runs the fsdp and deepspeed targets: the sbatch script passes the smoke overrides through "
+            "the environment, and pretrain_gpt.py reads no DTC_SMOKE_* variables"))
     script = ctx.generated_dir / SCRIPTS[target]
     if not script.is_file():
         return TargetResult(target, "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
@@ -201,8 +194,10 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
                           cpus_per_task=cpus, time_limit_s=ctx.timeout_s, output_dir=out_dir)
     job_script = out_dir / script.name
     job_script.write_text(text)
+    if target == "deepspeed":
+        L.clear_stale_locks(L.extensions_dir())
     run_id = uuid.uuid4().hex
-    env = smoke_env(setup, ctx.generated_dir, T.rank_env(ctx, target))
+    env = smoke_env(setup, ctx.generated_dir, T.rank_env(ctx, target), target)
     env[L.RUN_ID_ENV] = run_id
     result = TargetResult(target, "failed", launched=True, command=f"sbatch {job_script}",
                           steps_requested=setup.steps)
@@ -221,14 +216,8 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     out_path = Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out")
     err_path = Path(info.get("StdErr") or out_dir / f"{_job_name(text)}-{job_id}.err")
     lines = [re.sub(r"^\[(?:default)?\d+\]:", "", l) for l in _read_lines(out_path)]
-    summary = T.fsdp_summary(lines) or {}
-    losses, times = T.parse_steps(lines)
-    result.losses = [float(x) for x in summary.get("losses", losses)]
-    result.steps_done = int(summary.get("steps", len(losses)))
-    if summary.get("mean_step_time_s_after_first") is not None:
-        result.step_time_s = float(summary["mean_step_time_s_after_first"])
-    result.ranks = T.rank_measures(summary.get("ranks", []), T.read_probe(ctx.workdir / f"measure-{target}"),
-                                   setup.world_size, setup.device)
+    summary = T.read_result(result, lines, setup)
+    T.target_notes(result, setup, summary)
     tail = "\n".join(x for x in (_tail(out_path, 15), _tail(err_path, 30)) if x)
     result.slurm = {"job_id": job_id, "state": state, "exit_code": int(code or 0), "signal": int(sig or 0),
                     "log_tail": tail}
@@ -242,7 +231,7 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     elif not result.loss_fell:
         result.reason = "the loss did not fall on the learnable synthetic task"
     elif not summary:
-        result.reason = "fsdp_train.py printed no dtc_fsdp_summary line"
+        result.reason = f"{T.ENTRY[target]} printed no {T.SUMMARY_KEY[target]} line"
     else:
         result.status = "passed"
     return result

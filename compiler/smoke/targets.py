@@ -1,12 +1,20 @@
 """One smoke launch per target: the command line, the environment, and reading back what the ranks did.
 
+Both generated entry points take every smoke setting as an option of their own (the same
+options come through the environment as ``DTC_SMOKE_<OPTION>`` for ``--slurm``, see
+``smoke_env``), and both end with one JSON summary line that carries the losses and the
+per-rank memory (parameters, gradients, optimizer states and master copies, saved
+activations, peak):
+
 * fsdp: ``torchrun fsdp_train.py`` with the mesh overrides (--tp/--pp/--dp-shard/...), the smoke
-  batch and the reduced reference model (``fsdp_config.Transformer`` through the probe's model
-  factory, so saved activations are measured); its final JSON line (``dtc_fsdp_summary``) gives
-  the losses and per-rank parameter / gradient / optimizer bytes.
-* deepspeed: ``torchrun ds_train.py --config <smoke ds_config>`` (the generated ds_config with
-  the batch fields rewritten for the smaller world), the reduced built-in model, and a fixed
-  learnable batch; losses come from its step lines, memory from the probe.
+  batch, the reduced reference model (--layers/--hidden/--heads/--kv-heads/--ffn/--vocab/--seq)
+  and, where the plan's dtype cannot run here (fp16 on CPU), --param-dtype; summary
+  ``dtc_fsdp_summary``.
+* deepspeed: ``torchrun ds_train.py`` on the generated ds_config.json with the smoke batch
+  (--micro-batch/--grad-accum, --allow-resize for the smaller world), degrees (--tp/--pp/
+  --dp-shard) and reduced built-in model; ds_train.py itself maps fp16 to bf16 and uses torch's
+  AdamW on CPU and fits the lr schedule to --steps, and lists each config change in its summary
+  ``dtc_deepspeed_summary``.
 * megatron: ``torchrun pretrain_gpt.py`` with megatron_args.sh's flags and the smoke overrides,
   only where GPUs and Megatron-LM are present; otherwise skipped with the reason.
 """
@@ -17,22 +25,21 @@ import math
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from compiler.model import ModelShape
 from compiler.plan import Plan
 from compiler.smoke import launch as L
 from compiler.smoke.report import RankMeasure, TargetResult
-from compiler.smoke.scale import SmokeSetup, built_shape, smoke_ds_config
+from compiler.smoke.scale import SmokeSetup, built_shape
 
-PROBE_MODULE = "dtc_smoke_probe"
 FILES = {"fsdp": ("fsdp_train.py", "fsdp_config.py"), "deepspeed": ("ds_train.py", "ds_config.json"),
          "megatron": ("megatron_args.sh",)}
+ENTRY = {"fsdp": "fsdp_train.py", "deepspeed": "ds_train.py"}
+SUMMARY_KEY = {"fsdp": "dtc_fsdp_summary", "deepspeed": "dtc_deepspeed_summary"}
 _STEP = re.compile(r"^(?:\[ds_train\] )?step (\d+)/(\d+) loss (\S+).*?time (\S+?)s")
 
 
@@ -41,7 +48,7 @@ class RunContext:
     generated_dir: Path
     plan: Plan
     setup: SmokeSetup
-    workdir: Path  # private: probe module, rewritten configs, logs
+    workdir: Path  # private: logs, the SLURM job's script and output
     timeout_s: float
     on_line: Callable[[str], None] | None = None
 
@@ -57,24 +64,10 @@ def torchrun_argv(nproc: int, log_dir: Path) -> list[str]:
                    "--tee=3", "--max-restarts=0"]
 
 
-def model_json(setup: SmokeSetup, target: str) -> str:
-    s = built_shape(setup.shape, target)
-    return json.dumps({"num_layers": s.num_layers, "hidden_size": s.hidden_size, "ffn_hidden_size": s.ffn_hidden_size,
-                       "num_attention_heads": s.num_attention_heads, "num_kv_heads": s.num_kv_heads,
-                       "head_dim": s.kv_channels, "vocab_size": s.vocab_size, "seq_len": setup.seq_len,
-                       "max_position_embeddings": max(s.max_position_embeddings, setup.seq_len)},
-                      sort_keys=True)
-
-
 def rank_env(ctx: RunContext, target: str) -> dict[str, str]:
-    """The environment of the launcher: the caller's, minus stray DTC_SMOKE_* settings, plus the
-    probe and (CPU) one OpenMP thread per rank."""
+    """The environment of the launcher: the caller's, minus stray DTC_SMOKE_* settings (the
+    generated scripts read their options from them), plus (CPU) one OpenMP thread per rank."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTC_SMOKE_")}
-    probe_dir = ctx.workdir / "probe"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(probe_dir), env.get("PYTHONPATH", "")) if p)
-    env["DTC_SMOKE_MODEL"] = model_json(ctx.setup, target)
-    env["DTC_SMOKE_GRAD_ACCUM"] = str(ctx.setup.grad_accum)
-    env["DTC_SMOKE_PROBE_DIR"] = str(ctx.workdir / f"measure-{target}")
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
     env["PYTHONUNBUFFERED"] = "1"
     if ctx.setup.device == "cpu":
@@ -85,40 +78,39 @@ def rank_env(ctx: RunContext, target: str) -> dict[str, str]:
     return env
 
 
-def install_probe(workdir: Path) -> None:
-    (workdir / "probe").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(Path(__file__).with_name("probe.py"), workdir / "probe" / f"{PROBE_MODULE}.py")
+# ------------------------------------------------------------------------------------------- options
+def smoke_options(setup: SmokeSetup, target: str) -> dict[str, str | None]:
+    """The entry point's options for the smoke run (None: a flag), in command-line order; the one
+    source for the local command line (``as_argv``) and the SLURM job's environment (``as_env``)."""
+    d, s = setup.degrees, built_shape(setup.shape, target)
+    opts: dict[str, str | None] = {"--steps": str(setup.steps)}
+    if target == "fsdp":
+        opts.update({"--tp": str(d.tp), "--pp": str(d.pp), "--cp": str(d.cp), "--dp-shard": str(d.dp_shard),
+                     "--dp-replicate": str(d.dp_replicate), "--vpp": str(d.vpp)})
+    else:
+        # train_batch_size is recomputed for the smaller world; the preflight has checked the
+        # generated config against the plan's world, so --allow-resize hides nothing
+        opts.update({"--tp": str(d.tp), "--pp": str(d.pp), "--dp-shard": str(d.dp_shard), "--allow-resize": None})
+    opts.update({"--micro-batch": str(setup.micro_batch), "--grad-accum": str(setup.grad_accum),
+                 "--layers": str(s.num_layers), "--hidden": str(s.hidden_size),
+                 "--heads": str(s.num_attention_heads), "--kv-heads": str(s.num_kv_heads),
+                 "--ffn": str(s.ffn_hidden_size), "--vocab": str(s.vocab_size),
+                 ("--seq" if target == "fsdp" else "--seq-len"): str(setup.seq_len)})
+    if target == "fsdp":
+        opts["--device"] = setup.device
+        if setup.precision != setup.plan_precision:
+            opts["--param-dtype"] = setup.precision
+    return opts
 
 
-# ------------------------------------------------------------------------------------------- commands
-def fsdp_args(setup: SmokeSetup) -> list[str]:
-    d = setup.degrees
-    return ["--steps", str(setup.steps), "--tp", str(d.tp), "--pp", str(d.pp), "--cp", str(d.cp),
-            "--dp-shard", str(d.dp_shard), "--dp-replicate", str(d.dp_replicate), "--vpp", str(d.vpp),
-            "--micro-batch", str(setup.micro_batch), "--grad-accum", str(setup.grad_accum),
-            "--seq", str(setup.seq_len), "--device", setup.device,
-            "--model-factory", f"{PROBE_MODULE}:fsdp_model"]
+def as_argv(options: dict[str, str | None]) -> list[str]:
+    return [item for opt, value in options.items() for item in ((opt,) if value is None else (opt, value))]
 
 
-def ds_args(setup: SmokeSetup, config: Path, *, pipeline: bool) -> list[str]:
-    """ds_train.py's options. A pipeline plan keeps ds_train.py's own model path: with a model factory
-    it would build the model under deepspeed.zero.Init, whose config check counts every rank."""
-    s = built_shape(setup.shape, "deepspeed")
-    args = ["--config", str(config), "--allow-resize", "--steps", str(setup.steps),
-            "--layers", str(s.num_layers), "--hidden", str(s.hidden_size), "--heads", str(s.num_attention_heads),
-            "--vocab", str(s.vocab_size), "--seq-len", str(setup.seq_len),
-            "--dataset-factory", f"{PROBE_MODULE}:ds_batches"]
-    if not pipeline:
-        args += ["--model-factory", f"{PROBE_MODULE}:ds_model"]
-    return args
-
-
-def ds_own_shape(setup: SmokeSetup, plan_shape: ModelShape) -> ModelShape:
-    """The shape ds_train.py derives itself from --layers/--hidden/--heads (no --kv-heads / --ffn):
-    KV heads gcd(plan KV heads, heads), FFN scaled with the width to a multiple of 8."""
-    s = built_shape(setup.shape, "deepspeed")
-    ffn = max(8, int(round(plan_shape.ffn_hidden_size * (s.hidden_size / plan_shape.hidden_size) / 8)) * 8)
-    return replace(s, num_kv_heads=math.gcd(plan_shape.num_kv_heads, s.num_attention_heads), ffn_hidden_size=ffn)
+def as_env(options: dict[str, str | None]) -> dict[str, str]:
+    """``--kv-heads 2`` -> ``DTC_SMOKE_KV_HEADS=2``; a flag -> ``1`` (the scripts' own env rule)."""
+    return {"DTC_SMOKE_" + opt[2:].upper().replace("-", "_"): "1" if value is None else value
+            for opt, value in options.items()}
 
 
 # ------------------------------------------------------------------------------------------- reading results
@@ -132,9 +124,10 @@ def parse_steps(lines: list[str]) -> tuple[list[float], list[float]]:
     return losses, times
 
 
-def fsdp_summary(lines: list[str]) -> dict[str, Any] | None:
+def summary_line(lines: list[str], key: str) -> dict[str, Any] | None:
+    """The last JSON line carrying ``key`` (dtc_fsdp_summary, dtc_deepspeed_summary)."""
     for line in reversed(lines):
-        if line.startswith("{") and "dtc_fsdp_summary" in line:
+        if line.startswith("{") and key in line:
             try:
                 return json.loads(line)
             except ValueError:
@@ -142,38 +135,61 @@ def fsdp_summary(lines: list[str]) -> dict[str, Any] | None:
     return None
 
 
-def read_probe(folder: Path) -> dict[int, dict[str, Any]]:
-    out = {}
-    for path in sorted(folder.glob("rank*.json")):
-        try:
-            rec = json.loads(path.read_text())
-            out[int(rec["rank"])] = rec
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
+def fsdp_summary(lines: list[str]) -> dict[str, Any] | None:
+    return summary_line(lines, SUMMARY_KEY["fsdp"])
 
 
-def rank_measures(summary_ranks: list[dict[str, Any]], probe: dict[int, dict[str, Any]], world: int,
-                  device: str) -> list[RankMeasure]:
+def rank_measures(summary_ranks: list[dict[str, Any]], world: int, device: str) -> list[RankMeasure]:
+    """RankMeasures from a summary's per-rank records (fsdp_train.py and ds_train.py use the same
+    keys; ds_train.py adds master_bytes, the fp32 copies DeepSpeed steps, counted with the states)."""
     by_rank = {int(r["rank"]): r for r in summary_ranks}
     out = []
     for rank in range(world):
-        s, p = by_rank.get(rank, {}), probe.get(rank, {})
-        if not s and not p:
+        r = by_rank.get(rank)
+        if not r:
             continue
-        optimizer = s.get("optimizer_bytes")
-        if optimizer is None and "optimizer_bytes" in p:
-            optimizer = p["optimizer_bytes"] + p.get("master_bytes", 0)
-        m = RankMeasure(rank=rank, param_bytes=s.get("param_bytes", p.get("param_bytes")),
-                        grad_bytes=s.get("grad_bytes"), optimizer_bytes=optimizer,
-                        activation_bytes=p.get("saved_activation_peak_bytes"), rss_bytes=p.get("rss_peak_bytes"))
+        optimizer = r.get("optimizer_bytes")
+        if optimizer is not None:
+            optimizer += r.get("master_bytes") or 0
+        m = RankMeasure(rank=rank, param_bytes=r.get("param_bytes"), grad_bytes=r.get("grad_bytes"),
+                        optimizer_bytes=optimizer, activation_bytes=r.get("saved_activation_bytes"))
         if device == "cuda":
-            m.peak_bytes = s.get("peak_memory_bytes", p.get("cuda_peak_bytes"))
+            m.peak_bytes = r.get("peak_memory_bytes")
         else:
+            m.rss_bytes = r.get("peak_memory_bytes")  # the process's peak resident set
             parts = [m.param_bytes, m.grad_bytes, m.optimizer_bytes, m.activation_bytes]
             m.peak_bytes = sum(x for x in parts if x is not None) if m.param_bytes is not None else None
         out.append(m)
     return out
+
+
+def read_result(result: TargetResult, lines: list[str], setup: SmokeSetup) -> dict[str, Any]:
+    """Fill ``result`` from the entry point's output (the summary, else its step lines); returns
+    the summary ({} when it printed none)."""
+    summary = summary_line(lines, SUMMARY_KEY[result.target]) or {}
+    losses, times = parse_steps(lines)
+    result.losses = [float(x) for x in summary.get("losses", losses)]
+    result.steps_done = int(summary.get("steps", len(losses)))
+    if summary.get("mean_step_time_s_after_first") is not None:
+        result.step_time_s = float(summary["mean_step_time_s_after_first"])
+    elif times:
+        result.step_time_s = sum(times[1:] or times) / len(times[1:] or times)
+    result.ranks = rank_measures(summary.get("ranks", []), setup.world_size, setup.device)
+    result.changes = [{"what": "ds_config." + c["key"], "plan": c["from"], "smoke": c["to"], "why": c["why"]}
+                      for c in summary.get("config_changes", [])]
+    return summary
+
+
+def target_notes(result: TargetResult, setup: SmokeSetup, summary: dict[str, Any]) -> None:
+    if result.target == "fsdp" and setup.precision != setup.plan_precision:
+        result.notes.append(f"--param-dtype {setup.precision}: the plan's {setup.plan_precision} parameters "
+                            f"run as {setup.precision} here")
+    if result.target == "fsdp" and summary.get("sac_cache_counted") is False:
+        result.notes.append("selective-checkpoint cache not counted in the saved activations (torch internals "
+                            "differ from torch 2.13's)")
+    if result.target == "deepspeed" and setup.device == "cpu":
+        result.notes.append("CPU: ds_train.py uses torch's AdamW (--cpu-optimizer torch, no fused_adam / cpu_adam "
+                            "JIT build) and skips the shared-memory allreduce op")
 
 
 def judge(result: TargetResult, launch: L.LaunchResult) -> None:
@@ -200,63 +216,33 @@ def judge(result: TargetResult, launch: L.LaunchResult) -> None:
 
 
 # ------------------------------------------------------------------------------------------- targets
-def run_fsdp(ctx: RunContext) -> TargetResult:
+def run_entry(ctx: RunContext, target: str) -> TargetResult:
+    """fsdp_train.py or ds_train.py under torchrun with the smoke options; judged on its summary."""
     setup = ctx.setup
-    log_dir = ctx.workdir / "logs-fsdp"
-    argv = torchrun_argv(setup.world_size, log_dir) + [str(ctx.generated_dir / "fsdp_train.py")] + fsdp_args(setup)
-    result = TargetResult("fsdp", "failed", launched=True, command=shlex.join(argv), steps_requested=setup.steps)
-    if setup.plan_precision == "fp16" and setup.precision != "fp16":
-        result.notes.append("fsdp_train.py has no dtype override: it keeps the plan's fp16 parameters")
-    launch = run_launch(ctx, "fsdp", argv, log_dir)
-    summary = fsdp_summary(launch.lines) or {}
-    losses, times = parse_steps(launch.lines)
-    result.losses = [float(x) for x in summary.get("losses", losses)]
-    result.steps_done = int(summary.get("steps", len(losses)))
-    if "mean_step_time_s_after_first" in summary:
-        result.step_time_s = float(summary["mean_step_time_s_after_first"])
-    elif times:
-        result.step_time_s = sum(times[1:] or times) / len(times[1:] or times)
+    log_dir = ctx.workdir / f"logs-{target}"
+    argv = (torchrun_argv(setup.world_size, log_dir) + [str(ctx.generated_dir / ENTRY[target])]
+            + as_argv(smoke_options(setup, target)))
+    result = TargetResult(target, "failed", launched=True, command=shlex.join(argv), steps_requested=setup.steps)
+    if target == "deepspeed":
+        removed = L.clear_stale_locks(L.extensions_dir())
+        if removed:
+            result.notes.append("removed stale JIT lock(s): " + ", ".join(str(p) for p in removed))
+    launch = run_launch(ctx, target, argv, log_dir)
+    summary = read_result(result, launch.lines, setup)
     result.wall_s = launch.wall_s
-    result.ranks = rank_measures(summary.get("ranks", []), read_probe(ctx.workdir / "measure-fsdp"),
-                                 setup.world_size, setup.device)
+    target_notes(result, setup, summary)
     judge(result, launch)
     if result.status == "passed" and not summary:
-        result.status, result.reason = "failed", "fsdp_train.py printed no dtc_fsdp_summary line"
+        result.status, result.reason = "failed", f"{ENTRY[target]} printed no {SUMMARY_KEY[target]} line"
     return result
+
+
+def run_fsdp(ctx: RunContext) -> TargetResult:
+    return run_entry(ctx, "fsdp")
 
 
 def run_deepspeed(ctx: RunContext) -> TargetResult:
-    setup = ctx.setup
-    log_dir = ctx.workdir / "logs-deepspeed"
-    cfg = json.loads((ctx.generated_dir / "ds_config.json").read_text())
-    smoke_cfg, changes = smoke_ds_config(cfg, setup)
-    config = ctx.workdir / "ds_config.smoke.json"
-    config.write_text(json.dumps(smoke_cfg, indent=2, sort_keys=True) + "\n")
-    pipeline = "pipeline" in smoke_cfg
-    argv = (torchrun_argv(setup.world_size, log_dir) + [str(ctx.generated_dir / "ds_train.py")]
-            + ds_args(setup, config, pipeline=pipeline))
-    result = TargetResult("deepspeed", "failed", launched=True, command=shlex.join(argv),
-                          steps_requested=setup.steps, changes=[c.to_dict() for c in changes])
-    if pipeline:
-        own = ds_own_shape(setup, ModelShape.from_dict(dict(ctx.plan.model["shape"])))
-        result.model_shape = own.to_dict()
-        result.notes.append(f"pipeline: ds_train.py builds its own PipelineModule ({own.num_attention_heads} heads / "
-                            f"{own.num_kv_heads} KV heads, FFN {own.ffn_hidden_size})")
-    if setup.device == "cpu":
-        result.notes.append("CPU: ds_train.py uses torch's AdamW (no fused_adam / cpu_adam JIT build) and skips "
-                            "the shared-memory allreduce op")
-    removed = L.clear_stale_locks(L.extensions_dir())
-    if removed:
-        result.notes.append("removed stale JIT lock(s): " + ", ".join(str(p) for p in removed))
-    launch = run_launch(ctx, "deepspeed", argv, log_dir, extra_env={"DTC_SMOKE_DS_CONFIG": str(config)})
-    result.losses, times = parse_steps(launch.lines)
-    result.steps_done = len(result.losses)
-    if times:
-        result.step_time_s = sum(times[1:] or times) / len(times[1:] or times)
-    result.wall_s = launch.wall_s
-    result.ranks = rank_measures([], read_probe(ctx.workdir / "measure-deepspeed"), setup.world_size, setup.device)
-    judge(result, launch)
-    return result
+    return run_entry(ctx, "deepspeed")
 
 
 def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,

@@ -8,7 +8,14 @@ Builds the device mesh of fsdp_config.py (next to this file), the model (your fa
 built-in reference model of the plan's family: full size unless scaled down with --layers/--hidden/
 --seq/...), parallelizes it as planned and trains --steps steps on a learnable synthetic task
 (token t+1 = token t + a per-sequence stride, mod the vocabulary). Rank 0 prints one line per step
-and, at the end, one JSON line (key "dtc_fsdp_summary") with per-rank measurements.
+and, at the end, one JSON line (key "dtc_fsdp_summary") with per-rank measurements: parameter,
+gradient and optimizer-state bytes, the peak bytes kept for backward ("saved_activation_bytes":
+what autograd saves, through torch.autograd.graph.saved_tensors_hooks, plus what a
+selective-checkpoint policy caches outside those hooks; storages counted once, parameters not;
+the tensors a checkpointed block recomputes during its own backward are not counted) and the
+peak allocation (CUDA: torch.cuda.max_memory_allocated; CPU: the peak resident set).
+--param-dtype runs the parameters (and compute) in another dtype than the plan's, e.g. an fp16
+plan as bf16 on CPU; fp16 keeps its dynamic loss scaling, other dtypes run without.
 
 Every option can also come from the environment as DTC_SMOKE_<OPTION> (DTC_SMOKE_STEPS=2,
 DTC_SMOKE_TP=1, DTC_SMOKE_DP_SHARD=-1, ...); the command line wins. The mesh must cover exactly
@@ -18,7 +25,9 @@ On SIGUSR1 (SLURM's warning before the time limit) every rank stops after the cu
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -26,6 +35,7 @@ import resource
 import signal
 import socket
 import sys
+import threading
 import time
 
 import torch
@@ -35,6 +45,8 @@ import torch.nn.functional as F
 import fsdp_config as C
 
 _STOP = {"signal": 0}
+_PARAM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+                 "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 _AXES = ("tp", "pp", "cp", "dp_shard", "dp_replicate", "vpp")
 
 
@@ -63,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init", choices=("auto", "host", "meta"), default="auto",
                    help="build the model on the device (host) or on meta and materialise it after "
                         "sharding; auto: meta above 2B parameters")
+    p.add_argument("--param-dtype", choices=sorted(_PARAM_DTYPES), default=None,
+                   help=f"parameter / compute dtype (plan: {C.PARAM_DTYPE}); e.g. bf16 for an fp16 plan on CPU")
     p.add_argument("--fresh-data", action="store_true",
                    help="draw new sequences every step (default: the same batch each step, so the loss "
                         "falls monotonically)")
@@ -183,6 +197,132 @@ def _materialise(modules, device) -> None:
                 module.init_weights()
 
 
+# ------------------------------------------------------------------------------------------- measurements
+class _Held:
+    """What autograd keeps instead of a saved tensor: gives the bytes back when it is dropped."""
+
+    __slots__ = ("tensor", "key", "owner", "__weakref__")
+
+    def __init__(self, tensor, key, owner):
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self):
+        if self.key is not None:
+            try:
+                self.owner.release(self.key)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
+
+class SavedActivations:
+    """The bytes this rank keeps for the backward pass: ``live`` now, ``peak`` so far.
+
+    Inside ``hooks()`` (torch.autograd.graph.saved_tensors_hooks) every tensor autograd saves is
+    counted while autograd holds it, each storage once (views and repeated saves of one storage
+    count once). Parameters and views of them are weights, not activations, and are left out; a
+    pipeline stage's received input (a leaf that needs a gradient) is counted. ``hold(tensor)``
+    counts a tensor kept outside those hooks (an activation checkpoint's inputs, a
+    selective-checkpoint cache) for as long as the returned handle lives.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._refs = {}  # storage address -> [handles, bytes]
+        self.live = 0
+        self.peak = 0
+
+    @staticmethod
+    def _is_weight(t):
+        return isinstance(t._base if t._base is not None else t, torch.nn.Parameter)
+
+    def hold(self, t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta" or self._is_weight(t):
+            return _Held(t, None, self)
+        try:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            storage = local.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+        except Exception:  # noqa: BLE001 - tensor subclasses without a storage
+            return _Held(t, None, self)
+        if not key or not nbytes:
+            return _Held(t, None, self)
+        with self._lock:
+            entry = self._refs.setdefault(key, [0, nbytes])
+            entry[0] += 1
+            if entry[0] == 1:
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return _Held(t, key, self)
+
+    def release(self, key):
+        with self._lock:
+            entry = self._refs.get(key)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._refs[key]
+                self.live -= entry[1]
+
+    @staticmethod
+    def _unpack(held):
+        return held.tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.hold, self._unpack)
+
+
+SAVED = SavedActivations()
+
+
+class _CachedOutputs(dict):
+    """One op's entries in a selective-checkpoint cache, their tensors counted while cached (the
+    backward pass replaces each entry with a marker as it consumes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self._held = {}
+
+    def __setitem__(self, index, entry):
+        self._held.pop(index, None)
+        super().__setitem__(index, entry)
+        tensors = [getattr(leaf, "val", None) for leaf in torch.utils._pytree.tree_leaves(entry)]
+        held = [SAVED.hold(t) for t in tensors if isinstance(t, torch.Tensor)]
+        if held:
+            self._held[index] = held
+
+
+def count_sac_caches(modules) -> bool | None:
+    """Selective activation checkpointing keeps the outputs its policy saves in a cache of its own
+    (torch.utils.checkpoint's dispatch-mode storage), outside the saved-tensor hooks: give each
+    checkpointed block a counting cache. None without selective checkpointing; False where torch's
+    checkpoint internals differ from torch 2.13's (the cache then goes uncounted)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    found, counted = False, True
+    for module in modules:
+        for block in module.modules():
+            fn = getattr(block, "checkpoint_fn", None) if isinstance(block, CheckpointWrapper) else None
+            context_fn = fn.keywords.get("context_fn") if isinstance(fn, functools.partial) else None
+            if context_fn is None:
+                continue
+            found = True
+
+            def counting_context(context_fn=context_fn):
+                nonlocal counted
+                caching, cached = context_fn()
+                storage = getattr(caching, "storage", None)
+                if isinstance(storage, dict) and not storage and getattr(cached, "storage", None) is storage:
+                    caching.storage = cached.storage = collections.defaultdict(_CachedOutputs)
+                else:
+                    counted = False
+                return caching, cached
+
+            block.checkpoint_fn = functools.partial(fn.func, *fn.args, **{**fn.keywords,
+                                                                         "context_fn": counting_context})
+    return (lambda: counted) if found else None
+
+
 # ------------------------------------------------------------------------------------------- training
 def train(args, degrees, cfg, device) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -193,7 +333,7 @@ def train(args, degrees, cfg, device) -> int:
     mb, ga = args.micro_batch, args.grad_accum
 
     pipe = None
-    scaler = C.LossScaler()
+    scaler = C.LossScaler(enabled=C.PARAM_DTYPE == "float16")
     if degrees.pp > 1:
         pipe = C.build_pipeline(model, mesh, degrees, device=device, n_microbatches=ga,
                                 loss_fn=lambda logits, targets: scaler.scale_loss(loss_fn(logits, targets)))
@@ -203,6 +343,7 @@ def train(args, degrees, cfg, device) -> int:
         modules = [C.parallelize(model, mesh, degrees)]
         pp_group = None
     _materialise(modules, device)
+    sac_counted = count_sac_caches(modules)
     params = [p for m in modules for p in m.parameters()]
     optimizer = C.build_optimizer(params)
     if rank == 0:
@@ -213,50 +354,51 @@ def train(args, degrees, cfg, device) -> int:
               flush=True)
 
     losses, times, grad_bytes, done = [], [], 0, 0
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
-        lr = C.lr_at(step, args.steps, args.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        seed = args.seed * 1_000_003 + dp_index * 7919 + (step if args.fresh_data else 0)
-        inputs, targets = make_batch(vocab, seq_len, mb * ga, seed)
-        inputs, targets = inputs.to(device), targets.to(device)
-        if pipe is not None:
-            with cp_context(mesh, degrees, modules, inputs, targets):
-                loss = pipe.step(inputs, targets)
-            local = loss / scaler.scale if loss is not None else torch.zeros((), device=device)
-            has = 1.0 if loss is not None else 0.0
-        else:
-            local, has = torch.zeros((), device=device), 1.0
-            for i in range(ga):
-                x, y = inputs[i * mb:(i + 1) * mb].contiguous(), targets[i * mb:(i + 1) * mb].contiguous()
-                C.set_grad_sync(modules, i == ga - 1, degrees)
-                with cp_context(mesh, degrees, modules, x, y):
-                    micro_loss = loss_fn(modules[0](x), y) / ga
-                    scaler.scale_loss(micro_loss).backward()
-                local += micro_loss.detach().float()
-        take_step, grad_norm = scaler.unscale_(params, C.grad_norm(params, pp_group))
-        if take_step:
-            C.clip_grads(params, C.GRAD_CLIP, grad_norm)
-            optimizer.step()
-        grad_bytes = C.local_bytes(p.grad for p in params)
-        optimizer.zero_grad(set_to_none=True)
-        stats = torch.tensor([local.item() * has, has, float(_STOP["signal"])], device=device)
-        dist.all_reduce(stats[:2])
-        dist.all_reduce(stats[2:], op=dist.ReduceOp.MAX)
-        loss_value = (stats[0] / stats[1]).item()
-        elapsed = time.perf_counter() - start
-        losses.append(loss_value)
-        times.append(elapsed)
-        done = step
-        if rank == 0:
-            tokens = mb * ga * dp_size * seq_len
-            print(f"step {step}/{args.steps} loss {loss_value:.4f} lr {lr:.3e} grad_norm {float(grad_norm):.4f} "
-                  f"time {elapsed:.3f}s tokens/s {tokens / elapsed:.0f}", flush=True)
-        if stats[2].item() > 0:
+    with SAVED.hooks():  # counts what the steps keep for backward
+        for step in range(1, args.steps + 1):
+            start = time.perf_counter()
+            lr = C.lr_at(step, args.steps, args.lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            seed = args.seed * 1_000_003 + dp_index * 7919 + (step if args.fresh_data else 0)
+            inputs, targets = make_batch(vocab, seq_len, mb * ga, seed)
+            inputs, targets = inputs.to(device), targets.to(device)
+            if pipe is not None:
+                with cp_context(mesh, degrees, modules, inputs, targets):
+                    loss = pipe.step(inputs, targets)
+                local = loss / scaler.scale if loss is not None else torch.zeros((), device=device)
+                has = 1.0 if loss is not None else 0.0
+            else:
+                local, has = torch.zeros((), device=device), 1.0
+                for i in range(ga):
+                    x, y = inputs[i * mb:(i + 1) * mb].contiguous(), targets[i * mb:(i + 1) * mb].contiguous()
+                    C.set_grad_sync(modules, i == ga - 1, degrees)
+                    with cp_context(mesh, degrees, modules, x, y):
+                        micro_loss = loss_fn(modules[0](x), y) / ga
+                        scaler.scale_loss(micro_loss).backward()
+                    local += micro_loss.detach().float()
+            take_step, grad_norm = scaler.unscale_(params, C.grad_norm(params, pp_group))
+            if take_step:
+                C.clip_grads(params, C.GRAD_CLIP, grad_norm)
+                optimizer.step()
+            grad_bytes = C.local_bytes(p.grad for p in params)
+            optimizer.zero_grad(set_to_none=True)
+            stats = torch.tensor([local.item() * has, has, float(_STOP["signal"])], device=device)
+            dist.all_reduce(stats[:2])
+            dist.all_reduce(stats[2:], op=dist.ReduceOp.MAX)
+            loss_value = (stats[0] / stats[1]).item()
+            elapsed = time.perf_counter() - start
+            losses.append(loss_value)
+            times.append(elapsed)
+            done = step
             if rank == 0:
-                print(f"SIGUSR1: stopping after step {step} (save a checkpoint here)", flush=True)
-            break
+                tokens = mb * ga * dp_size * seq_len
+                print(f"step {step}/{args.steps} loss {loss_value:.4f} lr {lr:.3e} grad_norm {float(grad_norm):.4f} "
+                      f"time {elapsed:.3f}s tokens/s {tokens / elapsed:.0f}", flush=True)
+            if stats[2].item() > 0:
+                if rank == 0:
+                    print(f"SIGUSR1: stopping after step {step} (save a checkpoint here)", flush=True)
+                break
 
     record = {
         "rank": rank,
@@ -264,6 +406,7 @@ def train(args, degrees, cfg, device) -> int:
         "param_bytes": C.local_bytes(params),
         "grad_bytes": grad_bytes,
         "optimizer_bytes": C.optimizer_state_bytes(optimizer),
+        "saved_activation_bytes": SAVED.peak,
         "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         "mean_step_time_s": sum(times) / len(times),
@@ -287,6 +430,7 @@ def train(args, degrees, cfg, device) -> int:
             "param_dtype": C.PARAM_DTYPE,
             "offload": C.OFFLOAD,
             "ac_mode": C.AC_MODE,
+            "sac_cache_counted": None if sac_counted is None else sac_counted(),
             "num_params": num_params,
             "micro_batch": mb,
             "grad_accum": ga,
@@ -307,6 +451,8 @@ def train(args, degrees, cfg, device) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.param_dtype is not None:
+        C.PARAM_DTYPE = _PARAM_DTYPES[args.param_dtype]  # read by C.mp_policy() when the model is sharded
     _single_process_env()
     world, local_rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
     try:

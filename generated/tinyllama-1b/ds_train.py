@@ -7,17 +7,53 @@ Launch (one process per GPU):
     torchrun --nnodes N --nproc-per-node G ds_train.py [--steps N]
 
 By default it trains a built-in Llama-style decoder with the plan's shape on a
-synthetic, learnable task (each sequence counts in a random stride), printing one
-line per optimizer step. Point it at your own model and data with
-``--model-factory module:function`` (called as ``function(shape)`` with the dict
-below, returning an ``nn.Module`` whose ``forward(input_ids, labels)`` returns the
-loss; for a pipeline plan it must return a ``deepspeed.pipe.PipelineModule``) and
-``--dataset-factory module:function`` (called as ``function(seq_len=, micro_batch=,
-dp_rank=, dp_size=, seed=)``, yielding ``(input_ids, labels)`` micro-batches).
-``--layers/--hidden/--heads/--vocab/--seq-len`` shrink the built-in model for smoke
-runs. On a machine without GPUs it runs on CPU with gloo: it uses torch's AdamW
-instead of DeepSpeed's JIT-compiled optimizers, skips the shared-memory allreduce
-op and maps fp16 to bf16 (DeepSpeed has no CPU fp16).
+synthetic, learnable task (token t+1 = token t + a per-sequence stride, mod the
+vocabulary; one fixed batch per data-parallel rank, repeated every step, so the
+loss falls within a few steps; ``--fresh-data`` draws new sequences every step),
+printing one line per optimizer step and, at the end, one JSON line (key
+"dtc_deepspeed_summary") with the losses and per-rank memory: parameter (ZeRO
+partition) bytes, gradient bytes, optimizer-state bytes, fp32 master bytes, the
+peak bytes autograd saved for backward, and the peak allocation (GPU:
+torch.cuda.max_memory_allocated; CPU: the peak resident set).
+
+Point it at your own model and data with ``--model-factory module:function``
+(called as ``function(shape)`` with the dict below, returning an ``nn.Module``
+whose ``forward(input_ids, labels)`` returns the loss; for a pipeline plan it must
+return a ``deepspeed.pipe.PipelineModule``) and ``--dataset-factory
+module:function`` (called as ``function(seq_len=, micro_batch=, dp_rank=,
+dp_size=, seed=)``, yielding ``(input_ids, labels)`` micro-batches).
+``--layers/--hidden/--heads/--kv-heads/--ffn/--vocab/--seq-len`` shrink the
+built-in model; ``--micro-batch/--grad-accum/--tp/--pp/--dp-shard`` override the
+config's batch and degrees (every change is printed and listed in the summary).
+
+Every option can also come from the environment as DTC_SMOKE_<OPTION>
+(DTC_SMOKE_STEPS=2, DTC_SMOKE_MICRO_BATCH=4, DTC_SMOKE_ALLOW_RESIZE=1, ...); the
+command line wins over the environment, the environment over ds_config.json.
+
+Batch: DeepSpeed requires train_batch_size == micro x accumulation x data-parallel
+size. A config for which that holds on the launched world is used as it is; one for
+which it does not is refused with DeepSpeed's own message before the model is
+built, unless --allow-resize (keep micro-batch and accumulation, recompute
+train_batch_size for this world) or --micro-batch/--grad-accum (train_batch_size
+follows them) is given.
+
+Learning rate: DeepSpeed's WarmupCosineLR starts at last_batch_iteration -1, where
+its lr is 0, and the engine steps it after each optimizer step, so step k would run
+at iteration k-2: the first two steps at lr 0 (warmup_min_ratio 0). This script
+moves a fresh schedule to iteration 1, so step k runs at iteration k: peak x k /
+warmup_num_steps during the warm-up, as Megatron and fsdp_train.py count. (Drive
+ds_config.json from a script of your own? Call ``engine.lr_scheduler.step(1)``
+once after deepspeed.initialize.) With --steps shorter than the config's
+total_num_steps the schedule is fitted to --steps, the warm-up keeping its fraction
+of the run (at least one step), as fsdp_train.py does.
+
+On a machine without GPUs it runs on CPU with gloo: it skips the shared-memory
+allreduce op and maps fp16 to bf16 (DeepSpeed has no CPU fp16). ``--cpu-optimizer``
+picks the Adam implementation there: ``torch`` (default: torch.optim, nothing to
+compile) or ``deepspeed`` (DeepSpeed's own ops, JIT-compiled with ninja/g++ on first
+use into TORCH_EXTENSIONS_DIR: DeepSpeedCPUAdam (cpu_adam) with optimizer offload,
+FusedAdam (fused_adam) without; each build takes about 4-10 minutes and 2 GB of
+memory, later runs load the cached build). On GPUs the option has no effect.
 """
 from __future__ import annotations
 
@@ -26,7 +62,9 @@ import importlib
 import json
 import math
 import os
+import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,14 +119,60 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=None, help="built-in model: decoder layers")
     p.add_argument("--hidden", type=int, default=None, help="built-in model: hidden size")
     p.add_argument("--heads", type=int, default=None, help="built-in model: attention heads")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="built-in model: KV heads (default: the plan's GQA ratio kept)")
+    p.add_argument("--ffn", type=int, default=None,
+                   help="built-in model: FFN width (default: the plan's FFN ratio kept)")
     p.add_argument("--vocab", type=int, default=None, help="built-in model: vocabulary size")
     p.add_argument("--seq-len", type=int, default=PLAN["seq_len"], help="tokens per sequence")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="train_micro_batch_size_per_gpu (train_batch_size follows)")
+    p.add_argument("--grad-accum", type=int, default=None,
+                   help="gradient_accumulation_steps, = pipeline micro-batches (train_batch_size follows)")
+    p.add_argument("--tp", type=int, default=None, help="AutoTP degree (tensor_parallel.autotp_size)")
+    p.add_argument("--pp", type=int, default=None, help="pipeline stages (pipeline.stages; pipeline plans only)")
+    p.add_argument("--dp-shard", type=int, default=None,
+                   help="ZeRO++ hpZ: ranks each secondary weight copy is sharded over "
+                        "(zero_hpz_partition_size; ignored for configs without hpZ)")
     p.add_argument("--allow-resize", action="store_true",
-                   help="run on a world size other than the plan's: keep the micro batch and gradient "
-                        "accumulation and recompute train_batch_size for the actual data-parallel size")
+                   help="run a config on a world its batch fields do not fit: keep the micro-batch and "
+                        "gradient accumulation and recompute train_batch_size for this data-parallel size")
+    p.add_argument("--fresh-data", action="store_true",
+                   help="draw new sequences every step (default: the same batch each step, so the loss "
+                        "falls monotonically)")
+    p.add_argument("--cpu-optimizer", choices=("torch", "deepspeed"), default="torch",
+                   help="on CPU: torch.optim's Adam/AdamW (default, nothing to compile) or DeepSpeed's "
+                        "JIT-compiled DeepSpeedCPUAdam / FusedAdam (4-10 minutes to build once)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")),
                    help="set by the deepspeed launcher")
-    return p.parse_args(argv)
+    _defaults_from_env(p)
+    args = p.parse_args(argv)
+    for name in ("steps", "micro_batch", "grad_accum", "tp", "pp", "dp_shard", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def _defaults_from_env(parser):
+    """DTC_SMOKE_<OPTION> (e.g. DTC_SMOKE_MICRO_BATCH) as the option's default: the command line wins."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        var = "DTC_SMOKE_" + action.dest.upper()
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            value = raw.lower() in ("1", "true", "yes", "on")
+        else:
+            try:
+                value = action.type(raw) if action.type else raw
+            except ValueError:
+                parser.error(f"{var}={raw!r} is not a valid {action.dest}")
+            if action.choices and value not in action.choices:
+                parser.error(f"{var}={raw!r}: choose from {', '.join(action.choices)}")
+        parser.set_defaults(**{action.dest: value})
 
 
 def load_factory(spec):
@@ -100,27 +184,38 @@ def load_factory(spec):
 
 
 def model_shape(args):
-    """The plan's shape, optionally shrunk: heads halve until they divide hidden, FFN scales with hidden."""
+    """The plan's shape, optionally shrunk. A smaller --hidden keeps the FFN ratio (unless --ffn) and
+    halves the heads until they divide it (unless --heads); changed heads keep the GQA ratio (unless
+    --kv-heads); a scaled-down model's learned position table covers --seq-len only."""
     s = dict(SHAPE)
+    ratio = max(1, SHAPE["num_attention_heads"] // SHAPE["num_kv_heads"])
     if args.layers is not None:
         s["num_layers"] = args.layers
     if args.vocab is not None:
         s["vocab_size"] = args.vocab
     if args.hidden is not None and args.hidden != s["hidden_size"]:
-        ratio = args.hidden / s["hidden_size"]
-        s["ffn_hidden_size"] = max(8, int(round(s["ffn_hidden_size"] * ratio / 8)) * 8)
+        s["ffn_hidden_size"] = max(8, int(round(s["ffn_hidden_size"] * args.hidden / s["hidden_size"] / 8)) * 8)
         s["hidden_size"] = args.hidden
         heads = args.heads or s["num_attention_heads"]
-        while heads > 1 and (args.hidden % heads or args.hidden // heads < 8):
+        while args.heads is None and heads > 1 and (args.hidden % heads or args.hidden // heads < 8):
             heads //= 2
         s["num_attention_heads"] = heads
+        s["max_position_embeddings"] = args.seq_len
     elif args.heads is not None:
         s["num_attention_heads"] = args.heads
-    if s["hidden_size"] % s["num_attention_heads"]:
-        raise SystemExit(f"ds_train.py: hidden {s['hidden_size']} is not divisible by heads {s['num_attention_heads']}")
-    if args.hidden is not None or args.heads is not None:
-        s["head_dim"] = s["hidden_size"] // s["num_attention_heads"]
-        s["num_kv_heads"] = math.gcd(s["num_kv_heads"], s["num_attention_heads"])
+    if args.ffn is not None:
+        s["ffn_hidden_size"] = args.ffn
+    heads = s["num_attention_heads"]
+    if args.kv_heads is not None:
+        s["num_kv_heads"] = args.kv_heads
+    elif heads != SHAPE["num_attention_heads"]:
+        s["num_kv_heads"] = heads // ratio if heads % ratio == 0 else math.gcd(SHAPE["num_kv_heads"], heads)
+    if s["hidden_size"] % heads:
+        raise SystemExit(f"ds_train.py: hidden {s['hidden_size']} is not divisible by heads {heads}")
+    if heads % s["num_kv_heads"]:
+        raise SystemExit(f"ds_train.py: heads {heads} is not divisible by KV heads {s['num_kv_heads']}")
+    if s["hidden_size"] != SHAPE["hidden_size"] or heads != SHAPE["num_attention_heads"]:
+        s["head_dim"] = s["hidden_size"] // heads
     s["max_position_embeddings"] = max(s["max_position_embeddings"], args.seq_len)
     return s
 
@@ -130,9 +225,12 @@ _CKPT = {"selective": False, "full": False}  # set from PLAN["recompute"] in mai
 
 
 def checkpoint(fn, *args):
+    """deepspeed.checkpointing.checkpoint, its saved inputs counted as saved activations."""
     import deepspeed
 
-    return deepspeed.checkpointing.checkpoint(fn, *args)
+    out = deepspeed.checkpointing.checkpoint(fn, *args)
+    hold_checkpoint_inputs(out)
+    return out
 
 
 INIT_STD = 0.02  # GPT-2 / Megatron default init
@@ -298,23 +396,227 @@ def pipeline_model(s, cfg):
                           partition_method=pipe["partition"],
                           activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
                           checkpointable_layers=["Block"],  # not the embedding: its input needs no grad
+                          activation_checkpoint_func=checkpoint,
                           base_seed=PLAN["seed"])
 
 
 # ---------------------------------------------------------------------------- data
-def synthetic_batches(seq_len, micro_batch, vocab_size, dp_rank, seed, device):
-    """Endless (input_ids, labels): each sequence counts from a random start in a random stride of 1-3.
+def make_batch(vocab, seq_len, num_seqs, seed):
+    """Sequences with token[t+1] = (token[t] + stride) % vocab, stride 1-3 per sequence (fsdp_train.py's task):
+    every token after the second is predictable from the two before it."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab, (num_seqs, 1), generator=g)
+    stride = torch.randint(1, 4, (num_seqs, 1), generator=g)
+    seqs = (start + stride * torch.arange(seq_len + 1)) % vocab
+    return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
 
-    Every token after the second is predictable (the model learns the stride from the last two
-    tokens), so the loss falls from ln(vocab) towards 0 within a few hundred small steps; the
-    stream depends only on the seed and the data-parallel rank."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + dp_rank)
-    positions = torch.arange(seq_len + 1)
-    while True:
-        start = torch.randint(0, vocab_size, (micro_batch, 1), generator=g)
-        stride = torch.randint(1, 4, (micro_batch, 1), generator=g)
-        seq = ((start + stride * positions) % vocab_size).to(device)
-        yield seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+# ---------------------------------------------------------------------------- measurements
+class _Held:
+    """What autograd keeps instead of a saved tensor: gives the bytes back when it is dropped."""
+
+    __slots__ = ("tensor", "key", "owner", "__weakref__")
+
+    def __init__(self, tensor, key, owner):
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self):
+        if self.key is not None:
+            try:
+                self.owner.release(self.key)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
+
+class SavedActivations:
+    """The bytes this rank keeps for the backward pass: ``live`` now, ``peak`` so far.
+
+    Inside ``hooks()`` (torch.autograd.graph.saved_tensors_hooks) every tensor autograd saves is
+    counted while autograd holds it, each storage once (views and repeated saves of one storage
+    count once). Parameters and views of them are weights, not activations, and are left out; a
+    pipeline stage's received input (a leaf that needs a gradient) is counted. ``hold(tensor)``
+    counts a tensor kept outside those hooks (an activation checkpoint's inputs, a
+    selective-checkpoint cache) for as long as the returned handle lives.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._refs = {}  # storage address -> [handles, bytes]
+        self.live = 0
+        self.peak = 0
+
+    @staticmethod
+    def _is_weight(t):
+        return isinstance(t._base if t._base is not None else t, torch.nn.Parameter)
+
+    def hold(self, t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta" or self._is_weight(t):
+            return _Held(t, None, self)
+        try:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            storage = local.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+        except Exception:  # noqa: BLE001 - tensor subclasses without a storage
+            return _Held(t, None, self)
+        if not key or not nbytes:
+            return _Held(t, None, self)
+        with self._lock:
+            entry = self._refs.setdefault(key, [0, nbytes])
+            entry[0] += 1
+            if entry[0] == 1:
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return _Held(t, key, self)
+
+    def release(self, key):
+        with self._lock:
+            entry = self._refs.get(key)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._refs[key]
+                self.live -= entry[1]
+
+    @staticmethod
+    def _unpack(held):
+        return held.tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.hold, self._unpack)
+
+
+SAVED = SavedActivations()
+
+
+def hold_checkpoint_inputs(out):
+    """deepspeed.checkpointing keeps a checkpointed call's inputs on its autograd node
+    (ctx.deepspeed_saved_tensors, partitioned under partition_activations), outside the
+    saved-tensor hooks: count them until that node's backward has run."""
+    first = out if torch.is_tensor(out) else next((o for o in out if torch.is_tensor(o)), None)
+    node = getattr(first, "grad_fn", None)
+    saved = getattr(node, "deepspeed_saved_tensors", None)
+    if not saved:
+        return
+    held = [SAVED.hold(t) for t in saved if torch.is_tensor(t)]
+    node.register_hook(lambda grad_inputs, grad_outputs: held.clear())
+
+
+def _tensors(value, depth=3):
+    if torch.is_tensor(value):
+        yield value
+    elif depth > 0 and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v, depth - 1)
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v, depth - 1)
+
+
+def _partition(p):
+    return getattr(p, "ds_tensor", None)  # ZeRO-3: this rank's partition of p
+
+
+def _storage_bytes(tensors, exclude=()):
+    """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once)."""
+    seen, total = set(exclude), 0
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key and key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def base_optimizer(optimizer):
+    """The torch.optim.Optimizer DeepSpeed's wrappers (ZeRO, bf16, fp16) step in the end."""
+    seen = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        seen.add(id(optimizer))
+        optimizer = getattr(optimizer, "optimizer", None)
+    return None
+
+
+class Memory:
+    """Per-rank bytes of the model states, read from the module and DeepSpeed's optimizer: parameters
+    (ZeRO-3: this rank's partition, the small parameters it keeps whole and ZeRO++ hpZ's secondary
+    copy), gradients (when the optimizer step starts), optimizer states, fp32 master copies."""
+
+    def __init__(self, engine):
+        self.model = engine.module
+        self.optimizer = engine.optimizer
+        self.grad_bytes = self.param_bytes = 0
+        if self.optimizer is not None:  # gradients are complete when the optimizer step starts
+            step = self.optimizer.step
+
+            def measured_step(*args, **kwargs):
+                self.grad_bytes = max(self.grad_bytes, self.gradients())
+                self.param_bytes = max(self.param_bytes, self.params())  # hpZ copies live until the step
+                return step(*args, **kwargs)
+
+            self.optimizer.step = measured_step
+
+    def params(self):
+        total = 0
+        for p in self.model.parameters():
+            part = _partition(p)
+            if part is None:
+                total += p.numel() * p.element_size()
+            else:  # the partition, plus the full copy of a parameter ZeRO-3 keeps on every rank
+                total += part.numel() * part.element_size()
+                if getattr(p, "ds_persist", False):
+                    total += p.ds_numel * part.element_size()
+            secondary = getattr(p, "ds_secondary_tensor", None)  # ZeRO++ hpZ: the copy sharded within a node
+            if secondary is not None:
+                total += secondary.numel() * secondary.element_size()
+        return total
+
+    def _model_storages(self):
+        keys = set()
+        for p in self.model.parameters():
+            for t in (p, _partition(p), getattr(p, "ds_secondary_tensor", None)):
+                if t is not None and t.device.type != "meta" and t.untyped_storage().data_ptr():
+                    keys.add(t.untyped_storage().data_ptr())
+        return keys
+
+    def gradients(self):
+        """Parameters' .grad plus the optimizer wrappers' gradient buffers (reduction buckets,
+        partitioned gradients: attributes named *grad* or *ipg*), each storage once."""
+        tensors = [p.grad for p in self.model.parameters()]
+        opt, seen = self.optimizer, set()
+        while opt is not None and id(opt) not in seen and not isinstance(opt, torch.optim.Optimizer):
+            seen.add(id(opt))
+            for name, value in vars(opt).items():
+                if "grad" in name.lower() or "ipg" in name.lower():
+                    tensors.extend(_tensors(value))
+            opt = getattr(opt, "optimizer", None)
+        base = base_optimizer(self.optimizer)
+        masters = [p for group in base.param_groups for p in group["params"]] if base is not None else []
+        tensors += [p.grad for p in masters]
+        weights = self._model_storages() | {p.untyped_storage().data_ptr() for p in masters}
+        return _storage_bytes(tensors, exclude=weights)  # buckets also list the parameters they serve
+
+    def optimizer_states(self):
+        base = base_optimizer(self.optimizer)
+        if base is None:
+            return 0
+        return _storage_bytes(t for state in base.state.values() for t in _tensors(state))
+
+    def masters(self):
+        """What the optimizer steps that is not a model parameter: DeepSpeed's fp32 master
+        partitions (ZeRO-3 empties param_groups between steps, so the state keys count too)."""
+        base = base_optimizer(self.optimizer)
+        if base is None:
+            return 0
+        owned = [p for p in base.state.keys() if torch.is_tensor(p)]
+        owned += [p for group in base.param_groups for p in group["params"]]
+        model = {id(p) for p in self.model.parameters()}
+        return _storage_bytes((p for p in owned if id(p) not in model), exclude=self._model_storages())
 
 
 # ---------------------------------------------------------------------------- setup
@@ -325,27 +627,97 @@ def data_parallel_size(cfg, world):
     return world  # AutoTP included: no mpu is passed, so DeepSpeed counts every rank
 
 
-def adapt_config(cfg, args, world, on_cpu, log):
-    if world != PLAN["world_size"]:
-        if not args.allow_resize:
-            raise SystemExit(f"ds_train.py: the plan is for {PLAN['world_size']} processes, got {world}; "
-                             "launch that many or pass --allow-resize")
-        cfg["train_batch_size"] = (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
-                                   * data_parallel_size(cfg, world))
-        log(f"resized for {world} processes: train_batch_size={cfg['train_batch_size']}")
+def adapt_config(cfg, args, world, on_cpu):
+    """ds_config with the command line's overrides and this machine's needs; (cfg, changes)."""
+    changes = []
+
+    def put(path, value, why):
+        node = cfg
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        old = node.get(path[-1])
+        if old == value:
+            return False
+        node[path[-1]] = value
+        changes.append({"key": ".".join(path), "from": old, "to": value, "why": why})
+        return True
+
+    if args.tp is not None and (args.tp > 1 or "tensor_parallel" in cfg):
+        put(("tensor_parallel", "autotp_size"), args.tp, "--tp")
+    if args.pp is not None:
+        if "pipeline" in cfg:
+            put(("pipeline", "stages"), args.pp, "--pp")
+        elif args.pp > 1:
+            raise SystemExit(f"ds_train.py: --pp {args.pp} needs a pipeline plan ({args.config} has no pipeline)")
+    if args.dp_shard is not None and "zero_hpz_partition_size" in cfg.get("zero_optimization", {}):
+        put(("zero_optimization", "zero_hpz_partition_size"), args.dp_shard, "--dp-shard")
+    batch_set = False
+    if args.micro_batch is not None:
+        batch_set |= put(("train_micro_batch_size_per_gpu",), args.micro_batch, "--micro-batch")
+    if args.grad_accum is not None:
+        batch_set |= put(("gradient_accumulation_steps",), args.grad_accum, "--grad-accum")
+    mbs, gas = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("gradient_accumulation_steps")
+    if isinstance(mbs, int) and isinstance(gas, int):
+        dp = data_parallel_size(cfg, world)
+        if cfg.get("train_batch_size") != mbs * gas * dp:  # otherwise the config holds for this world
+            if batch_set:
+                put(("train_batch_size",), mbs * gas * dp, f"micro {mbs} x accumulation {gas} x {dp} "
+                                                          "data-parallel processes")
+            elif args.allow_resize:
+                put(("train_batch_size",), mbs * gas * dp, f"--allow-resize: micro {mbs} x accumulation {gas} "
+                                                          f"x {dp} data-parallel processes")
     if on_cpu:
-        # DeepSpeed on CPU: no fp16, and avoid JIT-compiling fused_adam / cpu_adam (minutes each)
         if cfg.get("fp16", {}).get("enabled"):
-            cfg["fp16"] = {"enabled": False}
-            cfg["bf16"] = {"enabled": True}
-            log("CPU: fp16 is not supported by DeepSpeed on CPU, using bf16")
+            put(("fp16", "enabled"), False, "DeepSpeed has no fp16 on CPU: bf16 instead")
+            put(("bf16", "enabled"), True, "DeepSpeed has no fp16 on CPU: bf16 instead")
         opt = cfg.get("optimizer", {})
-        if opt.get("type") in ("Adam", "AdamW"):
-            opt["params"]["torch_adam"] = True
+        if args.cpu_optimizer == "torch" and opt.get("type") in ("Adam", "AdamW"):
+            why = "CPU: torch.optim instead of DeepSpeed's JIT-compiled ops (--cpu-optimizer deepspeed keeps them)"
+            put(("optimizer", "params", "torch_adam"), True, why)
             if cfg.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none":
-                cfg["zero_force_ds_cpu_optimizer"] = False
-            log("CPU: using torch.optim AdamW/Adam (no DeepSpeed op compilation)")
-    return cfg
+                put(("zero_force_ds_cpu_optimizer",), False, why)
+    params = cfg.get("scheduler", {}).get("params", {}) if isinstance(cfg.get("scheduler"), dict) else {}
+    total = params.get("total_num_steps")
+    if isinstance(total, int) and args.steps < total:
+        why = f"the lr schedule fitted to --steps {args.steps}"
+        if isinstance(params.get("warmup_num_steps"), int):
+            put(("scheduler", "params", "warmup_num_steps"),
+                max(1, round(params["warmup_num_steps"] * args.steps / total)), why)
+        put(("scheduler", "params", "total_num_steps"), args.steps, why)
+    return cfg, changes
+
+
+def check_config(cfg, world, path):
+    """DeepSpeed's own config checks (the batch identity first), before the model is built: the
+    engine would run them only after it."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    dp = data_parallel_size(cfg, world)
+
+    class DataParallel:  # all DeepSpeedConfig asks an mpu
+        @staticmethod
+        def get_data_parallel_world_size():
+            return dp
+
+    try:
+        DeepSpeedConfig(cfg, mpu=DataParallel())
+    except AssertionError as exc:
+        hint = ""
+        if "batch" in str(exc):
+            hint = (f"\nds_train.py: the config's batch fields do not fit {world} processes (the plan has "
+                    f"{PLAN['world_size']}); launch as many as the config is for, or pass --allow-resize to "
+                    f"recompute train_batch_size for this world")
+        raise SystemExit(f"ds_train.py: DeepSpeed refuses {path}: {exc}{hint}") from None
+
+
+def align_lr_schedule(scheduler):
+    """Move a fresh DeepSpeed warm-up schedule (last_batch_iteration -1: lr 0) to iteration 1, so that
+    optimizer step k runs at iteration k instead of k-2 (see the module docstring)."""
+    if type(scheduler).__name__ in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR") \
+            and getattr(scheduler, "last_batch_iteration", None) == -1:
+        scheduler.step(1)
+        return True
+    return False
 
 
 def main(argv=None):
@@ -364,7 +736,10 @@ def main(argv=None):
         if rank == 0:
             print(f"[ds_train] {msg}", flush=True)
 
-    cfg = adapt_config(json.loads(Path(args.config).read_text()), args, world, on_cpu, log)
+    cfg, changes = adapt_config(json.loads(Path(args.config).read_text()), args, world, on_cpu)
+    for c in changes:
+        log(f"config {c['key']}: {c['from']} -> {c['to']} ({c['why']})")
+    check_config(cfg, world, args.config)
     torch.manual_seed(PLAN["seed"])
     _CKPT["selective"] = PLAN["recompute"] == "selective"
     _CKPT["full"] = PLAN["recompute"] == "full" and "pipeline" not in cfg
@@ -378,8 +753,11 @@ def main(argv=None):
         stage3 = cfg.get("zero_optimization", {}).get("stage", 0) == 3 and "pipeline" not in cfg
         with deepspeed.zero.Init(config_dict_or_path=cfg, enabled=stage3):
             model = load_factory(args.model_factory)(s) if args.model_factory else DecoderLM(s)
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                          if p.requires_grad], config=cfg)
+    aligned = align_lr_schedule(engine.lr_scheduler)
+    memory = Memory(engine)
     tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1) or 1
     if "activation_checkpointing" in cfg:
         ac = cfg["activation_checkpointing"]
@@ -391,41 +769,113 @@ def main(argv=None):
     pipelined = "pipeline" in cfg
     if pipelined:
         dp_rank, dp_size = engine.grid.get_data_parallel_id(), engine.grid.get_data_parallel_world_size()
+        stages = [None] * engine.grid.get_pipe_parallel_world_size()  # each stage built only its own layers
+        torch.distributed.all_gather_object(stages, num_params, group=engine.grid.get_pipe_parallel_group())
+        num_params = sum(stages)  # a tied embedding counts on both ends
     else:
         dp_rank, dp_size = rank // tp, world // tp
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     device = torch.device(get_accelerator().current_device_name())
+    data = None
     if args.dataset_factory:
         data = iter(load_factory(args.dataset_factory)(seq_len=args.seq_len, micro_batch=micro, dp_rank=dp_rank,
                                                        dp_size=dp_size, seed=PLAN["seed"]))
-        data = ((x.to(device), y.to(device)) for x, y in data)
-    else:
-        data = synthetic_batches(args.seq_len, micro, s["vocab_size"], dp_rank, PLAN["seed"], device)
+
+    def step_batches(step):
+        """This rank's ``gas`` micro-batches of optimizer step ``step``."""
+        if data is not None:
+            return [(x.to(device), y.to(device)) for x, y in (next(data) for _ in range(gas))]
+        seed = PLAN["seed"] * 1_000_003 + dp_rank * 7919 + (step if args.fresh_data else 0)
+        inputs, targets = make_batch(s["vocab_size"], args.seq_len, micro * gas, seed)
+        inputs, targets = inputs.to(device), targets.to(device)
+        return [(inputs[i * micro:(i + 1) * micro], targets[i * micro:(i + 1) * micro]) for i in range(gas)]
+
     tokens_per_step = micro * gas * dp_size * args.seq_len
     log(f"{PLAN['name']}: layout {PLAN['layout_tag']} on {world} processes ({'cpu' if on_cpu else 'gpu'}); "
-        f"{micro * gas * dp_size} sequences x {args.seq_len} tokens per step; {args.steps} steps")
+        f"{micro * gas * dp_size} sequences x {args.seq_len} tokens per step; {args.steps} steps"
+        + ("; lr schedule moved to iteration 1" if aligned else ""))
 
-    for step in range(1, args.steps + 1):
-        t0 = time.time()
-        if pipelined:
-            loss = engine.train_batch(data_iter=data).detach().float()
-        else:
-            losses = []
-            for _ in range(gas):
-                x, y = next(data)
-                out = engine(x, labels=y)
-                engine.backward(out)
-                engine.step()
-                losses.append(out.detach().float())
-            loss = torch.stack(losses).mean()
-            torch.distributed.all_reduce(loss)
-            loss = loss / world
-        dt = time.time() - t0
-        lr = engine.get_lr()[0] if engine.get_lr() else float("nan")
-        log(f"step {step}/{args.steps} loss {loss.item():.4f} lr {lr:.3e} "
-            f"time {dt:.2f}s tokens/s {tokens_per_step / dt:.0f}")
+    losses, lrs, times = [], [], []
+    with SAVED.hooks():
+        for step in range(1, args.steps + 1):
+            t0 = time.perf_counter()
+            lr = engine.get_lr()[0] if engine.get_lr() else float("nan")  # the lr this step runs at
+            batches = step_batches(step)
+            if pipelined:
+                loss = engine.train_batch(data_iter=iter(batches)).detach().float()
+            else:
+                micro_losses = []
+                for x, y in batches:
+                    out = engine(x, labels=y)
+                    engine.backward(out)
+                    engine.step()
+                    micro_losses.append(out.detach().float())
+                loss = torch.stack(micro_losses).mean()
+                torch.distributed.all_reduce(loss)
+                loss = loss / world
+            dt = time.perf_counter() - t0
+            losses.append(loss.item())
+            lrs.append(float(lr))
+            times.append(dt)
+            log(f"step {step}/{args.steps} loss {losses[-1]:.4f} lr {lr:.3e} "
+                f"time {dt:.2f}s tokens/s {tokens_per_step / dt:.0f}")
+
+    on_gpu = device.type == "cuda"
+    record = {
+        "rank": rank,
+        "param_bytes": max(memory.param_bytes, memory.params()),
+        "grad_bytes": memory.grad_bytes,
+        "optimizer_bytes": memory.optimizer_states(),
+        "master_bytes": memory.masters(),
+        "saved_activation_bytes": SAVED.peak,
+        "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if on_gpu
+                              else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        "mean_step_time_s": sum(times) / len(times),
+    }
+    records = [None] * world
+    torch.distributed.all_gather_object(records, record)
+    if rank == 0:
+        later = times[1:] or times
+        zero = cfg.get("zero_optimization", {})
+        summary = {
+            "dtc_deepspeed_summary": 1,
+            "plan": PLAN["name"],
+            "layout": PLAN["layout_tag"],
+            "world_size": world,
+            "device": device.type,
+            "backend": torch.distributed.get_backend(),
+            "zero_stage": zero.get("stage", 0),
+            "offload_optimizer": zero.get("offload_optimizer", {}).get("device", "none"),
+            "offload_param": zero.get("offload_param", {}).get("device", "none"),
+            "pipeline_stages": cfg.get("pipeline", {}).get("stages", 1),
+            "autotp_size": tp,
+            "dp_size": dp_size,
+            "precision": "bf16" if cfg.get("bf16", {}).get("enabled") else (
+                "fp16" if cfg.get("fp16", {}).get("enabled") else "fp32"),
+            "optimizer": type(base_optimizer(engine.optimizer) or engine.optimizer).__name__,
+            "model": s if not args.model_factory else None,
+            "num_params": num_params,
+            "micro_batch": micro,
+            "grad_accum": gas,
+            "train_batch_size": engine.train_batch_size(),
+            "seq_len": args.seq_len,
+            "config_changes": changes,
+            "steps": len(losses),
+            "requested_steps": args.steps,
+            "losses": [round(v, 6) for v in losses],
+            "lrs": lrs,
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+            "mean_step_time_s": sum(times) / len(times),
+            "mean_step_time_s_after_first": sum(later) / len(later),
+            "ranks": records,
+        }
+        print(json.dumps(summary, sort_keys=True), flush=True)
     torch.distributed.barrier()
     log("done")
+    # an explicit teardown: a process group left to interpreter exit can abort a rank
+    # ("terminate called without an active exception")
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
