@@ -7,11 +7,28 @@ crash at any point leaves either the old folder or the new one, never a mix,
 and no temporary folder behind on the next run. Each folder carries
 ``MANIFEST.sha256``; a folder whose files no longer match it was edited by hand
 and is not overwritten without ``force``.
+
+Guarantees, precisely (tests/test_atomic_write.py):
+
+- An exception at any step (a full disk, a permission error, a failing fsync)
+  leaves ``out_dir`` byte-identical and removes the staging folder before
+  ``write_artifacts`` returns; OS errors are reported as ``ArtifactError`` (exit 2).
+  After the swap nothing can fail the call: if deleting the replaced folder fails,
+  it stays as a ``.dtc-*`` entry until the next write for that name.
+- A kill at any moment leaves ``out_dir`` either the complete old set or the
+  complete new set. The staging folder (``.dtc-tmp-<name>-*``) may remain next to
+  it; the next ``write_artifacts`` for that name removes it. Where
+  ``renameat2(RENAME_EXCHANGE)`` is unsupported (non-Linux, some network file
+  systems) the swap is two renames, and a kill between them leaves the old set in
+  ``.dtc-old-<name>-<pid>``, which the next write puts back before doing anything.
+- ``out_dir`` itself is never a symbolic link: dtc refuses to replace one (and so
+  never writes into the folder it points to).
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import hashlib
 import os
 import shutil
@@ -57,14 +74,18 @@ def _sha(text: str) -> str:
 
 
 def read_artifacts(out_dir: Path) -> ArtifactSet:
-    """Every regular file under ``out_dir`` (relative POSIX paths), skipping dtc's temp folders."""
+    """Every regular file under ``out_dir`` (relative POSIX paths), skipping dtc's temp folders.
+
+    Files are decoded from their exact bytes (no newline translation), so a file whose line
+    endings were changed by hand reads as changed.
+    """
     files: dict[str, str] = {}
     if not out_dir.is_dir():
         return ArtifactSet({})
     for path in sorted(out_dir.rglob("*")):
         rel = path.relative_to(out_dir).as_posix()
         if path.is_file() and not rel.startswith((_TMP_PREFIX, _OLD_PREFIX)) and not rel.endswith(".obtained"):
-            files[rel] = path.read_text(encoding="utf-8", errors="replace")
+            files[rel] = path.read_bytes().decode("utf-8", errors="replace")
     return ArtifactSet(files)
 
 
@@ -87,9 +108,29 @@ def hand_edited_files(out_dir: Path) -> list[str]:
 def write_artifacts(artifacts: ArtifactSet, out_dir: Path, *, force: bool = False) -> None:
     """Atomically replace ``out_dir`` with ``artifacts`` (plus a manifest)."""
     out_dir = Path(out_dir)
+    if out_dir.name in ("", ".", ".."):
+        raise ArtifactError(Diagnostic(summary=f"not a folder name to write: {str(out_dir)!r}",
+                                       location=Location(str(out_dir)), hint="write into a named folder"))
+    try:
+        _write(artifacts, out_dir, force=force)
+    except OSError as exc:
+        where = exc.filename if isinstance(exc.filename, str) else str(out_dir)
+        raise ArtifactError(Diagnostic(
+            summary=f"cannot write {out_dir}: {exc.strerror or exc}",
+            location=Location(str(out_dir)), detail=f"at {where}" if where != str(out_dir) else "",
+            hint=f"check free space and permissions; {out_dir} was left as it was")) from None
+
+
+def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(parent, out_dir.name)
+    if out_dir.is_symlink():
+        raise ArtifactError(Diagnostic(
+            summary=f"{out_dir} is a symbolic link; refusing to replace it",
+            location=Location(str(out_dir)),
+            detail=f"it points to {os.readlink(out_dir)}; dtc writes only real folders inside --out",
+            hint="remove the link, or pass the folder it points to (its parent) as --out"))
     if out_dir.exists() and not out_dir.is_dir():
         raise ArtifactError(Diagnostic(summary=f"output path exists and is not a folder: {out_dir}",
                                        location=Location(str(out_dir)), hint="choose another --out"))
@@ -113,12 +154,11 @@ def write_artifacts(artifacts: ArtifactSet, out_dir: Path, *, force: bool = Fals
             if rel.endswith((".sh", ".sbatch", ".py")):
                 os.chmod(target, 0o755)
         os.chmod(staged, 0o755)
-        _fsync_dir(staged)
+        _fsync_dir(staged, strict=True)
         _swap_in(staged, out_dir)
-        _fsync_dir(parent)
+        _fsync_dir(parent, strict=False)  # the swap is done: the new folder is in place either way
     finally:
-        if staged.exists():
-            shutil.rmtree(staged, ignore_errors=True)
+        _remove(staged)
 
 
 def _swap_in(staged: Path, out_dir: Path) -> None:
@@ -126,12 +166,16 @@ def _swap_in(staged: Path, out_dir: Path) -> None:
         os.rename(staged, out_dir)
         return
     if _rename_exchange(staged, out_dir):
-        shutil.rmtree(staged, ignore_errors=True)  # staged now holds the old folder
+        _remove(staged)  # staged now holds the old folder
         return
     old = out_dir.parent / f"{_OLD_PREFIX}{out_dir.name}-{os.getpid()}"
     os.rename(out_dir, old)
-    os.rename(staged, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.rename(staged, out_dir)
+    except BaseException:
+        os.rename(old, out_dir)  # put the old folder back before reporting the failure
+        raise
+    _remove(old)
 
 
 _RENAME_EXCHANGE = 2
@@ -155,19 +199,46 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def _leftovers(parent: Path, prefix: str, name: str) -> list[Path]:
+    """``prefix + name + '-' + suffix`` entries, where the suffix is dtc's (no '-': not another spec's)."""
+    found = []
+    for path in parent.glob(f"{glob.escape(prefix + name)}-*"):
+        suffix = path.name[len(prefix) + len(name) + 1:]
+        if suffix and "-" not in suffix:
+            found.append(path)
+    return sorted(found)
+
+
 def _clean_leftovers(parent: Path, name: str) -> None:
-    """Remove temp/old folders a killed earlier run left next to ``name``."""
+    """Undo what a killed earlier run left next to ``name``: put back an old folder, drop staging."""
+    target = parent / name
+    if not target.exists() and not target.is_symlink():
+        olds = _leftovers(parent, _OLD_PREFIX, name)
+        if olds:  # killed between the two renames of the fallback swap: the old folder is complete
+            os.rename(olds[-1], target)
     for prefix in (_TMP_PREFIX, _OLD_PREFIX):
-        for path in parent.glob(f"{prefix}{name}-*"):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in _leftovers(parent, prefix, name):
+            _remove(path)
 
 
-def _fsync_dir(path: Path) -> None:
+def _remove(path: Path) -> None:
+    """Delete a staging/old folder, or a symlink that was swapped into its place (never following it)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_dir(path: Path, *, strict: bool) -> None:
+    """fsync a directory (its entries); where directories cannot be opened, skip it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(fd)
+    except OSError:
+        if strict:
+            raise
     finally:
         os.close(fd)

@@ -68,16 +68,36 @@ class Diagnostic:
         if loc is not None and loc.line is not None and self.source_line is not None:
             gutter = str(loc.line)
             pad = " " * len(gutter)
+            text, column, width = _window(self.source_line.rstrip(), loc.column, loc.end_column)
             lines.append(f"{pad} |")
-            lines.append(f"{gutter} | {self.source_line.rstrip()}")
-            if loc.column is not None:
-                width = max(1, (loc.end_column or loc.column + 1) - loc.column)
-                lines.append(f"{pad} | {' ' * (loc.column - 1)}{'^' * width}")
+            lines.append(f"{gutter} | {text}")
+            if column is not None:
+                lines.append(f"{pad} | {' ' * (column - 1)}{'^' * width}")
         for extra in self.detail.splitlines():
             lines.append(f"  {extra}" if extra else "")
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)
+
+
+_SHOWN_LINE = 120  # longest source excerpt under a diagnostic; longer lines are cut around the column
+
+
+def _window(text: str, column: int | None, end_column: int | None) -> tuple[str, int | None, int]:
+    """(excerpt, column in it, caret width): a long source line cut to the part around ``column``."""
+    text = "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
+    width = max(1, (end_column or (column or 0) + 1) - (column or 0)) if column is not None else 1
+    if len(text) <= _SHOWN_LINE:
+        return text, column, width
+    start = 0 if column is None else max(0, column - 1 - _SHOWN_LINE // 3)
+    excerpt = text[start:start + _SHOWN_LINE]
+    prefix = "..." if start else ""
+    suffix = "..." if start + _SHOWN_LINE < len(text) else ""
+    if column is None:
+        return prefix + excerpt + suffix, None, width
+    column = column - start + len(prefix)
+    width = max(1, min(width, len(prefix) + len(excerpt) - column + 1))
+    return prefix + excerpt + suffix, column, width
 
 
 def source_line_of(path: str | Path, line: int | None, text: str | None = None) -> str | None:

@@ -131,7 +131,7 @@ def _from_data(tp: Any, data: Any) -> Any:
             return None
         return _from_data(args[0], data) if len(args) == 1 else data
     if tp is float and isinstance(data, int) and not isinstance(data, bool):
-        return float(data)
+        return round_sig(float(data), 4)  # an int in a float field: round as to_dict rounds floats
     return data
 
 

@@ -18,6 +18,7 @@ from compiler.spec.load import LoadedSpec, SourceMap
 from compiler.spec.models import Spec, parse_global_batch
 from compiler import units
 
+MAX_GLOBAL_BATCH = 10_000_000  # sequences per optimizer step, the bound of every other count
 DEFAULT_MAX_GPUS = 16_384  # Llama 3 405B's cluster size; the search upper bound when the spec gives none
 
 
@@ -139,7 +140,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     return Problem(
         name=spec.name,
         description=spec.description or "",
-        spec_path=src.path,
+        spec_path=_portable(src.path),
         spec_sha256=loaded.sha256,
         model_name=model_name,
         shape=shape,
@@ -228,7 +229,7 @@ def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None
     if s.num_attention_heads % s.num_kv_heads:
         diags.append(src.diagnostic(("model", "num_kv_heads"),
                                     f"num_kv_heads must divide num_attention_heads ({s.num_attention_heads}), got {s.num_kv_heads}",
-                                    f"use one of {', '.join(map(str, _divisors(s.num_attention_heads)))}"))
+                                    f"use one of {_some(_divisors(s.num_attention_heads))}"))
     if s.mla is None and not s.head_dim and s.hidden_size % s.num_attention_heads:
         diags.append(src.diagnostic(("model", "hidden_size"),
                                     f"hidden_size must be divisible by num_attention_heads ({s.num_attention_heads}), got {s.hidden_size}",
@@ -252,7 +253,7 @@ def _check_pins(spec: Spec, s: ModelShape, options: list[GpuOption], src: Source
                 ok = [d for d in _divisors(s.num_kv_heads) if s.num_attention_heads % d == 0]
                 diags.append(src.diagnostic(("layout", "tensor_parallel"),
                                             f"tensor_parallel must divide {what} ({n}), got {tp}",
-                                            f"use one of {', '.join(map(str, ok))}"))
+                                            f"use one of {_some(ok)}"))
                 break
         gpn = max((o.gpus_per_node for o in options), default=8)
         if options and tp > gpn and not spec.search.allow_cross_node_tp:
@@ -282,7 +283,7 @@ def _check_pins(spec: Spec, s: ModelShape, options: list[GpuOption], src: Source
         elif s.moe.num_experts % l.expert_parallel:
             diags.append(src.diagnostic(("layout", "expert_parallel"),
                                         f"expert_parallel must divide num_experts ({s.moe.num_experts}), got {l.expert_parallel}",
-                                        f"use one of {', '.join(map(str, _divisors(s.moe.num_experts)))}"))
+                                        f"use one of {_some(_divisors(s.moe.num_experts))}"))
     if l.context_parallel is not None and spec.training.sequence_length % (2 * l.context_parallel) and l.context_parallel > 1:
         diags.append(src.diagnostic(("layout", "context_parallel"),
                                     f"context_parallel x 2 must divide sequence_length ({spec.training.sequence_length}), got {l.context_parallel}",
@@ -388,8 +389,39 @@ def _batch(spec: Spec, src: SourceMap, diags: list[Diagnostic]) -> tuple[str, in
         diags.append(src.diagnostic(("training", "global_batch"),
                                     f"training.global_batch must hold at least one sequence ({spec.training.sequence_length} tokens), got {n} tokens",
                                     "raise the batch, e.g. '4M tokens'"))
+    seqs = n if kind == "sequences" else round(n / spec.training.sequence_length)
+    if seqs > MAX_GLOBAL_BATCH:
+        diags.append(src.diagnostic(("training", "global_batch"),
+                                    f"training.global_batch must be at most {MAX_GLOBAL_BATCH} sequences, "
+                                    f"got {units.format_count(seqs)}",
+                                    "write the batch per optimizer step, e.g. 2048 or '16M tokens'"))
     return kind, n
 
 
+def _portable(path: str) -> str:
+    """The spec path as recorded in the plan: an absolute path is reduced to its file name, so that
+    plan.json holds nothing of the machine it was compiled on (a relative path is kept as given)."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
+        return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
+    return path
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of ``n`` in ascending order (O(sqrt n): shape fields go up to 10M)."""
+    low, high = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            low.append(d)
+            if d * d != n:
+                high.append(n // d)
+        d += 1
+    return low + high[::-1]
+
+
+def _some(values: list[int], limit: int = 12) -> str:
+    """'1, 2, 4, 8' -- or the first ``limit`` and a count of the rest, for hints."""
+    shown = ", ".join(map(str, values[:limit]))
+    return shown if len(values) <= limit else f"{shown}, ... ({len(values)} in all)"

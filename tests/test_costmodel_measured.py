@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
+import torch  # required (the smoke extra): a missing torch fails, never skips
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

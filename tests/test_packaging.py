@@ -39,16 +39,22 @@ def test_wheel_contains_templates_and_data(wheel_venv: Path) -> None:
 
 
 def test_wheel_dtc_compiles_byte_identically(wheel_venv: Path, tmp_path: Path) -> None:
-    spec = tmp_path / "spec.yaml"
-    shutil.copy(REPO / "specs/7b.yaml", spec)
+    """Every example spec, compiled by the wheel and by the checkout (different hash seeds)."""
+    (tmp_path / "specs").mkdir()
+    specs = sorted(p.name for p in (REPO / "specs").glob("*.yaml"))
+    for name in specs:
+        shutil.copy(REPO / "specs" / name, tmp_path / "specs" / name)
+    args = ["compile", *[f"specs/{name}" for name in specs], "-o"]
     wheel_out, editable_out = tmp_path / "wheel", tmp_path / "editable"
-    r = subprocess.run([str(wheel_venv / "bin/dtc"), "compile", "spec.yaml", "-o", str(wheel_out)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run([str(wheel_venv / "bin/dtc"), *args, str(wheel_out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "1"})
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "compiler", "compile", "spec.yaml", "-o", str(editable_out)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run([sys.executable, "-m", "compiler", *args, str(editable_out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "2"})
     assert r.returncode == 0, r.stderr
+    assert len([p for p in wheel_out.iterdir() if p.is_dir()]) == len(specs)
     files = sorted(p.relative_to(wheel_out) for p in wheel_out.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(editable_out) for p in editable_out.rglob("*") if p.is_file())
     for rel in files:

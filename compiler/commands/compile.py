@@ -76,10 +76,16 @@ def compile_command(specs: tuple[str, ...], out: str, target: str | None, check:
     targets = _parse_targets(target)
     counts = {"+": 0, "~": 0, "-": 0, "=": 0}
     results, failures = [], 0
+    written: dict[str, str] = {}  # spec name -> the spec that wrote it in this run
     for path in specs:
         try:
             loaded = load_spec(path)
+            name = loaded.spec.name
+            if name in written:
+                raise loaded.source.error(("name",), f"name is already used by {written[name]} in this run, got '{name}'",
+                                          "each spec writes OUT/<name>/; give the specs different names")
             plan, artifacts = compile_loaded(loaded, targets=targets)
+            written[name] = path
             out_dir = Path(out) / plan.name
             actions = file_actions(artifacts, out_dir)
             if not check:

@@ -117,8 +117,11 @@ def _common(plan: Plan) -> dict[str, Any]:
         "output_dir": output_dir,
         "modules": [_check("modules", m, MODULE_RE) for m in s.get("modules") or []],
         "environment": [{"name": k, "value": env[k]} for k in sorted(env)],
-        # ShellCheck notes '$' and '`' inside single quotes (SC2016): here that literalness is the point
-        "environment_has_expansions": any("$" in v or "`" in v for v in env.values()),
+        # ShellCheck notes '$' and '`' inside single quotes (SC2016) and a backslash before a
+        # closing quote (SC1003): here the literal, unexpanded value is the point.
+        "environment_shellcheck_disables": ",".join(
+            code for code, hit in (("SC1003", any("\\" in v for v in env.values())),
+                                   ("SC2016", any("$" in v or "`" in v for v in env.values()))) if hit),
         "container_image": _check("container_image", image, IMAGE_RE) if image is not None else None,
         "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.get("container_mounts") or []),
         "workdir": _check("workdir", s["workdir"], PATH_RE) if s.get("workdir") is not None else None,

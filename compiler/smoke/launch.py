@@ -23,6 +23,7 @@ would otherwise hang every later run in ``FileBaton.wait``.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import re
@@ -100,10 +101,46 @@ def marked_pids(run_id: str) -> list[int]:
     return pids
 
 
-def end_processes(proc: subprocess.Popen | None, run_id: str, *, grace_s: float = TERM_GRACE_S) -> int:
-    """SIGTERM the launcher's group and every marked process, then SIGKILL what is left; reap.
+_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux prctl PR_SET_CHILD_SUBREAPER), so a
+    launch's process that scrubs its environment and starts its own session is still found."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def child_pids() -> set[int]:
+    """Live direct children of this process (adopted orphans included), from /proc."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
+            out.add(int(entry))
+    return out
+
+
+def end_processes(proc: subprocess.Popen | None, run_id: str, *, grace_s: float = TERM_GRACE_S,
+                  children_before: set[int] | None = None) -> int:
+    """SIGTERM the launcher's group, every marked process and every process this (subreaper)
+    process adopted since ``children_before``; then SIGKILL what is left; reap.
     Returns how many processes had to be signalled."""
-    targets = set(marked_pids(run_id))
+    def adopted() -> set[int]:
+        if children_before is None:
+            return set()
+        return child_pids() - children_before - ({proc.pid} if proc is not None else set())
+
+    targets = set(marked_pids(run_id)) | adopted()
     if proc is not None and proc.poll() is None:
         targets.add(proc.pid)
         try:
@@ -118,7 +155,7 @@ def end_processes(proc: subprocess.Popen | None, run_id: str, *, grace_s: float 
             break
         time.sleep(0.1)
     for _ in range(50):
-        left = marked_pids(run_id)
+        left = set(marked_pids(run_id)) | adopted()
         if proc is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -134,7 +171,33 @@ def end_processes(proc: subprocess.Popen | None, run_id: str, *, grace_s: float 
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+    if children_before is not None:
+        _reap_zombie_children_except(children_before)
     return len(targets)
+
+
+def _reap_zombie_children_except(keep: set[int]) -> None:
+    """waitpid() the adopted processes that ended (not children the caller still owns)."""
+    for pid in list(_zombie_children()):
+        if pid not in keep:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _zombie_children() -> set[int]:
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[-1].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and int(fields[1]) == me and fields[0] == b"Z":
+                out.add(int(entry))
+    return out
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -142,6 +205,9 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+DRAIN_GRACE_S = 5.0  # output still read after the launcher exits, before stragglers are ended
 
 
 def _reader(stream, out: "queue.Queue[str | None]") -> None:
@@ -157,6 +223,8 @@ def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None
     env = dict(spec.env)
     env[RUN_ID_ENV] = run_id
     spec.log_dir.mkdir(parents=True, exist_ok=True)
+    become_subreaper()
+    children_before = child_pids()
     start = time.monotonic()
     result = LaunchResult(returncode=None, wall_s=0.0)
     proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -169,10 +237,15 @@ def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None
     last_step = None
     jit_started: float | None = None
     jit_ops: list[str] = []
+    exited_at: float | None = None
     try:
         eof = False
         while not eof:
             now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_GRACE_S:
+                break  # the launcher is gone; a straggler still holds its output: end it below
             if now > total_deadline:
                 result.hang = "total"
                 break
@@ -216,7 +289,7 @@ def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None
         result.interrupted = True
         raise
     finally:
-        result.killed = end_processes(proc, run_id)
+        result.killed = end_processes(proc, run_id, children_before=children_before)
         if result.returncode is None and proc.poll() is not None and result.hang is None:
             result.returncode = proc.returncode
         thread.join(timeout=5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from compiler import units
-from compiler.errors import Diagnostic, InfeasibleError
+from compiler.errors import Diagnostic, Location, InfeasibleError
 from compiler.estimate import Estimate
 from compiler.layout import Layout
 from compiler.plan import SearchSummary
@@ -125,7 +125,8 @@ def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping
         lines.append(_empty_space_reason(problem))
     hint = next((_HINTS[c] for c in _HINT_ORDER if summary.rejections_by_code.get(c)),
                 "unpin layout knobs or change the GPU count")
-    return InfeasibleError([Diagnostic(summary=head, detail="\n".join(lines), hint=hint)],
+    return InfeasibleError([Diagnostic(summary=head, detail="\n".join(lines), hint=hint,
+                                       location=Location(problem.spec_path))],
                            summary=summary, closest=tuple(misses))
 
 

@@ -51,7 +51,7 @@ class Tally:
     def reject_memory_bound(self, make_layout: Callable[[], Layout], mem: float, usable: float, n: int) -> None:
         """Layouts whose memory lower bound exceeds usable HBM (the layout is built only if it is shown)."""
         self.add(F.OUT_OF_MEMORY, n)
-        distance = (mem - usable) / usable
+        distance = (mem - usable) / max(usable, 1.0)
         if F.OUT_OF_MEMORY not in self.examples or self.would_keep(distance):
             layout = make_layout()
             self.examples.setdefault(F.OUT_OF_MEMORY, f"{layout.describe()}: needs at least "

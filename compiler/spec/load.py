@@ -9,24 +9,39 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import functools
 import io
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, CommentedSet, TaggedScalar
+from ruamel.yaml.composer import ReusedAnchorWarning
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
+                                SequenceEndEvent, SequenceStartEvent)
+from ruamel.yaml.parser import RoundTripParser
+from ruamel.yaml.reader import ReaderError
 
 from compiler.errors import Diagnostic, Location, SpecError
 from compiler.spec.models import Spec
 
-MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML
+# Guards that keep one spec well under a second and a few MB, whatever it holds (the pure-Python
+# YAML scanner costs ~0.1 ms per token and is quadratic in flow-collection depth).
+MAX_SPEC_BYTES = 128 * 1024  # a spec is a page of YAML
+MAX_SPEC_LINES = 10_000
+MAX_EVENTS = 2_000  # YAML parse events (scalars, collection starts/ends, aliases) before construction
+MAX_ALIASES = 100  # each alias may copy a whole mapping (merge keys: `<<: [*a, *a, ...]`)
+MAX_DIAGNOSTICS = 50
 MAX_NODES = 20_000  # alias-bomb guard: nodes after alias expansion
 MAX_DEPTH = 32
 
 Path_ = tuple[str | int, ...]
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True)
@@ -38,8 +53,13 @@ class SourceMap:
     keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
 
+    @functools.cached_property
+    def _rows(self) -> list[str]:
+        rows = _LINE_BREAK.split(self.text)  # YAML's line breaks only (str.splitlines also splits on \x0c, \x85...)
+        return rows[:-1] if rows and rows[-1] == "" else rows  # as splitlines: no row after a final break
+
     def line(self, n: int) -> str | None:
-        rows = self.text.splitlines()
+        rows = self._rows
         return rows[n - 1] if 1 <= n <= len(rows) else None
 
     def locate(self, loc: Path_, *, prefer_key: bool = False) -> Location:
@@ -97,7 +117,11 @@ def load_spec(path: str | Path) -> LoadedSpec:
         if size > MAX_SPEC_BYTES:
             raise SpecError(Diagnostic(summary=f"spec file is too large ({size} bytes, at most {MAX_SPEC_BYTES})",
                                        location=Location(shown), hint="a spec is a page of YAML"))
-        data = p.read_bytes()
+        with open(p, "rb") as f:  # bounded: /dev/zero or a pipe reports size 0 and never ends
+            data = f.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            raise SpecError(Diagnostic(summary=f"spec file is too large (more than {MAX_SPEC_BYTES} bytes)",
+                                       location=Location(shown), hint="a spec is a page of YAML"))
     except OSError as exc:
         raise SpecError(Diagnostic(summary=f"cannot read spec: {exc.strerror or exc}", location=Location(shown),
                                    hint="check the path")) from None
@@ -107,6 +131,9 @@ def load_spec(path: str | Path) -> LoadedSpec:
 def load_spec_bytes(data: bytes, path: str) -> LoadedSpec:
     import hashlib
 
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(Diagnostic(summary=f"spec is too large ({len(data)} bytes, at most {MAX_SPEC_BYTES})",
+                                   location=Location(path, 1), hint="a spec is a page of YAML"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -124,12 +151,20 @@ def load_spec_text(text: str, path: str = "<spec>", *, sha256: str | None = None
     import hashlib
 
     if sha256 is None:
-        sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        sha256 = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(Diagnostic(summary=f"spec is too large ({len(text)} characters, at most {MAX_SPEC_BYTES})",
+                                   location=Location(path, 1), hint="a spec is a page of YAML"))
+    lines = len(_LINE_BREAK.findall(text)) + 1
+    if lines > MAX_SPEC_LINES:
+        raise SpecError(Diagnostic(summary=f"spec is too long ({lines} lines, at most {MAX_SPEC_LINES})",
+                                   location=Location(path, MAX_SPEC_LINES + 1), hint="a spec is a page of YAML"))
     if "\x00" in text:
         line = text[: text.index("\x00")].count("\n") + 1
         raise SpecError(Diagnostic(summary="spec contains a NUL character", location=Location(path, line),
                                    hint="save the file as plain UTF-8 text"))
     source = SourceMap(path=path, text=text)
+    _check_flow_depth(text, source)
     raw = _parse_yaml(text, source)
     data = _to_plain(raw, (), source, _Budget(), 0)
     if data is None:
@@ -147,18 +182,140 @@ def load_spec_text(text: str, path: str = "<spec>", *, sha256: str | None = None
 # --------------------------------------------------------------------------- YAML
 
 
+class _Limit(Exception):
+    """Raised from inside the YAML parser when a spec nests too deeply or holds too much."""
+
+    def __init__(self, summary: str, hint: str, mark: Any, *, whole_token: bool = False):
+        super().__init__(summary)
+        self.summary, self.hint, self.mark, self.whole_token = summary, hint, mark, whole_token
+
+
+class _GuardedParser(RoundTripParser):
+    """ruamel's round-trip parser, refusing what the constructor should never see.
+
+    The composer recurses once per nesting level and the scanner is quadratic in flow
+    depth, so depth is cut here, before either gets far; events and aliases are counted
+    so that a spec of many tiny values (or of merge keys copying one mapping again and
+    again) cannot take seconds. Tags and non-scalar keys are refused here too: ruamel's
+    constructors for ``!!set 1`` or a mapping used as a key fail with TypeError and
+    AttributeError, not with a YAML error.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        self.dtc_events = 0
+        self.dtc_aliases = 0
+        self.dtc_documents: list[Any] = []
+        self.dtc_stack: list[list[int]] = []  # per open collection: [is_mapping, children so far]
+
+    def get_event(self) -> Any:
+        event = super().get_event()
+        self.dtc_events += 1
+        if self.dtc_events > MAX_EVENTS:
+            raise _Limit(f"spec holds too many values (more than {MAX_EVENTS} YAML nodes)",
+                         "a spec is a page of YAML", event.start_mark)
+        if isinstance(event, (ScalarEvent, AliasEvent, MappingStartEvent, SequenceStartEvent)):
+            self._node(event)
+        elif isinstance(event, (MappingEndEvent, SequenceEndEvent)):
+            if self.dtc_stack:
+                self.dtc_stack.pop()
+        elif isinstance(event, AliasEvent):
+            self.dtc_aliases += 1
+            if self.dtc_aliases > MAX_ALIASES:
+                raise _Limit(f"spec uses more than {MAX_ALIASES} aliases (an alias bomb?)",
+                             "write the values out instead of referring to anchors", event.start_mark)
+        elif isinstance(event, DocumentStartEvent):
+            self.dtc_documents.append(event.start_mark)
+        return event
+
+    def _node(self, event: Any) -> None:
+        tag = getattr(event, "tag", None)
+        tag = getattr(tag, "value", tag)  # ruamel >= 0.18 may wrap tags in a Tag object
+        if tag:
+            shown = str(tag).replace("tag:yaml.org,2002:", "!!")
+            raise _Limit(f"YAML tags are not allowed, got {shown}", "remove the tag; write the plain value",
+                         event.start_mark, whole_token=True)
+        parent = self.dtc_stack[-1] if self.dtc_stack else None
+        if parent is not None:
+            if parent[0] and parent[1] % 2 == 0 and not isinstance(event, ScalarEvent):
+                what = "an alias" if isinstance(event, AliasEvent) else (
+                    "a mapping" if isinstance(event, MappingStartEvent) else "a list")
+                raise _Limit(f"keys must be strings, got {what}", "quote the key", event.start_mark)
+            parent[1] += 1
+        if isinstance(event, (MappingStartEvent, SequenceStartEvent)):
+            if len(self.dtc_stack) >= MAX_DEPTH:
+                raise _Limit(f"spec nests deeper than {MAX_DEPTH} levels", "flatten the structure", event.start_mark)
+            self.dtc_stack.append([int(isinstance(event, MappingStartEvent)), 0])
+
+
+_FLOW_CHARS = re.compile(r"[\[\]{}\"'#\n]")
+
+
+def _check_flow_depth(text: str, source: SourceMap) -> None:
+    """Refuse `[[[[...` beyond MAX_DEPTH before the scanner, which is quadratic in flow depth, sees it.
+
+    A cheap over-approximation of YAML: brackets inside quotes and comments are skipped, and
+    any other bracket counts, so it can only ever stop a spec that also nests too deeply or
+    holds dozens of unbalanced brackets in a plain string.
+    """
+    depth, quote, comment = 0, "", False
+    for m in _FLOW_CHARS.finditer(text):
+        ch, at = m.group(), m.start()
+        if comment:
+            comment = ch != "\n"
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _located(source, _offset_location(source, at), f"spec nests deeper than {MAX_DEPTH} levels",
+                               "flatten the structure")
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (at == 0 or text[at - 1] in " \t\n"):
+            comment = True
+
+
+def _mark_location(source: SourceMap, mark: Any) -> Location:
+    if mark is None:
+        return Location(source.path, 1)
+    return Location(source.path, mark.line + 1, mark.column + 1)
+
+
+def _offset_location(source: SourceMap, offset: int) -> Location:
+    offset = max(0, min(offset, len(source.text)))
+    breaks = list(_LINE_BREAK.finditer(source.text, 0, offset))
+    line = len(breaks) + 1
+    col = offset - (breaks[-1].end() if breaks else 0) + 1
+    return Location(source.path, line, col, col + 1)
+
+
+def _located(source: SourceMap, loc: Location, summary: str, hint: str) -> SpecError:
+    return SpecError(Diagnostic(summary=summary, location=loc, hint=hint,
+                                source_line=source.line(loc.line) if loc.line else None))
+
+
 def _parse_yaml(text: str, source: SourceMap) -> Any:
     yaml = YAML(typ="rt", pure=True)
     yaml.allow_duplicate_keys = False
+    yaml.Parser = _GuardedParser
     try:
-        docs = list(yaml.load_all(io.StringIO(text)))
+        with warnings.catch_warnings():
+            # YAML lets an anchor be redefined (the later one wins); ruamel warns on stderr.
+            warnings.simplefilter("ignore", ReusedAnchorWarning)
+            docs = list(yaml.load_all(io.StringIO(text)))
+    except _Limit as exc:
+        loc = _mark_location(source, exc.mark)
+        if exc.whole_token and loc.line is not None and loc.column is not None:
+            loc = Location(loc.path, loc.line, loc.column, source._token_end(loc.line, loc.column))
+        raise _located(source, loc, exc.summary, exc.hint) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = (exc.problem or exc.context or "invalid YAML").strip()
         hint = "check indentation, colons and quotes on this line"
         if "duplicate key" in str(exc):
-            import re
-
             found = re.search(r'duplicate key "([^"]*)"', str(exc))
             problem = f"duplicate key '{found.group(1) if found else '?'}'"
             hint = "each key may appear once in a mapping; remove one of them"
@@ -166,19 +323,35 @@ def _parse_yaml(text: str, source: SourceMap) -> Any:
         if mark is not None and exc.context_mark is not None and source.line(mark.line + 1) is None:
             mark = exc.context_mark  # the problem is at end of file: point at where the construct began
             problem = f"{(exc.context or '').strip()}: {problem}".strip(": ")
-        loc = Location(source.path, mark.line + 1, mark.column + 1) if mark else Location(source.path)
-        raise SpecError(Diagnostic(summary=f"invalid YAML: {problem}", location=loc, hint=hint,
-                                   source_line=source.line(loc.line) if loc.line else None)) from None
+        raise _located(source, _mark_location(source, mark), f"invalid YAML: {problem}", hint) from None
+    except ReaderError as exc:
+        char = exc.character if isinstance(exc.character, int) else 0
+        what = f"character U+{char:04X}" if char else "character"
+        raise _located(source, _offset_location(source, exc.position or 0),
+                       f"invalid YAML: {what} is not allowed in YAML ({exc.reason})",
+                       "remove control characters; write them as escapes in a double-quoted string") from None
     except YAMLError as exc:
-        raise SpecError(Diagnostic(summary=f"invalid YAML: {exc}", location=Location(source.path),
-                                   hint="check the file's syntax")) from None
+        raise _located(source, _mark_location(source, getattr(exc, "problem_mark", None)),
+                       f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                       "check the file's syntax") from None
+    except (ValueError, OverflowError) as exc:
+        # ruamel converts scalars with int()/float(): a 5000-digit number exceeds Python's limit.
+        found = re.search(r"[-+]?[0-9][0-9_]{99,}", text)
+        loc = _offset_location(source, found.start()) if found else Location(source.path, 1)
+        raise _located(source, loc, "invalid YAML: a number is too long to read",
+                       "write large numbers with a unit, e.g. 15T") from None
     except RecursionError:
-        raise SpecError(Diagnostic(summary="invalid YAML: nested too deeply", location=Location(source.path),
-                                   hint=f"a spec nests at most {MAX_DEPTH} levels")) from None
+        raise _located(source, Location(source.path, 1), "invalid YAML: nested too deeply",
+                       f"a spec nests at most {MAX_DEPTH} levels") from None
     if len(docs) > 1:
-        raise SpecError(Diagnostic(summary=f"a spec file holds one YAML document, got {len(docs)}",
-                                   location=Location(source.path), hint="remove the '---' separators"))
+        marks = getattr(yaml.parser, "dtc_documents", [])
+        loc = _mark_location(source, marks[1]) if len(marks) > 1 else Location(source.path, 1)
+        raise _located(source, loc, f"a spec file holds one YAML document, got {len(docs)}",
+                       "remove the '---' separators")
     return docs[0] if docs else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Budget:
@@ -187,8 +360,13 @@ class _Budget:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+    from collections.abc import Mapping
+
+    for kind, word in ((bool, "a boolean"), (Mapping, "a mapping"), (list, "a list"), (tuple, "a list"),
+                       (str, "a string"), (int, "a number"), (float, "a number"), (type(None), "null")):
+        if isinstance(value, kind):
+            return word
+    return type(value).__name__
 
 
 def _tag_of(node: Any) -> str | None:
@@ -216,9 +394,13 @@ def _to_plain(node: Any, path: Path_, source: SourceMap, budget: _Budget, depth:
                 pos = _pos(node, key, "key")
                 if pos:
                     source.keys[path + (str(key),)] = pos
-                raise source.error(path + (str(key),), f"keys must be strings, got {_kind(key)} {key!r}",
+                shown = f" {_show(key)}" if isinstance(key, (bool, int, float)) else ""
+                raise source.error(path + (str(key),), f"keys must be strings, got {_kind(key)}{shown}",
                                    "quote the key", prefer_key=True)
             key_s = str(key)
+            if _SURROGATE.search(key_s):
+                raise source.error(path, "key is not valid Unicode (a lone surrogate escape such as \\ud800)",
+                                   "write the character itself")
             kpos, vpos = _pos(node, key, "key"), _pos(node, key, "value")
             if kpos:
                 source.keys[path + (key_s,)] = kpos
@@ -245,12 +427,16 @@ def _to_plain(node: Any, path: Path_, source: SourceMap, budget: _Budget, depth:
     if isinstance(node, float):
         return float(node)
     if isinstance(node, str):
-        return str(node)
+        text = str(node)
+        if _SURROGATE.search(text):  # "\ud800" in a double-quoted scalar: not writable as UTF-8
+            raise source.error(path, "string is not valid Unicode (a lone surrogate escape such as \\ud800)",
+                               "write the character itself, or a \\U escape of a real code point")
+        return text
     if isinstance(node, (datetime.date, datetime.datetime)):
         return node.isoformat()
     if node is None:
         return None
-    if isinstance(node, (set, frozenset)):
+    if isinstance(node, (set, frozenset, CommentedSet)):
         raise source.error(path, "YAML sets are not allowed", "use a list")
     raise source.error(path, f"unsupported YAML value of type {type(node).__name__}", "write a plain value")
 
@@ -307,7 +493,8 @@ def _normalise(loc: tuple, data: Any) -> Path_:
             out.append(part)
             cur = cur[part] if 0 <= part < len(cur) else None
         elif isinstance(cur, dict) and isinstance(part, str) and "[" not in part and part[:1].islower() and part not in (
-                "str", "int", "float", "bool", "list", "dict", "function-after", "function-before"):
+                "str", "int", "float", "bool", "list", "dict", "function-after", "function-before") \
+                and not part.startswith("constrained-"):
             out.append(part)
             cur = None
     return tuple(out)
@@ -338,7 +525,10 @@ def validation_diagnostics(exc: ValidationError, data: dict, source: SourceMap) 
         grouped.setdefault(_normalise(err["loc"], data), []).append(err)
     diags: list[Diagnostic] = []
     seen: set[tuple[Path_, str]] = set()
+    parents = {other[:cut] for other in grouped for cut in range(len(other))}
     for loc, errs in grouped.items():
+        if all(e["type"] in _TYPE_WORDS for e in errs) and loc in parents:
+            continue  # a union member (e.g. a custom GPU mapping) matched and reported deeper errors
         specific = [e for e in errs if e["type"] not in _TYPE_WORDS] or errs
         if len(specific) < len(errs) and all(e["type"] in _TYPE_WORDS for e in errs):
             specific = errs
@@ -352,6 +542,11 @@ def validation_diagnostics(exc: ValidationError, data: dict, source: SourceMap) 
                 seen.add(key)
                 diags.append(diag)
     diags.sort(key=lambda d: (d.location.line or 0, d.location.column or 0) if d.location else (0, 0))
+    if len(diags) > MAX_DIAGNOSTICS:
+        rest = len(diags) - MAX_DIAGNOSTICS + 1
+        diags = diags[:MAX_DIAGNOSTICS - 1] + [Diagnostic(
+            summary=f"... and {rest} more errors", location=diags[MAX_DIAGNOSTICS - 1].location,
+            hint="fix the errors above first")]
     return diags
 
 
@@ -378,8 +573,10 @@ def _diagnostic_for(err: dict, loc: Path_, source: SourceMap) -> Diagnostic:
                                  prefer_key=True)
     if kind == "dtc_rule":
         field_loc = loc + (ctx["field"],) if ctx.get("field") and (not loc or loc[-1] != ctx["field"]) else loc
+        if ctx.get("key") is not None:  # a rule about one entry of a mapping: point at that entry
+            field_loc = field_loc + (str(ctx["key"]),)
         return source.diagnostic(field_loc, f"{_dotted(field_loc)}: {err['msg']}, got {_show(ctx.get('value'))}",
-                                 ctx.get("hint", ""))
+                                 ctx.get("hint", ""), prefer_key=bool(ctx.get("at_key")))
     if kind == "dtc_unit":
         return source.diagnostic(loc, f"{name} must be {ctx['kind']}, got {_show(value)}", f"write {ctx['expected']}")
     if kind == "dtc_int":
@@ -394,6 +591,14 @@ def _diagnostic_for(err: dict, loc: Path_, source: SourceMap) -> Diagnostic:
         hint = f"did you mean '{guess[0]}'?" if guess else f"choose one of: {', '.join(choices)}"
         return source.diagnostic(loc, f"{name} must be one of {', '.join(choices)}, got {_show(value)}", hint)
     if kind == "string_pattern_mismatch":
+        if isinstance(value, str) and value.startswith("-"):
+            return source.diagnostic(loc, f"{name} must not start with '-', got {_show(value)}",
+                                     "a value starting with '-' would be read as a command-line option")
+        if isinstance(value, str) and value.startswith("~"):
+            return source.diagnostic(loc, f"{name} must not start with '~', got {_show(value)}",
+                                     "values are quoted in the scripts, so '~' is not expanded: write the full path")
+        if isinstance(value, str) and not value:
+            return source.diagnostic(loc, f"{name} must not be empty", _field_hint(loc) or "remove the key")
         return source.diagnostic(loc, f"{name} has characters that are not allowed, got {_show(value)}",
                                  "use letters, digits, '.', '_' and '-' (paths may also use '/'); no spaces, "
                                  "quotes, '$', ';', or newlines")

@@ -52,7 +52,7 @@ MAX_PARAMS = 10**14  # 100T
 MAX_TOKENS = 10**16  # 10 quadrillion
 ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
 TokenCount = Annotated[Count, Field(ge=0, le=MAX_TOKENS)]
-PosBytes = Annotated[Bytes, Field(gt=0, le=2**50)]  # at most 1 PiB
+PosBytes = Annotated[Bytes, Field(ge=2**30, le=2**50)]  # GPU memory: 1 GiB to 1 PiB
 PosBandwidth = Annotated[Bandwidth, Field(gt=0, le=1e15)]  # at most 1 PB/s
 PosFlops = Annotated[Flops, Field(gt=0, le=1e18)]  # at most 1 EFLOP/s per GPU
 Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
@@ -67,7 +67,26 @@ SLURM_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
 MODULE_RE = r"^[A-Za-z0-9][A-Za-z0-9._+/-]{0,127}$"
 IMAGE_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/@#+-]{0,255}$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-PATH_RE = r"^[A-Za-z0-9_./%~+=@:-][A-Za-z0-9_./%~+=@:,-]{0,1023}$"
+# Not a leading '-' (a path would read as an option of cd, torchrun or srun) nor '~' (values are
+# quoted, so the shell would not expand it).
+PATH_RE = r"^[A-Za-z0-9_./%+=@:][A-Za-z0-9_./%~+=@:,-]{0,1023}$"
+
+
+# Environment variables a spec may not set: they change how bash reads the generated scripts
+# (IFS, BASH_ENV, ...), or they are the scripts' own variables, or inputs the scripts read from
+# SLURM and the launcher; overriding them would make the job run something other than the
+# plan. (tests/test_injection.py checks that every variable the rendered scripts use is here or
+# is a plain tuning knob.)
+RESERVED_ENV_NAMES = frozenset({
+    # bash and POSIX sh
+    "IFS", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH", "GLOBIGNORE", "POSIXLY_CORRECT",
+    "PATH", "HOME", "SHELL", "OLDPWD", "PWD",
+    # the generated scripts' own variables
+    "ARTIFACT_DIR", "MEGATRON_DIR", "MEGATRON_ARGS", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
+    "status", "step_pid", "got_usr1", "omp_threads",
+    # what the launchers hand to each process
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+})
 
 
 class _Strict(BaseModel):
@@ -186,7 +205,7 @@ class CustomGpuSpec(_Strict):
     hbm_bandwidth: PosBandwidth = Field(description="Memory bandwidth, e.g. 3.35TB/s.")
     intra_node_bandwidth: PosBandwidth = Field(description="GPU-to-GPU bandwidth inside a node, per direction.")
     inter_node_bandwidth: PosBandwidth = Field(description="Network bandwidth per GPU, per direction, e.g. 400Gb/s.")
-    pcie_bandwidth: PosBandwidth = Field("64GB/s", description="Host link per direction (offload traffic).")
+    pcie_bandwidth: PosBandwidth = Field("64GB/s", validate_default=True, description="Host link per direction (offload traffic).")
     price_per_gpu_hour: Price = Field(description="Dollars per GPU-hour.")
 
 
@@ -312,10 +331,15 @@ class SlurmSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "SlurmSpec":
         for key, value in self.environment.items():
+            if key in RESERVED_ENV_NAMES or key.startswith(("SLURM_", "SRUN_", "SBATCH_", "BASH_", "DTC_")):
+                raise PydanticCustomError(
+                    "dtc_rule", "the name is reserved (the generated scripts rely on it)",
+                    {"field": "environment", "key": key, "value": key, "at_key": True,
+                     "hint": "remove it; SLURM, shell and launcher settings come from the other slurm fields"})
             if "\n" in value or "\r" in value or "\x00" in value:
                 raise PydanticCustomError(
                     "dtc_rule", "environment values must be one line",
-                    {"field": "environment", "value": value, "hint": f"remove the newline from {key}"})
+                    {"field": "environment", "key": key, "value": value, "hint": f"remove the newline from {key}"})
         for item in self.container_mounts:
             if ".." in item.split("/"):
                 raise PydanticCustomError("dtc_rule", "container mounts must not use '..'",

@@ -1,0 +1,244 @@
+"""Hostile and broken specs (issue #8, item 1): every spec compiles or fails with a located error.
+
+Three layers, all derandomized so CI is reproducible (benchmarks/fuzz.py runs the same
+generators randomized, for as long as you like):
+
+- in process, ``load_spec_bytes`` + ``lower`` on 10,000+ generated specs: the example specs
+  and a rich spec with every section, mutated as trees (deleted, duplicated, renamed and
+  retyped keys; huge, zero, negative, NaN and infinite numbers; bad units; deep nesting;
+  long strings; tags) and as bytes (invalid UTF-8, control characters, truncation, alias
+  and merge bombs appended), plus a hand-written corpus of the nastiest cases. A
+  ``SpecError`` must carry a summary and a file:line location and render; anything else
+  fails. Time per spec is measured on every spec, memory (tracemalloc) on a sample and on
+  the whole corpus.
+- 200 specs through the real CLI in process (``dtc compile --out``): exit 0 or 2, never a
+  traceback or INTERNAL ERROR.
+- a few dozen as real subprocesses under RLIMIT_AS = 1 GiB and a 10 s timeout, with the
+  child's own peak RSS read from wait4().
+
+The figures are printed at the end of the run (section "dtc hardening"). For a quick
+local run set DTC_FUZZ_SCALE=0.1.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fuzzing as fz
+from hardening_report import figure, register
+from helpers import REPO
+
+SCALE = float(os.environ.get("DTC_FUZZ_SCALE", "1"))
+N_TREES = max(10, int(6000 * SCALE))  # + N_BYTES + the corpus = 10,000+ specs in process
+N_BYTES = max(10, int(4000 * SCALE))
+N_CLI = max(5, int(200 * SCALE))
+MAX_SECONDS = 3.0  # CPU seconds per spec, in process ("never more than a few seconds")
+MAX_TRACED_MB = 200.0  # per spec, Python allocations (tracemalloc)
+SUBPROCESS_TIMEOUT_S = 10.0
+SUBPROCESS_AS_BYTES = 1 << 30  # RLIMIT_AS for the real processes
+MAX_CHILD_RSS_MB = 500.0
+
+BASES = fz.base_specs()
+CORPUS = fz.hostile_corpus()
+STATS = fz.Stats()
+CLI = {"specs": 0, "ok": 0, "user_error": 0, "infeasible": 0, "max_s": 0.0}
+PROC = {"specs": 0, "ok": 0, "user_error": 0, "max_s": 0.0, "max_rss_mb": 0.0}
+
+FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=True,
+                suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _figures(request: pytest.FixtureRequest):
+    register(request.config)
+    start = time.perf_counter()
+    yield
+    figure("fuzz-1", STATS.line("fuzz: load+lower") + f"; {time.perf_counter() - start:.0f} s for this file")
+    figure("fuzz-2", f"fuzz: CLI compile (in process): {CLI['specs']} specs, {CLI['ok']} compiled, "
+                     f"{CLI['user_error']} exit 2 ({CLI['infeasible']} infeasible), 0 tracebacks, "
+                     f"max {CLI['max_s']:.2f} s")
+    figure("fuzz-3", f"fuzz: subprocess compile (RLIMIT_AS 1 GiB, 10 s): {PROC['specs']} specs, {PROC['ok']} compiled, "
+                     f"{PROC['user_error']} exit 2, max {PROC['max_s']:.2f} s, max RSS {PROC['max_rss_mb']:.0f} MB")
+
+
+# --------------------------------------------------------------------------- in process: load + lower
+
+
+@pytest.mark.parametrize("label", [label for label, _ in BASES])
+def test_starting_points_are_valid(label: str) -> None:
+    """Mutations start from valid specs, so that what breaks is the mutation."""
+    data = dict(BASES)[label]
+    for style in ("block", "flow", "quoted"):
+        assert fz.check_spec(fz.emit(fz.to_tree(data), style).encode(), STATS) == "valid", (label, style)
+
+
+@pytest.mark.parametrize("label", [label for label, _ in CORPUS])
+def test_hostile_corpus(label: str) -> None:
+    fz.check_spec(dict(CORPUS)[label], STATS, trace_memory=True, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
+
+
+@settings(FUZZ, max_examples=N_TREES)
+@given(fz.fuzz_specs(BASES, byte_level=False))
+def test_mutated_specs(data: bytes) -> None:
+    fz.check_spec(data, STATS, trace_memory=STATS.specs % 97 == 0, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
+
+
+@settings(FUZZ, max_examples=N_BYTES)
+@given(fz.fuzz_specs(BASES, byte_level=True))
+def test_mutated_bytes(data: bytes) -> None:
+    fz.check_spec(data, STATS, trace_memory=STATS.specs % 97 == 0, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
+
+
+def test_fuzz_totals() -> None:
+    """The issue's figure: at least 10,000 specs per CI run, 0 failures (runs after the tests above)."""
+    if SCALE < 1:
+        pytest.skip("DTC_FUZZ_SCALE < 1")
+    assert STATS.specs >= 10_000, f"only {STATS.specs} specs fuzzed (run the whole file)"
+    assert not STATS.failures
+    assert STATS.valid >= 1000 and STATS.rejected >= 1000, STATS.line()
+
+
+# --------------------------------------------------------------------------- the CLI, in process
+
+_LOCATED = re.compile(r"^(?P<path>[^\n]+?):(?P<line>\d+)(:\d+)?: error: ", re.M)
+
+
+def _check_cli_output(result, spec: str) -> None:
+    out = (result.stdout or "") + (result.stderr or "")
+    assert "Traceback" not in out and "INTERNAL ERROR" not in out, out
+    assert result.exit_code in (0, 2), (result.exit_code, out, result.exception)
+    if result.exit_code == 2:
+        assert "error:" in result.stderr, result.stderr
+        if "no layout fits" not in result.stderr:  # infeasible plans: see test_infeasible_error_names_the_spec
+            found = _LOCATED.search(result.stderr)
+            assert found and found.group("path") == spec, f"not located at {spec}:LINE:\n{result.stderr}"
+
+
+@settings(FUZZ, max_examples=N_CLI)
+@given(fz.fuzz_specs(BASES, byte_level=False), st.booleans())
+def test_cli_compile_sample(data: bytes, bytes_too: bool) -> None:
+    from click.testing import CliRunner
+
+    from compiler.cli import cli
+
+    with tempfile.TemporaryDirectory(prefix="dtc-fuzz-") as tmp:
+        spec = os.path.join(tmp, "spec.yaml")
+        Path(spec).write_bytes(data)
+        start = time.perf_counter()
+        result = CliRunner().invoke(cli, ["compile", spec, "--out", os.path.join(tmp, "out")])
+        elapsed = time.perf_counter() - start
+        _check_cli_output(result, spec)
+        if result.exit_code == 0:  # output stays inside --out
+            written = [p for p in Path(tmp).rglob("*") if p.is_file() and p.name != "spec.yaml"]
+            assert written and all(Path(tmp, "out") in p.parents for p in written)
+    CLI["specs"] += 1
+    CLI["ok" if result.exit_code == 0 else "user_error"] += 1
+    CLI["infeasible"] += "no layout fits" in (result.stderr or "")
+    CLI["max_s"] = max(CLI["max_s"], elapsed)
+    assert elapsed < 30, f"dtc compile took {elapsed:.1f} s on one spec"
+
+
+def test_infeasible_error_names_the_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: t\nmodel: {preset: llama3-70b}\ntraining: {tokens: 1T, sequence_length: 4096, "
+                    "global_batch: 512}\ncluster: {gpu: a100-40gb, num_gpus: 1}\n")
+    from helpers import run_cli
+
+    result = run_cli(["compile", str(spec), "--out", str(tmp_path / "out")], exit_code=2)
+    assert "no layout fits" in result.stderr
+    assert str(spec) in result.stderr
+
+
+# --------------------------------------------------------------------------- real processes, with limits
+
+
+def run_limited(args: list[str], cwd: Path, *, timeout: float = SUBPROCESS_TIMEOUT_S,
+                address_space: int = SUBPROCESS_AS_BYTES) -> tuple[int | None, str, float, float]:
+    """(exit code or None on timeout, stderr, seconds, the child's own peak RSS in MB)."""
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    err_path = cwd / "stderr.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(err_path, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limits,
+                                env=env)
+        code: int | None = None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.perf_counter() - start > timeout:
+                proc.kill()
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        proc.returncode = code if code is not None else -9  # reaped here; keep Popen from waiting again
+        elapsed = time.perf_counter() - start
+    return code, err_path.read_text(errors="replace"), elapsed, usage.ru_maxrss / 1024
+
+
+SUBPROCESS_LABELS = [
+    "alias-bomb", "merge-many", "merge-chain", "deep-flow-list", "deep-block", "5000-digit-int", "too-large",
+    "long-line", "many-values", "many-errors", "many-anchors", "tag-python", "tag-set-scalar", "unhashable-key",
+    "lone-surrogate", "nul", "utf16", "latin1", "escape-seq", "two-docs", "huge-int", "1e400", "shape-max",
+    "prime-heads", "moe-max", "params-100T", "1gib-gpu", "1pib-gpu", "slow-gpu", "fast-gpu", "free-gpu-cheapest",
+    "one-gpu", "tiny-budget", "env-newline", "hex-octal",
+]
+
+
+@pytest.mark.parametrize("label", SUBPROCESS_LABELS)
+def test_real_process_with_limits(label: str, tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_bytes(dict(CORPUS)[label])
+    code, err, elapsed, rss = run_limited([sys.executable, "-m", "compiler", "compile", "spec.yaml", "--out", "out"],
+                                          tmp_path)
+    PROC["specs"] += 1
+    PROC["max_s"] = max(PROC["max_s"], elapsed)
+    PROC["max_rss_mb"] = max(PROC["max_rss_mb"], rss)
+    assert code is not None, f"dtc compile ran past {SUBPROCESS_TIMEOUT_S} s on {label}"
+    assert code in (0, 2), f"exit {code} on {label}:\n{err}"
+    assert "Traceback" not in err and "INTERNAL ERROR" not in err and "MemoryError" not in err, err
+    assert rss < MAX_CHILD_RSS_MB, f"{label}: peak RSS {rss:.0f} MB"
+    PROC["ok" if code == 0 else "user_error"] += 1
+    if code == 2 and "no layout fits" not in err:
+        assert err.startswith("spec.yaml:"), err
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "/dev/null", ".", "no/such/spec.yaml"])
+def test_special_paths(path: str, tmp_path: Path) -> None:
+    """Devices that never end, a folder, a missing file: exit 2, quickly, without reading forever."""
+    code, err, elapsed, rss = run_limited([sys.executable, "-m", "compiler", "validate", path], tmp_path)
+    assert code == 2, (path, code, err)
+    assert "Traceback" not in err and "INTERNAL ERROR" not in err, err
+    assert err.startswith(f"{path}") or "error:" in err.lower(), err
+
+
+SLOW = {
+    "budget-70b-cheapest": ("budget:\n  max_cost: $5M\n  objective: fastest\n", "budget:\n  max_cost: $5M\n"
+                            "  objective: cheapest\n"),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="reported: the solver takes ~18 s of CPU on specs/budget-70b.yaml with "
+                                       "objective: cheapest (3.4 s with fastest), beyond 'a few seconds'")
+@pytest.mark.parametrize("case", sorted(SLOW))
+def test_valid_specs_compile_within_seconds(case: str, tmp_path: Path) -> None:
+    old, new = SLOW[case]
+    text = (REPO / "specs/budget-70b.yaml").read_text()
+    assert old in text
+    (tmp_path / "spec.yaml").write_text(text.replace(old, new))
+    code, err, elapsed, _ = run_limited([sys.executable, "-m", "compiler", "compile", "spec.yaml", "--out", "out"],
+                                        tmp_path, timeout=SUBPROCESS_TIMEOUT_S)
+    assert code == 0, f"{case}: exit {code} after {elapsed:.1f} s\n{err}"
