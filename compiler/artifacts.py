@@ -73,6 +73,12 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# Files other commands keep inside a generated folder that are not compile output: `dtc smoke`
+# writes its report there. They are not compared, not treated as hand edits, and survive a
+# recompile (smoke.json names the plan.json hash it was measured against).
+EXTRA_FILES = frozenset({"smoke.json"})
+
+
 def read_artifacts(out_dir: Path) -> ArtifactSet:
     """Every regular file under ``out_dir`` (relative POSIX paths), skipping dtc's temp folders.
 
@@ -84,7 +90,8 @@ def read_artifacts(out_dir: Path) -> ArtifactSet:
         return ArtifactSet({})
     for path in sorted(out_dir.rglob("*")):
         rel = path.relative_to(out_dir).as_posix()
-        if path.is_file() and not rel.startswith((_TMP_PREFIX, _OLD_PREFIX)) and not rel.endswith(".obtained"):
+        if (path.is_file() and not rel.startswith((_TMP_PREFIX, _OLD_PREFIX)) and not rel.endswith(".obtained")
+                and rel not in EXTRA_FILES):
             files[rel] = path.read_bytes().decode("utf-8", errors="replace")
     return ArtifactSet(files)
 
@@ -153,6 +160,10 @@ def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
                 os.fsync(f.fileno())
             if rel.endswith((".sh", ".sbatch", ".py")):
                 os.chmod(target, 0o755)
+        for rel in sorted(EXTRA_FILES):
+            kept = out_dir / rel
+            if kept.is_file() and not kept.is_symlink() and rel not in artifacts.files:
+                shutil.copy2(kept, staged / rel)
         os.chmod(staged, 0o755)
         _fsync_dir(staged, strict=True)
         _swap_in(staged, out_dir)

@@ -95,3 +95,16 @@ def test_internal_errors_exit_3_without_traceback(monkeypatch) -> None:
     result = run_cli(["validate", SPEC], exit_code=3)
     assert "INTERNAL ERROR" in result.stderr and "please report" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_smoke_report_survives_recompile_and_is_not_a_hand_edit(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    run_cli(["compile", SPEC, "--out", out])
+    report = tmp_path / "llama2-7b-8xh100" / "smoke.json"
+    report.write_text('{"targets": []}\n')
+    run_cli(["compile", SPEC, "--out", out, "--check"], exit_code=0)
+    run_cli(["compile", "specs/7b.yaml", "--out", out, "--force"])
+    (tmp_path / "llama2-7b-8xh100" / "PLAN.md").write_text("edited\n")
+    run_cli(["compile", SPEC, "--out", out, "--force"])
+    assert report.read_text() == '{"targets": []}\n'
+    run_cli(["check", SPEC, "--generated", out], exit_code=0)
