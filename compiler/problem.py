@@ -99,6 +99,7 @@ class Problem:
     top_k: int
     targets: tuple[str, ...]
     slurm: dict[str, Any] = field(default_factory=dict)  # the validated slurm section, plain data
+    source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
 
     @property
     def num_params(self) -> int:
@@ -141,6 +142,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         name=spec.name,
         description=spec.description or "",
         spec_path=_portable(src.path),
+        source_path=src.path,
         spec_sha256=loaded.sha256,
         model_name=model_name,
         shape=shape,

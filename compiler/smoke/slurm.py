@@ -19,6 +19,7 @@ cancelled is reported with its SLURM state, exit code and the end of its log.
 from __future__ import annotations
 
 import os
+import sys
 import re
 import shutil
 import subprocess
@@ -38,8 +39,11 @@ _DROP = re.compile(r"^--(gpus(-per-node|-per-task|-per-socket)?|gres=gpu.*|exclu
 
 
 def _search_path(env: dict[str, str]) -> str:
-    parts = env.get("PATH", "").split(os.pathsep)
-    return os.pathsep.join([p for p in parts if p] + [d for d in SBIN_DIRS if d not in parts])
+    """PATH for the job: this Python's bin folder first, so the script's `torchrun` and `python`
+    are the ones dtc runs with even when its virtualenv is not activated; sbin for the daemons."""
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+    own = os.path.dirname(sys.executable)
+    return os.pathsep.join([own] + [p for p in parts if p != own] + [d for d in SBIN_DIRS if d not in parts])
 
 
 def rewrite_sbatch(text: str, *, partition: str, cpus_per_task: int, time_limit_s: float, output_dir: Path,

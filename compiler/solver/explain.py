@@ -126,7 +126,7 @@ def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping
     hint = next((_HINTS[c] for c in _HINT_ORDER if summary.rejections_by_code.get(c)),
                 "unpin layout knobs or change the GPU count")
     return InfeasibleError([Diagnostic(summary=head, detail="\n".join(lines), hint=hint,
-                                       location=Location(problem.spec_path))],
+                                       location=Location(problem.source_path or problem.spec_path))],
                            summary=summary, closest=tuple(misses))
 
 
