@@ -479,4 +479,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The run is done and its output flushed; leave without the interpreter's shutdown, where
+    # torch's c10d/gloo threads can abort a finished rank ("terminate called without an
+    # active exception", seen intermittently on CPU under torchrun).
+    os._exit(_code or 0)
