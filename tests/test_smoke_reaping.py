@@ -163,7 +163,11 @@ def test_descendant_without_the_marker_is_reaped(tmp_path: Path) -> None:
 
 
 DRIVER = textwrap.dedent('''
+    import signal
     import sys
+    # A terminal program handles Ctrl-C; a SIGINT ignored by whatever started the test run
+    # (inherited SIG_IGN: Python then installs no handler) would turn this test into a hang.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, sys.argv[1])
     from pathlib import Path
     from compiler.smoke.launch import LaunchSpec, run_launch
