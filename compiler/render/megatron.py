@@ -25,7 +25,8 @@ from compiler.frameworks import target_reason
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
-from compiler.render.deepspeed import lr_schedule_steps, provenance_header
+from compiler.render.deepspeed import lr_schedule_steps
+from compiler.render.report import provenance_header
 from compiler.render.environment import render_template
 
 ARGS_FILE = "megatron_args.sh"

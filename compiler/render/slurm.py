@@ -31,7 +31,7 @@ from typing import Any
 from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
-from compiler.render.fsdp import provenance_header
+from compiler.render.report import provenance_header
 from compiler.render.megatron import megatron_env
 from compiler.spec.models import ENV_NAME_RE, IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE
 
