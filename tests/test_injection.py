@@ -58,6 +58,9 @@ ATTACKS: dict[str, str] = {
     "brace-expansion": "{{x,$(touch {canary})}}",
     "process-subst": "<(touch {canary})",
     "arith": "$((`touch {canary}`))",
+    # bash evaluates an integer variable's assigned value as arithmetic, and an array subscript
+    # inside it runs $(...) even from a single-quoted string
+    "array-subscript": "a[$(touch {canary})]",
     "param-default": "${{x:-$(touch {canary})}}",
     "ansi-c": "$'\\x24(touch {canary})'",
     "glob": "*",
@@ -472,3 +475,55 @@ def test_out_parent_symlink_writes_inside_its_target(tmp_path: Path) -> None:
     spec.write_text(fz.emit(fz.to_tree(CLEAN), "quoted"))
     run_cli(["compile", str(spec), "--out", str(tmp_path / "link")])
     assert sorted(p.name for p in real.iterdir()) == ["inject"]
+
+
+def _bash_variable_names() -> set[str]:
+    """Every variable bash treats specially: the spec's list plus what a clean bash defines itself."""
+    from compiler.spec.models import BASH_VARIABLE_NAMES
+
+    listed = subprocess.run(["env", "-i", "bash", "--norc", "--noprofile", "-c", "compgen -v"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    return set(BASH_VARIABLE_NAMES) | set(listed)
+
+
+def test_every_bash_variable_the_clean_shell_defines_is_reserved() -> None:
+    from compiler.spec.models import env_name_problem
+
+    loose = sorted(n for n in _bash_variable_names() if env_name_problem(n) is None)
+    assert not loose, f"bash defines {loose} but slurm.environment accepts them"
+
+
+@pytest.mark.parametrize("name", ["OPTIND", "RANDOM", "SRANDOM", "HISTCMD", "LINENO", "SECONDS", "COLUMNS",
+                                  "LINES", "UID", "EUID", "PPID", "BASHPID", "EPOCHSECONDS", "OPTERR",
+                                  "HISTSIZE", "SHLVL", "auto_resume", "bash_env"])
+def test_bash_variable_as_environment_name_is_rejected(name: str, tmp_path: Path) -> None:
+    """Issue #16.1: `OPTIND: 'a[$(touch pwned)]'` ran `touch` when the sbatch script ran."""
+    a = make_attempt(tmp_path, "slurm.environment.value", "array-subscript")
+    spec = copy_clean()
+    spec["slurm"]["environment"] = {"NCCL_DEBUG": "WARN", name: a.value}
+    a.spec_file.write_text(fz.emit(fz.to_tree(spec), "quoted"))
+    result = compile_attempt(a)
+    assert result.exit_code == 2, (name, result.output)
+    assert "slurm.environment" in result.stderr and "bash" in result.stderr, result.stderr
+    assert not a.canary.exists()
+
+
+def test_renderer_refuses_a_bash_variable_in_a_hand_made_plan() -> None:
+    """The renderer applies the same rule to a plan.json that never went through the spec."""
+    import dataclasses
+
+    from compiler.errors import RenderError
+    from compiler.render.slurm import slurm_context
+    from plan_fixtures import layout_for, plan_for, problem_for
+
+    problem = problem_for()
+    plan = plan_for(problem, layout_for(problem, dp_shard=8, zero_stage=3), real_estimate=False)
+    bad = dataclasses.replace(plan, slurm={**plan.slurm, "environment": {"OPTIND": "a[$(touch x)]"}})
+    with pytest.raises(RenderError, match="bash"):
+        slurm_context(bad)
+
+
+def copy_clean() -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(CLEAN)

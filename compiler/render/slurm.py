@@ -33,7 +33,7 @@ from compiler.plan import Plan
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
 from compiler.render.megatron import megatron_env
-from compiler.spec.models import ENV_NAME_RE, IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE
+from compiler.spec.models import IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE, env_name_problem
 
 # framework target -> (script, template, launcher)
 SCRIPTS: dict[str, tuple[str, str, str]] = {
@@ -97,7 +97,9 @@ def _common(plan: Plan) -> dict[str, Any]:
     if not isinstance(env, dict):
         raise _fail(f"slurm.environment must be a mapping, got {type(env).__name__}")
     for name, value in env.items():
-        _check("environment", name, ENV_NAME_RE)
+        problem = env_name_problem(name) if isinstance(name, str) else "a name must be a string"
+        if problem is not None:
+            raise _fail(f"slurm.environment name {name!r} cannot be set: {problem}")
         if not isinstance(value, str) or any(ch in value for ch in "\n\r\x00"):
             raise _fail(f"slurm.environment.{name} must be a one-line string, got {value!r}")
     image = s.get("container_image")

@@ -72,21 +72,57 @@ ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 PATH_RE = r"^[A-Za-z0-9_./%+=@:][A-Za-z0-9_./%~+=@:,-]{0,1023}$"
 
 
-# Environment variables a spec may not set: they change how bash reads the generated scripts
-# (IFS, BASH_ENV, ...), or they are the scripts' own variables, or inputs the scripts read from
-# SLURM and the launcher; overriding them would make the job run something other than the
-# plan. (tests/test_injection.py checks that every variable the rendered scripts use is here or
-# is a plain tuning knob.)
-RESERVED_ENV_NAMES = frozenset({
-    # bash and POSIX sh
-    "IFS", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH", "GLOBIGNORE", "POSIXLY_CORRECT",
-    "PATH", "HOME", "SHELL", "OLDPWD", "PWD",
+# Variables bash itself reads, sets or gives special meaning (bash 5.2 manual, "Shell Variables":
+# the Bourne shell and Bash variables, plus what `env -i bash -c 'compgen -v'` lists). Assigning
+# one of them is never a plain assignment: the integer ones (RANDOM, SECONDS, OPTIND, LINENO,
+# HISTCMD, COLUMNS, ...) evaluate the value as arithmetic, which runs `$(...)` inside an array
+# subscript even from a single-quoted string; UID, EUID, PPID, ... are read-only (the script dies);
+# others change how bash reads the rest of the script (IFS, ENV, PS4, ...). None may be set.
+BASH_VARIABLE_NAMES = frozenset({
+    # Bourne shell variables
+    "CDPATH", "HOME", "IFS", "MAIL", "MAILPATH", "OPTARG", "OPTIND", "PATH", "PS1", "PS2",
+    # Bash variables
+    "BASH", "BASHOPTS", "BASHPID", "BASH_ALIASES", "BASH_ARGC", "BASH_ARGV", "BASH_ARGV0", "BASH_CMDS",
+    "BASH_COMMAND", "BASH_COMPAT", "BASH_ENV", "BASH_EXECUTION_STRING", "BASH_LINENO", "BASH_LOADABLES_PATH",
+    "BASH_REMATCH", "BASH_SOURCE", "BASH_SUBSHELL", "BASH_VERSINFO", "BASH_VERSION", "BASH_XTRACEFD",
+    "CHILD_MAX", "COLUMNS", "COMP_CWORD", "COMP_KEY", "COMP_LINE", "COMP_POINT", "COMP_TYPE",
+    "COMP_WORDBREAKS", "COMP_WORDS", "COMPREPLY", "COPROC", "DIRSTACK", "EMACS", "ENV", "EPOCHREALTIME",
+    "EPOCHSECONDS", "EUID", "EXECIGNORE", "FCEDIT", "FIGNORE", "FUNCNAME", "FUNCNEST", "GLOBIGNORE",
+    "GROUPS", "HISTCMD", "HISTCONTROL", "HISTFILE", "HISTFILESIZE", "HISTIGNORE", "HISTSIZE",
+    "HISTTIMEFORMAT", "HOSTFILE", "HOSTNAME", "HOSTTYPE", "IGNOREEOF", "INPUTRC", "INSIDE_EMACS", "LANG",
+    "LC_ALL", "LC_COLLATE", "LC_CTYPE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LINENO", "LINES",
+    "MACHTYPE", "MAILCHECK", "MAPFILE", "OLDPWD", "OPTERR", "OSTYPE", "PIPESTATUS", "POSIXLY_CORRECT",
+    "PPID", "PROMPT_COMMAND", "PROMPT_DIRTRIM", "PS0", "PS3", "PS4", "PWD", "RANDOM", "READLINE_ARGUMENT",
+    "READLINE_LINE", "READLINE_MARK", "READLINE_POINT", "REPLY", "SECONDS", "SHELL", "SHELLOPTS", "SHLVL",
+    "SRANDOM", "TIMEFORMAT", "TMOUT", "TMPDIR", "UID", "auto_resume", "histchars", "TERM", "_",
+})
+# Prefixes of bash's own families (BASH_*, completion, readline) and of what SLURM and dtc own.
+RESERVED_ENV_PREFIXES = ("BASH", "COMP_", "READLINE_", "SLURM_", "SRUN_", "SBATCH_", "DTC_")
+
+# Environment variables a spec may not set: bash's own (above), the generated scripts' own
+# variables, and inputs the scripts read from SLURM and the launcher; overriding them would make
+# the job run something other than the plan. (tests/test_injection.py checks that every variable
+# the rendered scripts use is here or is a plain tuning knob, and runs every bash variable as a
+# name under a canary.)
+RESERVED_ENV_NAMES = BASH_VARIABLE_NAMES | frozenset({
     # the generated scripts' own variables
     "ARTIFACT_DIR", "MEGATRON_DIR", "MEGATRON_ARGS", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
     "status", "step_pid", "got_usr1", "omp_threads",
     # what the launchers hand to each process
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
 })
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be set by slurm.environment, or None: the one rule the spec and the
+    SLURM renderer both apply (a name must match ENV_NAME_RE and be none of the reserved names)."""
+    if not re.fullmatch(ENV_NAME_RE, name):
+        return f"an environment variable name must match {ENV_NAME_RE}"
+    if name in BASH_VARIABLE_NAMES or name.upper().startswith(RESERVED_ENV_PREFIXES[:3]):
+        return "the name is one of bash's own variables (assigning it is not a plain assignment)"
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        return "the name is reserved (the generated scripts rely on it)"
+    return None
 
 
 class _Strict(BaseModel):
@@ -331,9 +367,10 @@ class SlurmSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "SlurmSpec":
         for key, value in self.environment.items():
-            if key in RESERVED_ENV_NAMES or key.startswith(("SLURM_", "SRUN_", "SBATCH_", "BASH_", "DTC_")):
+            problem = env_name_problem(key)
+            if problem is not None:
                 raise PydanticCustomError(
-                    "dtc_rule", "the name is reserved (the generated scripts rely on it)",
+                    "dtc_rule", problem,
                     {"field": "environment", "key": key, "value": key, "at_key": True,
                      "hint": "remove it; SLURM, shell and launcher settings come from the other slurm fields"})
             if "\n" in value or "\r" in value or "\x00" in value:
