@@ -8,8 +8,10 @@ Modules:
                with every change stated
 * ``launch``   process management: own session, three clocks, no orphans, the failing rank's error;
                DeepSpeed's persistent JIT cache and its stale locks
-* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) with the scripts' own
+* ``targets``  one launch per target (fsdp_train.py, ds_train.py) with the scripts' own
                options, and reading back their summaries (losses, per-rank memory)
+* ``megatron`` the Megatron target: megatron_args.sh scaled, through Megatron-LM's own training
+               loop (``megatron_pretrain``, the worker; ``megatron_cpu``, its CUDA-to-CPU layer)
 * ``predict``  the cost model's prediction for the same reduced model and world
 * ``slurm``    the --slurm path: the generated sbatch script, rewritten for a local cluster
 * ``report``   SmokeReport, text / JSON, smoke.json
@@ -139,16 +141,16 @@ def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape
 
-    if name == "megatron":
-        reason = T.megatron_skip_reason(ctx.plan, gpus)
-        if reason:
-            return TargetResult("megatron", "skipped", reason=reason)
+    if name == "megatron":  # its own runner: arguments, CPU path, log lines and prediction
+        from compiler.smoke.megatron import run_megatron_smoke
+
+        return run_megatron_smoke(ctx, slurm=slurm)
     if slurm:
         from compiler.smoke.slurm import run_slurm_target
 
         result = run_slurm_target(ctx, name)
     else:
-        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed, "megatron": T.run_megatron}[name](ctx)
+        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed}[name](ctx)
     if result.status != "skipped":
         from compiler.model import ModelShape
 
