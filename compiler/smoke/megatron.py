@@ -45,6 +45,7 @@ ARGS_FILE = "megatron_args.sh"
 WORKER_MODULE = "compiler.smoke.megatron_pretrain"
 PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
 PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
+PLAN_CONNECTIONS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONNECTIONS"  # the artifact's own, for that check
 SUMMARY_KEY = "dtc_megatron_rank"
 UNSET = "<unset>"
 
@@ -79,6 +80,7 @@ class MegatronArgs:
 
     args: list[str]
     env: dict[str, str | None]  # CUDA_DEVICE_MAX_CONNECTIONS: a value, or None for unset
+    plan_env: dict[str, str | None] = field(default_factory=dict)  # the artifact's own
     changes: list[Change] = field(default_factory=list)
     skipped: list[Change] = field(default_factory=list)  # parts of the layout that cannot run here
     layout: Layout | None = None  # the layout that runs (the prediction's)
@@ -187,7 +189,7 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
     present = {f for f, _ in flags}
     ep = smoke_ep(plan_layout, setup.degrees) if "--num-experts" in present else 1
     values = _scaled_values(setup, ep)
-    out = MegatronArgs(args=[], env=dict(env))
+    out = MegatronArgs(args=[], env=dict(env), plan_env=dict(env))
     drop, add = _cpu_parts(flags, setup, out) if cpu else (set(), [])
     rewritten: list[tuple[str, list[str]]] = []
     for flag, vals in flags:
@@ -251,7 +253,7 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], setup: SmokeSetup, out: Megat
         connections = "1" if setup.degrees.tp > 1 else None
         if out.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != connections:
             out.env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
-            out.skipped.append(Change("CUDA_DEVICE_MAX_CONNECTIONS", "(unset, as Megatron-FSDP requires)",
+            out.changes.append(Change("CUDA_DEVICE_MAX_CONNECTIONS", "(unset, as Megatron-FSDP requires)",
                                       connections or "(unset)", "tensor parallel without Megatron-FSDP requires 1 "
                                                                 "(training/arguments.py:1437)"))
     if "--num-experts" in vals and setup.degrees.tp > 1:
@@ -341,7 +343,9 @@ def rank_measures(log: MegatronLog, world: int) -> list[RankMeasure]:
 # ------------------------------------------------------------------------------------------- running
 def worker_env(run: MegatronArgs, plan_args: list[str], plan_world: int) -> dict[str, str]:
     """What the worker processes get on top of the launch environment."""
-    env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_world)}
+    planned = run.plan_env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_world),
+           PLAN_CONNECTIONS_ENV: UNSET if planned is None else planned}
     value = run.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if value is not None:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = value

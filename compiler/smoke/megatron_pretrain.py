@@ -44,7 +44,9 @@ else:
 
     python_shims()
 
-SUMMARY_KEY = "dtc_megatron_rank"
+from compiler.smoke.megatron import (  # noqa: E402 - the runner's names, one home
+    PLAN_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, UNSET)
+
 UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "heterogeneous_layers_config_path",
                "experimental_attention_variant", "mtp_num_layers", "hybrid_context_parallel",
                "dataloader_inter_document_masking")
@@ -316,8 +318,6 @@ def _bridged() -> bool:
 
 
 # ------------------------------------------------------------------------------------------- checks
-PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"
-PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
 
 
 def megatron_message(exc: BaseException) -> str:
@@ -327,8 +327,9 @@ def megatron_message(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = ""
     for frame in reversed(frames):
-        if "/megatron/" in frame.filename:
-            where = f"megatron/{frame.filename.split('/megatron/', 1)[1]}:{frame.lineno}"
+        path = frame.filename.replace(os.sep, "/")
+        if "/megatron/core/" in path or "/megatron/training/" in path:
+            where = "megatron/" + path.rsplit("/megatron/", 1)[1] + f":{frame.lineno}"
             text = str(exc) or (frame.line or "").strip()
             return f"{type(exc).__name__}: {text} ({where})"
     return f"{type(exc).__name__}: {exc}"
@@ -342,10 +343,16 @@ def check_plan_args() -> None:
         return
     from megatron.training import arguments as A
 
-    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    names = ("RANK", "WORLD_SIZE", "CUDA_DEVICE_MAX_CONNECTIONS")
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in names}
     print_args, A._print_args = A._print_args, lambda *a, **k: None
     sys.argv = ["megatron_args.sh"] + json.loads(text)
     os.environ.update(RANK="0", WORLD_SIZE=world)
+    connections = os.environ.get(PLAN_CONNECTIONS_ENV, UNSET)
+    if connections == UNSET:
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    else:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
     try:
         args = A.parse_args()  # argparse prints "megatron_args.sh: error: ..." and exits 2
         A.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
