@@ -118,7 +118,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     plan, plan_text = load_plan(generated_dir)
     names, explicit = resolve_targets(generated_dir, target)
     preflight(generated_dir, plan, names)
-    device, ranks, gpus = machine_world()
+    device, ranks, _ = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
                          plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
@@ -127,7 +127,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
                            timeout_s=timeout_s, on_line=on_line)
         for name in names:
-            report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
+            report.targets.append(_run_target(ctx, name, slurm=slurm))
     finally:
         if os.environ.get("DTC_SMOKE_KEEP") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
@@ -136,7 +136,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     return report
 
 
-def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
+def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
     from compiler.smoke import targets as T
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape

@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any

@@ -13,8 +13,7 @@ Device placement (``_CudaIsCpu``, a TorchFunctionMode active for the whole worke
   core/pipeline_parallel/schedules.py:749,1121,2292           torch.cuda.current_device() tensors
   core/optimizer/clip_grads.py:108,112,180                      device="cuda" norms
   core/optimizer/optimizer.py:315,698                           device="cuda" found-inf / scale
-  training/initialize.py:508-547                                _warmup_jit_function device="cuda"
-  training/training.py:1136,1141                                start-time tensors device="cuda"
+  training/training.py:1131,1137,2613,2884,3298               loss/start-time tensors device="cuda"
   core/tensor_parallel/layers.py:647  the SP reduce-scatter buffer, created inside autograd's
                                       backward where no TorchFunctionMode reaches: only
                                       current_device() answering cpu places it
@@ -25,10 +24,11 @@ Type names compared as strings (``Tensor.type()`` answers the CUDA name of a CPU
 RNG (the CPU default generator is "the" CUDA generator: get/set_rng_state, manual_seed):
   core/tensor_parallel/random.py:118,129,147-166,303-308  (forked by
   core/transformer/dot_product_attention.py:217), core/rerun_state_machine.py:979,992
-Device runtime answers (``_CudaRuntime``): is_available True (training/initialize.py:66),
+Device runtime answers (``_runtime``, set on torch.cuda): is_available True (training/initialize.py:66),
   device_count 1 (0 skips model-parallel set-up, training/initialize.py:270,281,358), set_device,
   synchronize, empty_cache, streams/events (training/initialize.py:289, the timers), memory_*
-  (training/utils.py report_memory: the process's resident set, see ``_rss_bytes``), device
+  (training/utils/common_utils.py:322-325 report_memory: the process's resident set and its
+  peak, see ``_rss_bytes``), device
   properties/capability (training/arguments.py:1339, core/utils.py get_device_arch_version:
   Hopper, so CUDA_DEVICE_MAX_CONNECTIONS is checked as on H100s, from the artifact's own export).
 Local (torch) norm under sequence parallel: core/transformer/torch_norm.py:50 asserts no SP;
@@ -40,10 +40,14 @@ MoE all-to-all split sizes: core/transformer/moe/moe_utils.py:1184 (maybe_move_t
   conversion is made for CPU tensors too.
 Dataset helpers: training/initialize.py:178 runs ``make`` in core/datasets; the wheel ships the
   compiled helpers_cpp but no Makefile, so the compile is skipped when helpers_cpp imports.
-Fusion kernels: core/jit.py:22 makes ``jit_fuser`` torch.compile, and training/initialize.py:494
+Fusion kernels: core/jit.py:21 makes ``jit_fuser`` torch.compile, and training/initialize.py:494
   warms the fused bias-gelu/swiglu/dropout functions up even with the fusions off; on CPU,
   inductor would build C++ for them (and dynamo trips over the bridged current_device()), so
   torch.compile is disabled (``torch._dynamo.config.disable``): the functions run eagerly.
+  The warm-up itself (training/initialize.py:497-558) is skipped: its torch.rand(device="cuda")
+  draws, shaped by tp and sp, would come from the CPU generator that --use-cpu-initialization
+  initialises the weights from, and make the initial weights depend on the layout (on GPUs they
+  come from the CUDA generator); with torch.compile off there is nothing to warm up.
 Python 3.11: megatron-core >= 0.17 declares Python >= 3.12; megatron/training uses
   ``typing.override`` (3.12), which typing_extensions provides.
 """
@@ -52,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import sys
 import typing
 from typing import Any
 
@@ -183,8 +186,8 @@ def _runtime() -> dict[str, Any]:
         "set_stream": lambda *a, **k: None, "stream": lambda s=None: contextlib.nullcontext(),
         "memory_allocated": lambda *a, **k: _rss_bytes(),
         "memory_reserved": lambda *a, **k: _rss_bytes(),
-        "max_memory_allocated": lambda *a, **k: _peak_rss_bytes(),
-        "max_memory_reserved": lambda *a, **k: _peak_rss_bytes(),
+        "max_memory_allocated": lambda *a, **k: max(_peak_rss_bytes(), _rss_bytes()),
+        "max_memory_reserved": lambda *a, **k: max(_peak_rss_bytes(), _rss_bytes()),
         "reset_peak_memory_stats": lambda *a, **k: None,
         "reset_max_memory_allocated": lambda *a, **k: None,
         "memory_stats": lambda *a, **k: {},
@@ -205,7 +208,7 @@ def _bridge_megatron() -> None:
     """The call sites inside Megatron that the device-level bridge cannot reach."""
     import torch._dynamo
 
-    torch._dynamo.config.disable = True  # core/jit.py:22: jit_fuser is torch.compile; run eagerly
+    torch._dynamo.config.disable = True  # core/jit.py:21: jit_fuser is torch.compile; run eagerly
     from megatron.core.datasets import utils as dataset_utils
     from megatron.core.tensor_parallel import random as tp_random
     from megatron.core.transformer import torch_norm
@@ -217,10 +220,7 @@ def _bridge_megatron() -> None:
 
     from megatron.training import initialize
 
-    # initialize.py:497-558 warms the fusions up with torch.rand(device="cuda") draws shaped by
-    # tp/sp; here they would come from the CPU generator that --use-cpu-initialization
-    # initialises the weights from (on GPUs: the CUDA generator), making the initial weights
-    # depend on the layout. With torch.compile off there is nothing to warm up.
+    # initialize.py:497-558 (see the module docstring: its draws would shift the weight init)
     initialize._warmup_jit_function = lambda tp_size=None: None
 
     gen = torch.default_generator
