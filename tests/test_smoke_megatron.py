@@ -86,8 +86,12 @@ def test_parse_megatron_log():
         '"master_bytes": 20, "saved_activation_bytes": 7, "peak_memory_bytes": 99, "device": "cpu"}',
     ]
     log = parse_megatron_log(lines)
-    assert log.losses == [5.575032, 5.403772] and log.iterations == [1, 2]
-    assert log.step_times_s == pytest.approx([0.0977, 0.0667])
+    # the second line of a process is Megatron's mean of its first two iterations (issue 6237)
+    assert log.losses == pytest.approx([5.575032, 2 * 5.403772 - 5.575032]) and log.iterations == [1, 2]
+    assert log.step_times_s == pytest.approx([0.0977, 2 * 0.0667 - 0.0977])
+    resumed = parse_megatron_log(lines[1:2] + ["[1]: iteration        4/       4 | elapsed time per iteration (ms): "
+                                               "50.0 | lm loss: 5.5 |"])
+    assert resumed.iterations == [2, 4] and resumed.losses == [5.403772, 5.5]  # not consecutive: as logged
     assert log.memory_max_allocated == {0: int(542.80 * 2**20)} and log.ranks[1]["param_bytes"] == 10
 
 
@@ -247,7 +251,8 @@ BROKEN = {
                        "argument --rotary-base: invalid int value: '50000O'"),
     "global-batch": (("--global-batch-size 8", "--global-batch-size 9"), "must be divisible by"),
     "layer-split": (("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 2 "
-                     "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 3"), "layers"),
+                     "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 3"),
+                    "Mismatch: 2 middle layers remaining but 0 middle PP stages available"),
 }
 
 

@@ -14,8 +14,8 @@
    argument is the artifact's.
 3. ``torchrun -m compiler.smoke.megatron_pretrain`` runs them: megatron.training.pretrain with
    pretrain_gpt.py's providers (compiler/smoke/megatron_pretrain.py). Each rank first checks the
-   artifact's *unscaled* arguments with Megatron's own parser and validate_args at the plan's
-   world size, so a defect the scale-down would hide (a global batch the real dp does not
+   artifact's *unscaled* arguments with Megatron's own parser, validate_args and
+   TransformerConfig at the plan's world size, so a defect the scale-down would hide (a global batch the real dp does not
    divide, a layer split Megatron rejects) fails with Megatron's own message.
 4. Megatron's own log lines are read back: the per-iteration line of training.py training_log
    (``iteration N/ M | ... | elapsed time per iteration (ms): T | ... | lm loss: L |``), the
@@ -45,6 +45,7 @@ WORKER_MODULE = "compiler.smoke.megatron_pretrain"
 PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
 PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
 PLAN_CONNECTIONS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONNECTIONS"  # the artifact's own, for that check
+PLAN_CONFIG_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONFIG_ARGS"  # {"args", "connections"}: same, CPU path
 SUMMARY_KEY = "dtc_megatron_rank"
 UNSET = "<unset>"
 
@@ -189,7 +190,7 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
     ep = smoke_ep(plan_layout, setup.degrees) if "--num-experts" in present else 1
     values = _scaled_values(setup, ep)
     out = MegatronArgs(args=[], env=dict(env), plan_env=dict(env))
-    drop, add = _cpu_parts(flags, setup, out) if cpu else (set(), [])
+    drop, add = _cpu_parts(flags, setup.degrees.tp, out) if cpu else (set(), [])
     rewritten: list[tuple[str, list[str]]] = []
     for flag, vals in flags:
         if flag in drop:
@@ -218,7 +219,7 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
     return out
 
 
-def _cpu_parts(flags: list[tuple[str, list[str]]], setup: SmokeSetup, out: MegatronArgs) \
+def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
         -> tuple[set[str], list[tuple[str, list[str]]]]:
     """What of the layout cannot run on CPU, each mapped to what runs and recorded as a skipped
     part: (flags to drop, flags to add)."""
@@ -249,14 +250,14 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], setup: SmokeSetup, out: Megat
             "skipped on CPU: Megatron-FSDP builds its buffers on cuda:<current device> "
             "(core/distributed/fsdp/mcore_fsdp_adapter.py:156); the distributed optimizer (ZeRO-1) shards the "
             "optimizer states instead"))
-        connections = "1" if setup.degrees.tp > 1 else None
+        connections = "1" if tp > 1 else None
         if out.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != connections:
             out.env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
             out.changes.append(Change("CUDA_DEVICE_MAX_CONNECTIONS", "(unset, as Megatron-FSDP requires)",
                                       connections or "(unset)", "tensor parallel without Megatron-FSDP requires 1 "
                                                                 "(training/arguments.py:1437)"))
-    if "--num-experts" in vals and setup.degrees.tp > 1:
-        etp = vals.get("--expert-tensor-parallel-size", [str(setup.degrees.tp)])[0]
+    if "--num-experts" in vals and tp > 1:
+        etp = vals.get("--expert-tensor-parallel-size", [str(tp)])[0]
         if etp != "1":
             drop.add("--expert-tensor-parallel-size")
             add.append(("--expert-tensor-parallel-size", ["1"]))
@@ -264,6 +265,18 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], setup: SmokeSetup, out: Megat
                                       "skipped on CPU: expert-TP > 1 all-gathers uneven token counts, which gloo "
                                       "rejects (core/tensor_parallel/mappings.py:154)"))
     return drop, add
+
+
+def cpu_path_args(args: list[str], env: dict[str, str | None], tp: int) -> tuple[list[str], str | None]:
+    """The artifact's arguments with only the CPU path's changes (no scale-down), and the
+    CUDA_DEVICE_MAX_CONNECTIONS they need: what the plan-scale model-build check parses on a
+    machine without GPUs."""
+    flags = split_flags(args)
+    scratch = MegatronArgs(args=[], env=dict(env))
+    drop, add = _cpu_parts(flags, tp, scratch)
+    kept = [(f, v) for f, v in flags if f not in drop] + add
+    _cpu_flags(kept, scratch)
+    return join_flags(kept), scratch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
 
 
 def _cpu_flags(rewritten: list[tuple[str, list[str]]], out: MegatronArgs) -> None:
@@ -316,7 +329,19 @@ def parse_megatron_log(lines: list[str]) -> MegatronLog:
             except ValueError:
                 continue
             log.ranks[int(record["rank"])] = record
+    _unaverage_second_line(log)
     return log
+
+
+def _unaverage_second_line(log: MegatronLog) -> None:
+    """Megatron does not reset its loss and timer sums after a process's first logged iteration
+    (training/training.py:2594 ``should_reset = not is_first_iteration``, used at 2824 and 2883),
+    so with --log-interval 1 the second line reports the mean of the process's first two
+    iterations, fresh or resumed (NVIDIA/Megatron-LM issue 6237). Each launch is one process:
+    its second value is recovered as 2 x logged - first."""
+    if len(log.iterations) >= 2 and log.iterations[1] == log.iterations[0] + 1:
+        log.losses[1] = 2 * log.losses[1] - log.losses[0]
+        log.step_times_s[1] = max(0.0, 2 * log.step_times_s[1] - log.step_times_s[0])
 
 
 def rank_measures(log: MegatronLog, world: int) -> list[RankMeasure]:
@@ -340,11 +365,15 @@ def rank_measures(log: MegatronLog, world: int) -> list[RankMeasure]:
 
 
 # ------------------------------------------------------------------------------------------- running
-def worker_env(run: MegatronArgs, plan_args: list[str], plan_world: int) -> dict[str, str]:
+def worker_env(run: MegatronArgs, plan_args: list[str], plan_layout: Layout, device: str) -> dict[str, str]:
     """What the worker processes get on top of the launch environment."""
     planned = run.plan_env.get("CUDA_DEVICE_MAX_CONNECTIONS")
-    env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_world),
+    env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_layout.world_size),
            PLAN_CONNECTIONS_ENV: UNSET if planned is None else planned}
+    if device == "cpu":
+        args, connections = cpu_path_args(plan_args, run.plan_env, plan_layout.tp)
+        env[PLAN_CONFIG_ARGS_ENV] = json.dumps({"args": args, "connections": UNSET if connections is None
+                                                else connections})
     value = run.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if value is not None:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = value
@@ -378,13 +407,13 @@ def run_megatron_smoke(ctx, *, slurm: bool = False, extra_args: tuple[str, ...] 
     if slurm:
         from compiler.smoke.slurm import run_slurm_megatron
 
-        result = run_slurm_megatron(ctx, run, worker_env(run, plan_args, ctx.plan.layout.world_size))
+        result = run_slurm_megatron(ctx, run, worker_env(run, plan_args, ctx.plan.layout, setup.device))
     else:
         log_dir = ctx.workdir / "logs-megatron"
         argv = worker_argv(ctx, run, log_dir)
         result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv),
                               steps_requested=setup.steps)
-        launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan.layout.world_size))
+        launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan.layout, setup.device))
         fill_result(result, launch.all_lines, setup)
         result.wall_s = launch.wall_s
         T.judge(result, launch)

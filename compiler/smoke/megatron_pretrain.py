@@ -45,7 +45,7 @@ else:
     python_shims()
 
 from compiler.smoke.megatron import (  # noqa: E402 - the runner's names, one home
-    PLAN_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, UNSET)
+    PLAN_ARGS_ENV, PLAN_CONFIG_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, UNSET)
 
 UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "heterogeneous_layers_config_path",
                "experimental_attention_variant", "mtp_num_layers", "hybrid_context_parallel",
@@ -335,9 +335,25 @@ def megatron_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _validated(A, argv: list[str], world: str, connections: str):
+    """Megatron's parse_args + validate_args of ``argv`` as rank 0 of ``world`` ranks."""
+    sys.argv = ["megatron_args.sh"] + argv
+    os.environ.update(RANK="0", WORLD_SIZE=world)
+    if connections == UNSET:
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    else:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
+    args = A.parse_args()  # argparse prints "megatron_args.sh: error: ..." and exits 2
+    A.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    return args
+
+
 def check_plan_args() -> None:
-    """The artifact's unscaled arguments through Megatron's own parser and validate_args at the
-    plan's world size (what the scale-down would hide: the real dp, the real layer split)."""
+    """The artifact's unscaled arguments through Megatron's own parse_args and validate_args at
+    the plan's world size (what the scale-down would hide: the real dp, the real layer split),
+    then TransformerConfig (the model-build checks: the pipeline split, heads vs tp, ...) on the
+    same arguments with only the CPU path's changes where there are any (no Transformer Engine,
+    fusions, fp8, ...: DTC_SMOKE_MEGATRON_PLAN_CONFIG_ARGS)."""
     text, world = os.environ.get(PLAN_ARGS_ENV), os.environ.get(PLAN_WORLD_ENV)
     if not text or not world:
         return
@@ -346,16 +362,13 @@ def check_plan_args() -> None:
     names = ("RANK", "WORLD_SIZE", "CUDA_DEVICE_MAX_CONNECTIONS")
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in names}
     print_args, A._print_args = A._print_args, lambda *a, **k: None
-    sys.argv = ["megatron_args.sh"] + json.loads(text)
-    os.environ.update(RANK="0", WORLD_SIZE=world)
-    connections = os.environ.get(PLAN_CONNECTIONS_ENV, UNSET)
-    if connections == UNSET:
-        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    else:
-        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
     try:
-        args = A.parse_args()  # argparse prints "megatron_args.sh: error: ..." and exits 2
-        A.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+        args = _validated(A, json.loads(text), world, os.environ.get(PLAN_CONNECTIONS_ENV, UNSET))
+        config_text = os.environ.get(PLAN_CONFIG_ARGS_ENV)
+        if config_text:
+            config = json.loads(config_text)
+            args = _validated(A, config["args"], world, config["connections"])
+        A.core_transformer_config_from_args(args)
     except Exception as exc:  # noqa: BLE001 - Megatron's own rejection, reported as such
         print(f"megatron_args.sh: error: Megatron rejects the generated arguments at the plan's world size "
               f"({world} ranks): {megatron_message(exc)}", file=sys.stderr, flush=True)
