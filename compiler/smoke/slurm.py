@@ -327,6 +327,7 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     job_id = int(m.group(1))
     info = wait_job(job_id, env, ctx.timeout_s, run_id)
     result.wall_s = time.monotonic() - start
+    L.end_processes(None, run_id)  # a task's process still exiting when SLURM reports the job done
     state = info.get("JobState", "?").split()[0]
     code, _, sig = info.get("ExitCode", "0:0").partition(":")
     out_path = Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out")
