@@ -20,7 +20,7 @@ from compiler.smoke import launch as L
 from compiler.smoke.report import Comparison, RankMeasure, SmokeReport, TargetResult, format_report
 from compiler.smoke.scale import SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan
 from compiler.smoke.slurm import rewrite_sbatch, smoke_env
-from compiler.smoke.targets import as_argv, as_env, megatron_flags, smoke_options
+from compiler.smoke.targets import as_argv, as_env, smoke_options
 
 # ------------------------------------------------------------------------------------------- helpers
 SPEC = """
@@ -274,18 +274,6 @@ def test_rewrite_sbatch_only_touches_directives(tmp_path):
     assert not any("gpus" in d or "exclusive" in d or d == "#SBATCH --requeue" for d in directives)
     body = lambda t: [l for l in t.splitlines() if not l.startswith("#SBATCH")]  # noqa: E731
     assert body(text) == body(SBATCH)
-
-
-def test_megatron_flags_overrides():
-    plan = make_plan("mg", targets="megatron, slurm", tp=2, pp=2, dp_shard=4, zero_stage=1, micro_batch=1, grad_accum=8)
-    setup = scale_plan(plan, device="cuda", max_ranks=4)
-    flags = ["--tensor-model-parallel-size", "8", "--num-layers", "80", "--use-distributed-optimizer",
-             "--save", "ckpt", "--data-path", "/d", "--seq-length", "8192"]
-    out = megatron_flags(flags, setup)
-    assert out[out.index("--tensor-model-parallel-size") + 1] == str(setup.degrees.tp)
-    assert out[out.index("--num-layers") + 1] == str(setup.shape.num_layers)
-    assert "--save" not in out and "--data-path" not in out and "--mock-data" in out
-    assert "--use-distributed-optimizer" in out and out[out.index("--train-iters") + 1] == "4"
 
 
 # ------------------------------------------------------------------------------------------- errors, locks

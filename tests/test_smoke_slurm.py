@@ -95,3 +95,20 @@ def test_smoke_slurm_failed_job_reports_state_and_log(cluster, tmp_path):
     assert "boom: broken entry point" in t.slurm["log_tail"]
     assert "FAILED" in t.reason
     assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
+
+
+def test_smoke_slurm_megatron(cluster, tmp_path):
+    """train_megatron.sbatch (srun, one task per rank) runs the smoke worker through Megatron's training loop."""
+    from compiler.smoke import run_smoke
+    from compiler.smoke.report import format_report
+
+    folder = make_generated(tmp_path, "slurm-mg", gbs=4, pp=2, micro_batch=1, targets="megatron, slurm")
+    t0 = time.monotonic()
+    report = run_smoke(folder, target="megatron", slurm=True, timeout_s=300)
+    print(f"slurm megatron smoke: {time.monotonic() - t0:.1f}s\n{format_report(report)}")
+    t = report.targets[0]
+    assert report.ok, f"{t.reason}\n{t.error}\n{(t.slurm or {}).get('log_tail')}"
+    assert t.slurm["state"] == "COMPLETED" and t.steps_done == 4 and t.last_loss < t.first_loss
+    assert len(t.ranks) == 2 and all(r.param_bytes and r.optimizer_bytes for r in t.ranks)
+    assert any("MEGATRON_DIR" in n for n in t.notes)
+    assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})

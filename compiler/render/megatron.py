@@ -347,7 +347,8 @@ def _data(plan: Plan) -> list[list[str]]:
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
     data_path = plan.slurm.get("data_path")
     if data_path is None:
-        out += [["--mock-data"], _f("--eval-iters", 0)]
+        # --eval-interval even without evaluation: training.py:4481 divides train_iters by it
+        out += [["--mock-data"], _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
     else:
         out += [_f("--data-path", str(data_path)), _f("--split", DATA_SPLIT),
                 _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)]

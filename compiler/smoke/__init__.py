@@ -8,8 +8,10 @@ Modules:
                with every change stated
 * ``launch``   process management: own session, three clocks, no orphans, the failing rank's error;
                DeepSpeed's persistent JIT cache and its stale locks
-* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) with the scripts' own
+* ``targets``  one launch per target (fsdp_train.py, ds_train.py) with the scripts' own
                options, and reading back their summaries (losses, per-rank memory)
+* ``megatron`` the Megatron target: megatron_args.sh scaled, through Megatron-LM's own training
+               loop (``megatron_pretrain``, the worker; ``megatron_cpu``, its CUDA-to-CPU layer)
 * ``predict``  the cost model's prediction for the same reduced model and world
 * ``slurm``    the --slurm path: the generated sbatch script, rewritten for a local cluster
 * ``report``   SmokeReport, text / JSON, smoke.json
@@ -116,7 +118,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     plan, plan_text = load_plan(generated_dir)
     names, explicit = resolve_targets(generated_dir, target)
     preflight(generated_dir, plan, names)
-    device, ranks, gpus = machine_world()
+    device, ranks, _ = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
                          plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
@@ -125,7 +127,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
                            timeout_s=timeout_s, on_line=on_line)
         for name in names:
-            report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
+            report.targets.append(_run_target(ctx, name, slurm=slurm))
     finally:
         if os.environ.get("DTC_SMOKE_KEEP") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
@@ -134,21 +136,21 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     return report
 
 
-def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
+def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
     from compiler.smoke import targets as T
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape
 
-    if name == "megatron":
-        reason = T.megatron_skip_reason(ctx.plan, gpus)
-        if reason:
-            return TargetResult("megatron", "skipped", reason=reason)
+    if name == "megatron":  # its own runner: arguments, CPU path, log lines and prediction
+        from compiler.smoke.megatron import run_megatron_smoke
+
+        return run_megatron_smoke(ctx, slurm=slurm)
     if slurm:
         from compiler.smoke.slurm import run_slurm_target
 
         result = run_slurm_target(ctx, name)
     else:
-        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed, "megatron": T.run_megatron}[name](ctx)
+        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed}[name](ctx)
     if result.status != "skipped":
         from compiler.model import ModelShape
 

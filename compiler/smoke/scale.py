@@ -209,6 +209,14 @@ def map_degrees(lay: Layout, *, device: str, max_ranks: int) -> tuple[SmokeDegre
     return degrees, changes, notes
 
 
+def smoke_ep(lay: Layout, degrees: SmokeDegrees) -> int:
+    """The expert-parallel degree for a target that runs the experts (Megatron): 2 when the plan
+    has ep > 1 and the smoke's data-parallel x context ranks hold two expert groups (Megatron
+    carves the expert-parallel group out of them), else 1. (The fsdp/deepspeed reference models
+    are dense: ``map_degrees`` records ep -> 1 for them.)"""
+    return 2 if lay.ep > 1 and (degrees.dp * degrees.cp) % 2 == 0 else 1
+
+
 # ------------------------------------------------------------------------------------------- batch
 def smoke_batch(lay: Layout, degrees: SmokeDegrees) -> tuple[int, int, list[Change]]:
     """(micro_batch, grad_accum): kept up to the caps; a pipeline needs at least pp micro-batches."""
