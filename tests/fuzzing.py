@@ -467,6 +467,69 @@ def fuzz_specs(draw: st.DrawFn, bases: list[tuple[str, Any]], *, byte_level: boo
     return data
 
 
+# --------------------------------------------------------------------------- real processes, with limits
+
+HOSTILE_CASES = REPO / "tests/cases/hostile"  # specs that once cost minutes or gigabytes (issue #16)
+CASE_CPU_S = 10.0  # CPU seconds per case (RLIMIT_CPU: the kernel ends a runaway, however loaded the machine)
+CASE_RSS_MB = 500.0  # the child's own peak RSS (wait4's ru_maxrss)
+CASE_AS_BYTES = 1 << 30  # RLIMIT_AS: address space
+CASE_WALL_S = 60.0  # a backstop for a child that sleeps or blocks (CPU time does not grow then)
+
+
+@dataclass
+class Limited:
+    """What one limited child did: exit code (None: ended by a limit), stderr, seconds, its own usage."""
+
+    code: int | None
+    stderr: str
+    wall_s: float
+    cpu_s: float
+    rss_mb: float
+    signal: int | None = None
+
+
+def run_limited(args: list[str], cwd: Path, *, cpu_s: float = CASE_CPU_S, wall_s: float = CASE_WALL_S,
+                address_space: int = CASE_AS_BYTES, stdin: Any = None) -> Limited:
+    """Run ``args`` under RLIMIT_CPU and RLIMIT_AS; CPU seconds and peak RSS are the child's own
+    (``wait4``), not the machine's, so the figures hold whatever else runs alongside."""
+    import os
+    import resource
+    import subprocess
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        whole = max(1, math.ceil(cpu_s))
+        resource.setrlimit(resource.RLIMIT_CPU, (whole, whole + 1))
+
+    err_path = cwd / f"stderr-{os.getpid()}-{time.monotonic_ns()}.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(err_path, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, stdin=stdin,
+                                preexec_fn=limits, env=env)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > wall_s:
+                proc.kill()
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        code = os.waitstatus_to_exitcode(status)
+        proc.returncode = code  # reaped here; keep Popen from waiting again
+        elapsed = time.perf_counter() - start
+    text = err_path.read_text(errors="replace")
+    err_path.unlink()
+    signal = -code if code < 0 else None
+    return Limited(None if signal else code, text, elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+                   signal)
+
+
+def hostile_cases() -> list[Path]:
+    return sorted(HOSTILE_CASES.glob("*.yaml"))
+
+
 # --------------------------------------------------------------------------- oracle
 
 
