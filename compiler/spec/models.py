@@ -7,6 +7,7 @@ once, into SI numbers.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,9 @@ Bandwidth = Annotated[float, _unit(units.parse_bandwidth, "a bandwidth"), Field(
 Flops = Annotated[float, _unit(units.parse_flops, "a FLOP rate"), Field(json_schema_extra={"examples": ["989TFLOPS"]})]
 Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(json_schema_extra={"examples": ["$2.5M", 2.49]})]
 Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
+# SLURM takes whole seconds (D-HH:MM:SS): a time limit is rounded up once, here, and exact from then on.
+WholeSeconds = Annotated[int, _unit(lambda v: math.ceil(units.parse_duration(v)), "a duration"),
+                         Field(json_schema_extra={"examples": ["30d", "12h"]})]
 PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
 NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
 
@@ -353,7 +357,7 @@ class SlurmSpec(_Strict):
     partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
-    time_limit: Annotated[Duration, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
     cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
