@@ -11,6 +11,7 @@ with the spec that caused it (also saved to --save-failures, if given).
     python benchmarks/fuzz.py 100000                 # ~15 min on one core
     python benchmarks/fuzz.py 2000 --compile --seed 7
     python benchmarks/fuzz.py --hostile              # tests/cases/hostile as real processes: CPU-s, RSS
+    python benchmarks/fuzz.py --race 100             # 100 pairs of concurrent `dtc compile` into one folder
 
 ``--hostile`` compiles every spec of tests/cases/hostile (input dimensions at dtc's caps, issue
 #16) as a real process under the same limits as the tests (RLIMIT_CPU, RLIMIT_AS) and prints
@@ -83,6 +84,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", type=int, nargs="?", default=0, help="specs to generate")
     parser.add_argument("--hostile", action="store_true", help="run tests/cases/hostile as limited processes")
+    parser.add_argument("--race", type=int, default=0, metavar="PAIRS",
+                        help="start PAIRS pairs of concurrent `dtc compile` of one spec into one folder")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a random seed)")
     parser.add_argument("--compile", action="store_true", help="also solve and render every valid spec")
     parser.add_argument("--bytes-share", type=float, default=0.4, help="share of byte-level mutations")
@@ -90,6 +93,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.hostile:
         return hostile()
+    if args.race:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="dtc-race-") as tmp:
+            got = fz.race_pairs(Path(tmp), args.race, seed=args.seed or 0)
+        print(got.line())
+        for problem in got.problems[:20]:
+            print(f"\n--- {problem}")
+        return 1 if got.problems else 0
     if args.n < 1:
         parser.error("give a number of specs to generate, or --hostile")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)

@@ -221,6 +221,22 @@ def test_hostile_dimensions_within_limits(case: str, tmp_path: Path) -> None:
     HOSTILE["ok" if got.code == 0 else "user_error"] += 1
 
 
+RACE_PAIRS = max(4, int(24 * SCALE))
+
+
+@pytest.mark.slow
+def test_concurrent_compiles_of_one_spec(tmp_path: Path) -> None:
+    """Issue #16 item 3: two real `dtc compile --out OUT` of one spec at once (the same spec or two
+    versions, a new folder or over an existing one), many times: each run exits 0 or 2 with a clean
+    error, and the folder always ends as one complete set with no staging folder left. (Before,
+    one run's clean-up could delete the other's live staging folder: a folder missing plan.json,
+    both exiting 0.) benchmarks/fuzz.py --race N runs as many pairs as you like."""
+    got = fz.race_pairs(tmp_path, RACE_PAIRS)
+    figure("fuzz-5", "fuzz: " + got.line())
+    assert not got.problems, "\n".join(got.problems)
+    assert got.complete == got.pairs == RACE_PAIRS
+
+
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "/dev/null", ".", "no/such/spec.yaml"])
 def test_special_paths(path: str, tmp_path: Path) -> None:
     """Devices that never end, a folder, a missing file: exit 2, quickly, without reading forever."""
