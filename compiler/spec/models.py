@@ -65,8 +65,10 @@ MAX_MICRO_BATCH = 256  # sequences per GPU per micro-step
 ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
 TokenCount = Annotated[Count, Field(ge=0, le=MAX_TOKENS)]
 PosBytes = Annotated[Bytes, Field(ge=2**30, le=2**50)]  # GPU memory: 1 GiB to 1 PiB
-PosBandwidth = Annotated[Bandwidth, Field(gt=0, le=1e15)]  # at most 1 PB/s
-PosFlops = Annotated[Flops, Field(gt=0, le=1e18)]  # at most 1 EFLOP/s per GPU
+# Lower bounds far below any real part (1 MB/s, 1 GFLOP/s) but high enough that every time the cost
+# model derives stays finite (1e-300 FLOP/s overflowed to infinity: issue #16).
+PosBandwidth = Annotated[Bandwidth, Field(ge=10**6, le=1e15)]  # 1 MB/s to 1 PB/s
+PosFlops = Annotated[Flops, Field(ge=10**9, le=1e18)]  # 1 GFLOP/s to 1 EFLOP/s per GPU
 Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
 Budget = Annotated[Money, Field(gt=0, le=1e13)]
 PosDuration = Annotated[Duration, Field(gt=0, le=100 * 365 * 86400)]  # at most a century
