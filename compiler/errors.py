@@ -35,6 +35,34 @@ EXIT_CODES_HELP = (
 )
 
 
+def printable(text: object) -> str:
+    """``text`` safe to show on a terminal or in generated Markdown: every character a terminal or a
+    viewer would act on instead of showing is escaped, visibly (``\\x1b``, ``\\r``, ``\\u202e``):
+    C0 and C1 controls (ESC starts colour, cursor and OSC 52 clipboard sequences; CR overwrites the
+    line; BEL, NUL), DEL, bidirectional overrides and isolates, zero-width and other format
+    characters, line and paragraph separators, and lone surrogates (a file name that is not UTF-8).
+    Newlines and tabs are escaped too: the one function every echo of user text goes through (issue
+    #16); callers with several lines apply it to each."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def printable_lines(text: str) -> str:
+    """``printable`` for text of several lines: each line escaped, the line breaks kept."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
+
+
 @dataclass(frozen=True)
 class Location:
     """A place in a source file; line and column are 1-based."""
@@ -45,11 +73,12 @@ class Location:
     end_column: int | None = None
 
     def __str__(self) -> str:
+        path = printable(self.path)
         if self.line is None:
-            return self.path
+            return path
         if self.column is None:
-            return f"{self.path}:{self.line}"
-        return f"{self.path}:{self.line}:{self.column}"
+            return f"{path}:{self.line}"
+        return f"{path}:{self.line}:{self.column}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +92,7 @@ class Diagnostic:
 
     def render(self) -> str:
         head = f"{self.location}: " if self.location else ""
-        lines = [f"{head}{self.severity}: {self.summary}"]
+        lines = [f"{head}{self.severity}: {printable(self.summary)}"]
         loc = self.location
         if loc is not None and loc.line is not None and self.source_line is not None:
             gutter = str(loc.line)
@@ -73,10 +102,10 @@ class Diagnostic:
             lines.append(f"{gutter} | {text}")
             if column is not None:
                 lines.append(f"{pad} | {' ' * (column - 1)}{'^' * width}")
-        for extra in self.detail.splitlines():
-            lines.append(f"  {extra}" if extra else "")
+        for extra in self.detail.rstrip("\n").split("\n") if self.detail else ():
+            lines.append(f"  {printable(extra)}" if extra else "")
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {printable(self.hint)}")
         return "\n".join(lines)
 
 

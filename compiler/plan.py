@@ -89,7 +89,23 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        """The plan in ``text``; ValueError (with what is wrong) for anything that is not one: not JSON,
+        NaN or Infinity, not an object (``[]``, ``null``), nested too deeply, fields of the wrong type."""
+        def no_constant(name: str) -> Any:
+            raise ValueError(f"plan.json holds {name}, which is not a number in JSON")
+
+        try:
+            data = json.loads(text, parse_constant=no_constant)
+        except RecursionError:
+            raise ValueError("plan.json nests too deeply") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"plan.json must hold a JSON object, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except ValueError:
+            raise
+        except (KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"plan.json does not have the fields of a plan ({type(exc).__name__}: {exc})") from None
 
     def normalized(self) -> "Plan":
         """The plan as it will read back from plan.json (rounded)."""
