@@ -117,7 +117,7 @@ def _entries(out_dir: Path) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def _read_regular(path: Path) -> bytes | None:
+def read_regular_file(path: Path) -> bytes | None:
     """A regular file's bytes, opened without following a symbolic link (None if it is not one now)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -142,7 +142,7 @@ def read_artifacts(out_dir: Path) -> ArtifactSet:
         return ArtifactSet({})
     for rel, kind in _entries(out_dir):
         if kind == "file" and rel not in EXTRA_FILES:
-            data = _read_regular(out_dir / rel)
+            data = read_regular_file(out_dir / rel)
             if data is not None:
                 files[rel] = data.decode("utf-8", errors="replace")
     return ArtifactSet(files)
