@@ -6,6 +6,7 @@ reported as INTERNAL ERROR with exit code 3, never as a bare traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -44,6 +45,10 @@ class DtcGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
     def invoke(self, ctx: click.Context):
+        with printable_output():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except DtcError as exc:
@@ -61,6 +66,32 @@ class DtcGroup(click.Group):
             ctx.exit(int(ExitCode.USER_ERROR))
         except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug
             ctx.exit(report_internal_error(exc))
+
+
+class _PrintableStream:
+    """A text stream whose writes go through ``printable`` (line breaks kept): whatever a command
+    echoes (a spec's file name, a value, a rank's log line, a generated file's diff), no ESC, CR,
+    NUL or U+202E from it reaches the terminal or a PR comment as itself."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 - any text stream
+        self._stream = stream
+
+    def write(self, text):  # noqa: ANN001, ANN201 - the stream protocol
+        return self._stream.write(printable(text, keep_newlines=True) if isinstance(text, str) else text)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - flush, isatty, encoding, buffer, ...
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def printable_output():
+    """sys.stdout and sys.stderr through ``printable`` while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PrintableStream(sys.stdout), _PrintableStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def os_error(exc: OSError) -> DtcError:

@@ -35,32 +35,46 @@ EXIT_CODES_HELP = (
 )
 
 
-def printable(text: object) -> str:
+def printable(text: object, *, keep_newlines: bool = False) -> str:
     """``text`` safe to show on a terminal or in generated Markdown: every character a terminal or a
-    viewer would act on instead of showing is escaped, visibly (``\\x1b``, ``\\r``, ``\\u202e``):
-    C0 and C1 controls (ESC starts colour, cursor and OSC 52 clipboard sequences; CR overwrites the
-    line; BEL, NUL), DEL, bidirectional overrides and isolates, zero-width and other format
-    characters, line and paragraph separators, and lone surrogates (a file name that is not UTF-8).
-    Newlines and tabs are escaped too: the one function every echo of user text goes through (issue
-    #16); callers with several lines apply it to each."""
+    viewer would act on instead of showing is escaped, visibly: C0 and C1 controls (ESC starts colour,
+    cursor and OSC 52 clipboard sequences; CR overwrites the line; BEL, NUL), DEL, bidirectional
+    overrides and isolates (U+202E), zero-width and other format characters, line and paragraph
+    separators, and lone surrogates (a file name that is not UTF-8). The one function every echo of
+    user text goes through (issue #16): Diagnostic.render, and the CLI's stdout/stderr while a
+    command runs. ``\n``, ``\r``, ``\t`` and other C0 controls become ``\\n``, ``\\r``, ``\\t``,
+    ``\\x1b``; everything else ``\\u202e`` (JSON's own escape, so JSON output stays JSON; astral
+    characters as a surrogate pair). ``keep_newlines``: text of several lines keeps its line breaks."""
     text = str(text)
     if text.isprintable():
         return text
     out = []
     for ch in text:
-        if ch.isprintable():
+        code = ord(ch)
+        if ch.isprintable() or (keep_newlines and ch == "\n"):
             out.append(ch)
-        elif ch in "\n\r\t":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif ch in _C0_NAMES:
+            out.append(_C0_NAMES[ch])
+        elif code < 0x20:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
         else:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
     return "".join(out)
 
 
-def printable_lines(text: str) -> str:
-    """``printable`` for text of several lines: each line escaped, the line breaks kept."""
-    return "\n".join(printable(line) for line in str(text).split("\n"))
+_C0_NAMES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shell_command(*words: str) -> str:
+    """A command for a person to paste, every word shell-quoted (``shlex.quote``), shown printable:
+    check's "Run:" line, the provenance header of every generated file, hints (issue #16: a spec
+    named ``a;touch pwned;.yaml`` made "Run: dtc compile specs/a;touch pwned;.yaml")."""
+    import shlex
+
+    return " ".join(shlex.quote(printable(word)) for word in words)
 
 
 @dataclass(frozen=True)
