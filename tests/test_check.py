@@ -217,3 +217,26 @@ def test_ci_workflow_and_pre_commit_hook():
     doc = (REPO / "docs" / "review.md").read_text()
     for needle in ("dtc check", "dtc diff --base", ".github/workflows/dtc.yml", "id: dtc-check", "--format markdown"):
         assert needle in doc, needle
+
+
+def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #16 item 5: a committed generated/X/PLAN.md -> ../../.git/config made `dtc check` and
+    `dtc diff --unified` print the checkout's credentials. A link is reported, never read."""
+    folders = _compile_all(project, monkeypatch)
+    git = project / ".git"
+    git.mkdir()
+    (git / "config").write_text("[http]\n\textraheader = AUTHORIZATION: basic SECRET-TOKEN\n")
+    folder = next(iter(folders.values()))
+    (folder / "PLAN.md").unlink()
+    (folder / "PLAN.md").symlink_to("../../.git/config")
+    (folder / "notes.md").symlink_to("../../.git/config")
+    result = run_cli(["check"], exit_code=1)
+    assert "SECRET-TOKEN" not in result.stdout + result.stderr
+    assert "PLAN.md: a symbolic link or other non-regular file; not followed or read" in result.stdout
+    assert "- notes.md (orphaned" in result.stdout
+    for args in (["diff", "--unified", str(folder), "specs/a.yaml"], ["diff", "--unified", "specs/a.yaml", str(folder)],
+                 ["diff", "--format", "markdown", "--unified", str(folder), "specs/a.yaml"]):
+        result = run_cli(args, exit_code=None)
+        assert result.exit_code in (1, 2) and "SECRET-TOKEN" not in result.stdout + result.stderr, args
+    result = run_cli(["compile", "specs/a.yaml", "specs/b.yaml"], exit_code=2)  # a hand-edited folder
+    assert "SECRET-TOKEN" not in result.stdout + result.stderr and "notes.md" in result.stderr

@@ -83,14 +83,14 @@ def path_side(path: str, *, strict: bool, compile_as: str | None = None) -> Side
     if p.is_file():
         if compile_as is None or compile_as == path:
             return spec_side(path, path, strict=strict)
-        from compiler.spec.load import MAX_SPEC_BYTES
+        from compiler.spec.load import read_spec_bytes
 
         try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise DtcError(f"cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_SPEC_BYTES:
-            raise DtcError(f"{path} is too large for a spec ({len(data)} bytes)")
+            data = read_spec_bytes(path)  # the same rules as any spec: no FIFO, no link out, bounded
+        except SpecError as exc:
+            if strict:
+                raise
+            return Side(printable(path), error=f"invalid spec: {_first_line(exc)}")
         return spec_side(path, compile_as, data, strict=strict)
     raise DtcError(f"no such spec or folder: {path}", hint="pass two specs (.yaml) or two generated folders")
 

@@ -109,6 +109,12 @@ class LoadedSpec:
 
 def load_spec(path: str | Path) -> LoadedSpec:
     """Read, parse and validate a spec file. Raises ``SpecError`` (located) on any problem."""
+    return load_spec_bytes(read_spec_bytes(path), str(path))
+
+
+def read_spec_bytes(path: str | Path) -> bytes:
+    """A spec file's bytes, read safely: a regular file (not a FIFO that blocks, a device, a socket),
+    at most MAX_SPEC_BYTES, not a symbolic link out of its folder, with a UTF-8 name."""
     p = Path(path)
     shown = str(path)
     if _SURROGATE.search(shown):  # bytes that are not UTF-8 in the file name (surrogate escapes)
@@ -139,7 +145,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except OSError as exc:
         raise SpecError(Diagnostic(summary=f"cannot read spec: {exc.strerror or exc}", location=Location(shown),
                                    hint="check the path")) from None
-    return load_spec_bytes(data, shown)
+    return data
 
 
 def _check_link(p: Path, shown: str) -> None:
