@@ -3,9 +3,12 @@
 Renderers read only the Plan (never the Spec). ``plan.json`` is written next to
 every set of artifacts; ``Plan.from_json(plan.to_json())`` is the identity, and
 ``solve`` returns plans that already went through that round trip, so rendering
-from memory and from disk gives the same bytes. Floats are rounded to 4
-significant digits (memory stays in integer bytes) so that a change in the 6th
-digit of the cost model does not churn every golden file.
+from memory and from disk gives the same bytes. The cost model's outputs (the
+estimates and the search's figures) are rounded to 4 significant digits (memory
+stays in integer bytes) so that a change in the 6th digit of the cost model does
+not churn every golden file; what the spec said (hyperparameters, time limits,
+prices, bandwidths) is kept exactly, because artifacts pass it on (an adam_beta2 of
+0.99999 rounded to 1.0 is an error in torch).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from compiler.layout import Layout
 from compiler.units import round_sig
 
 PLAN_SCHEMA_VERSION = 1
+ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
 # The framework releases every artifact is written for (and validated against in tests).
@@ -70,7 +74,8 @@ class Plan:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        return _round(_to_data(self))
+        data = _to_data(self)
+        return {k: _round(v) if k in ESTIMATED_SECTIONS else v for k, v in data.items()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -84,7 +89,23 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        """The plan in ``text``; ValueError (with what is wrong) for anything that is not one: not JSON,
+        NaN or Infinity, not an object (``[]``, ``null``), nested too deeply, fields of the wrong type."""
+        def no_constant(name: str) -> Any:
+            raise ValueError(f"plan.json holds {name}, which is not a number in JSON")
+
+        try:
+            data = json.loads(text, parse_constant=no_constant)
+        except RecursionError:
+            raise ValueError("plan.json nests too deeply") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"plan.json must hold a JSON object, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except ValueError:
+            raise
+        except (KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"plan.json does not have the fields of a plan ({type(exc).__name__}: {exc})") from None
 
     def normalized(self) -> "Plan":
         """The plan as it will read back from plan.json (rounded)."""

@@ -124,6 +124,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     kind, n = _batch(spec, src, diags)
     if shape is not None:
         _check_shape(shape, src, diags)
+        _check_positions(shape, spec.training.sequence_length, src, diags)
         _check_pins(spec, shape, options, src, diags)
     if diags:
         raise SpecError(diags)
@@ -225,6 +226,17 @@ def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Dia
     if m.preset is not None and fields:
         name = f"{name} (modified)"
     return ModelShape(**{k: v for k, v in merged.items() if v is not None}), name
+
+
+def _check_positions(s: ModelShape, seq_len: int, src: SourceMap, diags: list[Diagnostic]) -> None:
+    """A learned position table must cover the sequence (issue #16: a 128-row table with sequence
+    4096 was accepted; plan.json said 128 and megatron_args.sh 4096)."""
+    if s.position == "learned" and 0 < s.max_position_embeddings < seq_len:
+        diags.append(src.diagnostic(("model", "max_position_embeddings"),
+                                    f"model.max_position_embeddings must cover training.sequence_length ({seq_len}) "
+                                    f"with learned positions, got {s.max_position_embeddings}",
+                                    f"raise max_position_embeddings to {seq_len}, shorten the sequence, or use "
+                                    "position: rope"))
 
 
 def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None:

@@ -496,3 +496,35 @@ def test_base_shows_generated_folders_changed_without_their_spec(git_repo: Path)
     result = _dtc(git_repo, "diff", "--base", "HEAD")
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("specs/other.yaml (HEAD -> working tree)") and "generated/" not in result.stdout
+
+
+QUOTED_NAMES = ["spéc.yaml", 'quo"te.yaml', "new\nline.yaml", "back\\slash.yaml", "tab\there.yaml", "ünïcode-é.yml"]
+
+
+def test_base_sees_specs_whose_names_git_quotes(git_repo: Path):
+    """Issue #16 item 7: git quotes names with non-ASCII bytes, quotes, backslashes, tabs or newlines in
+    its line output ("specs/sp\\303\\251c.yaml"), so --base read "0 specs changed" while they had.
+    Paths are read with -z now: committed-then-changed and untracked specs alike."""
+    old = (CASES / "pinned_tp" / "old.yaml").read_bytes()
+    new = (CASES / "pinned_tp" / "new.yaml").read_bytes()
+    committed, untracked = QUOTED_NAMES[:3], QUOTED_NAMES[3:]
+    for name in committed:
+        (git_repo / "specs" / name).write_bytes(old)
+    _git(git_repo, "add", "-A")
+    _git(git_repo, "commit", "-q", "-m", "odd names")
+    for name in committed:
+        (git_repo / "specs" / name).write_bytes(new)
+    for name in untracked:
+        (git_repo / "specs" / name).write_bytes(new)
+    result = _dtc(git_repo, "diff", "--base", "HEAD", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    titles = [d["title"] for d in data["diffs"]]
+    assert len(titles) == len(QUOTED_NAMES), titles
+    from compiler.errors import printable
+
+    for name in committed:  # titles are shown printable: one line, no control characters
+        assert any(t.startswith(f"specs/{printable(name)} (HEAD -> working tree)") for t in titles), (name, titles)
+    text = _dtc(git_repo, "diff", "--base", "HEAD")
+    assert f"Diff: {len(QUOTED_NAMES)} specs changed" in text.stdout, text.stdout[-500:]
+    assert "specs/new\\nline.yaml" in text.stdout  # shown escaped, one line

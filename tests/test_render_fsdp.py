@@ -29,7 +29,7 @@ model:
   preset: {preset}
 training:
   tokens: 1T
-  sequence_length: 4096
+  sequence_length: {seq}
   global_batch: 64
   precision: {precision}
 cluster:
@@ -58,8 +58,8 @@ cluster:
 """
 
 
-def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", **layout: Any):
-    problem = problem_for(LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset))
+def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", seq: int = 4096, **layout: Any):
+    problem = problem_for(LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset, seq=seq))
     return plan_for(problem, layout_for(problem, **layout), real_estimate=False)
 
 
@@ -117,7 +117,7 @@ def test_context_model_family() -> None:
     llama = fsdp_context(llama_plan(dp_shard=8, zero_stage=3))["model"]
     assert (llama["mlp"], llama["norm"], llama["tied_embeddings"]) == ("swiglu", "rmsnorm", False)
     assert (llama["num_attention_heads"], llama["num_kv_heads"], llama["head_dim"]) == (32, 8, 128)
-    gpt = fsdp_context(llama_plan(preset="gpt-1.7b", dp_shard=8, zero_stage=3))["model"]
+    gpt = fsdp_context(llama_plan(preset="gpt-1.7b", seq=2048, dp_shard=8, zero_stage=3))["model"]
     assert (gpt["mlp"], gpt["norm"], gpt["tied_embeddings"]) == ("gelu", "layernorm", True)
 
 
@@ -227,7 +227,8 @@ def test_reference_model_family(tp_config) -> None:
 
 def test_reference_model_gpt_family(tmp_path: Path) -> None:
     import torch  # noqa: F401  - required; a missing torch fails the test
-    C = _import_config(_write(llama_plan(preset="gpt-1.7b", dp_shard=8, zero_stage=3), tmp_path), "fsdp_config_gpt")
+    C = _import_config(_write(llama_plan(preset="gpt-1.7b", seq=2048, dp_shard=8, zero_stage=3), tmp_path),
+                        "fsdp_config_gpt")
     model = C.build_reference_model(layers=1, hidden=64, seq_len=8, vocab=128)
     assert model.output.weight is model.tok_embeddings.weight  # tied
     assert model.layers["0"].feed_forward.w3 is None  # GELU MLP

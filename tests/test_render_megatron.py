@@ -67,7 +67,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                                                    sequence_parallel=True)),
     "mixtral_fsdp_ep": (dict(preset="mixtral-8x7b", num_gpus=16), dict(dp_shard=16, zero_stage=3, ep=8)),
     "qwen_qkv_bias": (dict(preset="qwen2.5-7b"), dict(tp=4, dp_shard=2, zero_stage=1, sequence_parallel=True)),
-    "gpt3_fp16_gelu": (dict(preset="gpt3-175b", num_gpus=64, precision="fp16"), dict(tp=8, pp=8)),
+    "gpt3_fp16_gelu": (dict(preset="gpt3-175b", num_gpus=64, precision="fp16", seq=2048), dict(tp=8, pp=8)),
     "offload_cpu": ({}, dict(dp_shard=8, zero_stage=1, offload_optimizer="cpu")),
     "fp32_sgd": (dict(precision="fp32", optimizer="sgd"), dict(dp_replicate=8)),
     "fp8_hopper": (dict(precision="fp8"), dict(tp=2, dp_shard=4, zero_stage=1)),

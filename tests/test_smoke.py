@@ -340,8 +340,13 @@ def test_cli_refuses_before_launch(tmp_path):
     cfg["train_batch_size"] += 2
     (gen / "ds_config.json").write_text(json.dumps(cfg))
     t0 = time.monotonic()
+    r = run_cli(["smoke", str(gen), "--target", "deepspeed"], exit_code=2)  # the manifest no longer matches
+    assert "was changed after dtc wrote it" in r.stderr and "  ds_config.json" in r.stderr
+    from helpers import refresh_manifest
+
+    refresh_manifest(gen)  # edited on purpose: the artifacts still have to agree with plan.json
     r = run_cli(["smoke", str(gen), "--target", "deepspeed"], exit_code=2)
-    assert "batch fields disagree" in r.stderr and "train_batch_size" in r.stderr
+    assert "disagree with plan.json" in r.stderr and "train_batch_size" in r.stderr
     assert time.monotonic() - t0 < 20
     r = run_cli(["smoke", str(gen), "--target", "fsdp"], exit_code=2)
     assert "no fsdp artifacts" in r.stderr

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from helpers import refresh_manifest
 from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
 from test_smoke import assert_no_leftovers, make_generated
 
@@ -86,6 +87,7 @@ def test_smoke_slurm_failed_job_reports_state_and_log(cluster, tmp_path):
     # a broken entry point (hand-edited): every rank exits 3 before any collective
     (folder / "fsdp_train.py").write_text("import sys\nprint('boom: broken entry point', file=sys.stderr)\n"
                                           "sys.exit(3)\n")
+    refresh_manifest(folder)  # edited on purpose (smoke refuses a folder that no longer matches its manifest)
     t0 = time.monotonic()
     report = run_smoke(folder, target="fsdp", slurm=True, timeout_s=120, write_json=False)
     assert time.monotonic() - t0 < 90

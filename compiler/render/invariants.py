@@ -26,25 +26,33 @@ class _Checker:
             self.problems.append(f"{where}: {what} is {got!r}, the plan says {want!r}")
 
 
-def check_invariants(plan: Plan, files: dict[str, str]) -> None:
-    """Raise RenderError (a bug) listing every disagreement between the artifacts and the plan."""
+def invariant_problems(plan: Plan, files: dict[str, str]) -> list[str]:
+    """Every disagreement between the artifacts and the plan, one line each. Also the check `dtc smoke`
+    runs on a folder from disk (issue #16), so an artifact that does not parse is a problem, not a crash."""
     c = _Checker(plan)
     lay = plan.layout
     c.expect("plan", "tp x pp x cp x dp", lay.world_size, plan.cluster["num_gpus"])
     c.expect("plan", "micro x accumulation x dp", lay.global_batch, plan.training["global_batch"])
-    if "ds_config.json" in files:
-        _check_deepspeed(c, json.loads(files["ds_config.json"]))
-    if "fsdp_config.py" in files:
-        _check_fsdp(c, files["fsdp_config.py"])
-    if "megatron_args.sh" in files:
-        _check_megatron(c, files["megatron_args.sh"])
-    for rel, text in files.items():
-        if rel.endswith(".sbatch"):
-            _check_sbatch(c, rel, text)
-    if c.problems:
+    checks = [("ds_config.json", lambda text: _check_deepspeed(c, json.loads(text))),
+              ("fsdp_config.py", lambda text: _check_fsdp(c, text)),
+              ("megatron_args.sh", lambda text: _check_megatron(c, text))]
+    checks += [(rel, lambda text, rel=rel: _check_sbatch(c, rel, text)) for rel in files if rel.endswith(".sbatch")]
+    for rel, check in checks:
+        if rel in files:
+            try:
+                check(files[rel])
+            except (ValueError, TypeError, AttributeError, SyntaxError, RecursionError) as exc:
+                c.problems.append(f"{rel}: cannot read it ({type(exc).__name__}: {exc})")
+    return c.problems
+
+
+def check_invariants(plan: Plan, files: dict[str, str]) -> None:
+    """Raise RenderError (a bug) listing every disagreement between the artifacts and the plan."""
+    problems = invariant_problems(plan, files)
+    if problems:
         raise RenderError(Diagnostic(
             summary=f"the generated artifacts for {plan.name} disagree with the plan (a dtc bug)",
-            detail="\n".join(c.problems), hint="please report this with the spec"))
+            detail="\n".join(problems), hint="please report this with the spec"))
 
 
 def _check_deepspeed(c: _Checker, cfg: dict) -> None:

@@ -40,8 +40,17 @@ def load_plan(generated_dir: Path) -> tuple[Plan, str]:
     if not generated_dir.is_dir():
         raise SmokeError(Diagnostic(summary=f"{generated_dir} is not a folder", location=Location(str(generated_dir)),
                                     hint="pass the folder `dtc compile` wrote, e.g. generated/<name>/"))
+    from compiler.artifacts import read_regular_file
+
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_regular_file(path)  # never a link's target, never a FIFO that blocks
+        if data is None:
+            if not path.exists() and not path.is_symlink():
+                raise FileNotFoundError(path)
+            raise SmokeError(Diagnostic(summary=f"{path} is not a regular file (a link, a FIFO?); dtc does not "
+                                                "follow or read it", location=Location(str(path)),
+                                        hint="recompile the spec"))
+        text = data.decode("utf-8", errors="replace")
         return Plan.from_json(text), text
     except FileNotFoundError:
         raise SmokeError(Diagnostic(summary=f"no plan.json in {generated_dir}", location=Location(str(path)),
@@ -49,6 +58,9 @@ def load_plan(generated_dir: Path) -> tuple[Plan, str]:
     except (ValueError, KeyError, TypeError) as exc:
         raise SmokeError(Diagnostic(summary=f"plan.json is not a dtc plan: {exc}", location=Location(str(path)),
                                     hint="recompile the spec")) from None
+    except OSError as exc:  # a link, a FIFO, a name too long
+        raise SmokeError(Diagnostic(summary=f"cannot read plan.json: {exc.strerror or exc}",
+                                    location=Location(str(path)), hint="recompile the spec")) from None
 
 
 def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], bool]:
@@ -70,6 +82,30 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
             location=Location(str(generated_dir)),
             hint=f"targets present: {', '.join(present) or 'none'}; add {requested} to the spec's targets"))
     return [requested], True
+
+
+def verify_generated(generated_dir: Path, plan: Plan) -> None:
+    """Run only what dtc generated (issue #16): every file must match MANIFEST.sha256 (no edits, no
+    extra files, no symbolic links), and the degrees and batch in the artifacts must be plan.json's.
+    Smoke replaces the degrees with its own, so an edited ``TP = 3`` would otherwise "pass"."""
+    from compiler.artifacts import MANIFEST, hand_edited_files, read_artifacts
+    from compiler.render.invariants import invariant_problems
+
+    edited = hand_edited_files(generated_dir)
+    if edited:
+        what = "has no MANIFEST.sha256" if MANIFEST in edited or not (generated_dir / MANIFEST).is_file() \
+            else "was changed after dtc wrote it"
+        raise SmokeError(Diagnostic(
+            summary=f"{generated_dir} {what}; smoke runs only what dtc generated",
+            location=Location(str(generated_dir)),
+            detail="changed, unknown or missing files:\n" + "\n".join(f"  {rel}" for rel in edited),
+            hint="move the edits into the spec and recompile (dtc compile --force), then smoke the new folder"))
+    problems = invariant_problems(plan, dict(read_artifacts(generated_dir).files))
+    if problems:
+        raise SmokeError(Diagnostic(
+            summary="the artifacts disagree with plan.json; smoke would test a layout they do not run",
+            location=Location(str(generated_dir / "plan.json")), detail="\n".join(problems),
+            hint="recompile the spec instead of editing generated files"))
 
 
 def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
@@ -117,6 +153,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     generated_dir = Path(generated_dir).resolve()
     plan, plan_text = load_plan(generated_dir)
     names, explicit = resolve_targets(generated_dir, target)
+    verify_generated(generated_dir, plan)
     preflight(generated_dir, plan, names)
     device, ranks, _ = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)

@@ -5,7 +5,8 @@ The space has two levels, so that whole families can be bounded (and counted) at
 * a **shape** fixes the GPU type and the parallel degrees that set the world size:
   ``tp x pp x cp x dp`` (plus ``ep``, carved out of dp x cp). Shapes come from generators
   that already obey the per-axis rules (tp divides the attention and KV heads and stays in
-  a node; cp with 2 x cp dividing the sequence; pp with a stage split, see ``arith``), and
+  a node; cp with 2 x cp dividing the sequence; pp with a stage split, see ``arith``, and at
+  most MAX_PIPELINE_PARALLEL stages), and
   from the GPU-count rule (whole nodes within [min_gpus, max_gpus], or exactly num_gpus).
   A dp that breaks the batch arithmetic is tallied per shape as ``batch_not_divisible``.
 * the **inner** choices of a shape are independent of each other, so a shape holds
@@ -20,7 +21,8 @@ The space has two levels, so that whole families can be bounded (and counted) at
     than one GPU, except with offload on a single data-parallel rank (ZeRO-Offload);
   - batch: micro_batch divides global_batch / dp and grad_accum = global_batch / (dp x
     micro_batch); with a tolerance, every micro_batch with a grad_accum whose realised
-    batch is within it (the one closest to the requested batch);
+    batch is within it (the one closest to the requested batch); micro_batch at most
+    MAX_MICRO_BATCH (the spec's cap, so the space does not grow with the batch);
   - recompute none / selective / full; sequence parallel off/on when tp > 1.
 
 Pins of the spec's ``layout`` section replace a generator by the pinned value.
@@ -35,6 +37,7 @@ from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
 from compiler.solver.arith import GpuCounts, batch_range, divisors, grad_accum_for, stage_layers
+from compiler.spec.models import MAX_MICRO_BATCH, MAX_PIPELINE_PARALLEL
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -97,7 +100,7 @@ class Space:
         return self._pin(values, self.pins.tp)
 
     def pp_values(self) -> tuple[int, ...]:
-        values = [p for p in range(1, self.num_layers + 1) if self.pipeline_choices(p)]
+        values = [p for p in range(1, min(self.num_layers, MAX_PIPELINE_PARALLEL) + 1) if self.pipeline_choices(p)]
         return self._pin(values, self.pins.pp)
 
     def cp_values(self) -> tuple[int, ...]:
@@ -200,9 +203,9 @@ class Space:
         out: list[tuple[int, int]] = []
         if tol <= 0:
             if b % dp == 0:
-                out = [(mb, b // dp // mb) for mb in divisors(b // dp)]
+                out = [(mb, b // dp // mb) for mb in divisors(b // dp) if mb <= MAX_MICRO_BATCH]
         else:
-            for mb in range(1, self.hi_batch // dp + 1):
+            for mb in range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1):
                 ga = grad_accum_for(b, tol, dp, mb)
                 if ga is not None:
                     out.append((mb, ga))

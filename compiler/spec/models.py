@@ -7,6 +7,7 @@ once, into SI numbers.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,9 @@ Bandwidth = Annotated[float, _unit(units.parse_bandwidth, "a bandwidth"), Field(
 Flops = Annotated[float, _unit(units.parse_flops, "a FLOP rate"), Field(json_schema_extra={"examples": ["989TFLOPS"]})]
 Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(json_schema_extra={"examples": ["$2.5M", 2.49]})]
 Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
+# SLURM takes whole seconds (D-HH:MM:SS): a time limit is rounded up once, here, and exact from then on.
+WholeSeconds = Annotated[int, _unit(lambda v: math.ceil(units.parse_duration(v)), "a duration"),
+                         Field(json_schema_extra={"examples": ["30d", "12h"]})]
 PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
 NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
 
@@ -50,11 +54,21 @@ NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000
 # integer the solver chokes on; lower bounds where zero would be a division by zero.
 MAX_PARAMS = 10**14  # 100T
 MAX_TOKENS = 10**16  # 10 quadrillion
+# Dimensions the solver's work grows with (issue #16: every one capped, so that one spec costs
+# seconds, never minutes): the layer count (pipeline splits: pp and vpp range over it) and the
+# micro-batch (every micro-batch size up to the cap is a candidate when the batch has a
+# tolerance). Both are far beyond any published run (deepest: DeepNet, 1,000 layers; Megatron
+# and Llama runs use micro-batches of 1-16 sequences).
+MAX_LAYERS = 1024
+MAX_PIPELINE_PARALLEL = 128  # pipeline stages (the deepest published: 64, Narayanan et al. 2021's 1T model)
+MAX_MICRO_BATCH = 256  # sequences per GPU per micro-step
 ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
 TokenCount = Annotated[Count, Field(ge=0, le=MAX_TOKENS)]
 PosBytes = Annotated[Bytes, Field(ge=2**30, le=2**50)]  # GPU memory: 1 GiB to 1 PiB
-PosBandwidth = Annotated[Bandwidth, Field(gt=0, le=1e15)]  # at most 1 PB/s
-PosFlops = Annotated[Flops, Field(gt=0, le=1e18)]  # at most 1 EFLOP/s per GPU
+# Lower bounds far below any real part (1 MB/s, 1 GFLOP/s) but high enough that every time the cost
+# model derives stays finite (1e-300 FLOP/s overflowed to infinity: issue #16).
+PosBandwidth = Annotated[Bandwidth, Field(ge=10**6, le=1e15)]  # 1 MB/s to 1 PB/s
+PosFlops = Annotated[Flops, Field(ge=10**9, le=1e18)]  # 1 GFLOP/s to 1 EFLOP/s per GPU
 Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
 Budget = Annotated[Money, Field(gt=0, le=1e13)]
 PosDuration = Annotated[Duration, Field(gt=0, le=100 * 365 * 86400)]  # at most a century
@@ -164,7 +178,7 @@ class ModelSpec(_Strict):
 
     preset: GpuName | None = Field(None, description="A model from the catalog, e.g. llama3-70b (see `dtc catalog`).")
     params: ParamCount | None = Field(None, description="Just a size, e.g. 70B: dtc derives a dense Llama-3-style shape.")
-    num_layers: PosInt | None = Field(None, description="Transformer layers.")
+    num_layers: Annotated[PosInt, Field(le=MAX_LAYERS)] | None = Field(None, description=f"Transformer layers (at most {MAX_LAYERS}).")
     hidden_size: PosInt | None = Field(None, description="Model (embedding) width.")
     ffn_hidden_size: PosInt | None = Field(None, description="MLP hidden width (per matrix; SwiGLU uses three).")
     num_attention_heads: PosInt | None = Field(None, description="Query heads.")
@@ -301,7 +315,8 @@ class LayoutSpec(_Strict):
     """Optional pins; whatever is absent is searched by the solver."""
 
     tensor_parallel: PosInt | None = Field(None, description="Tensor-parallel degree (tp).")
-    pipeline_parallel: PosInt | None = Field(None, description="Pipeline-parallel degree (pp).")
+    pipeline_parallel: Annotated[PosInt, Field(le=MAX_PIPELINE_PARALLEL)] | None = Field(
+        None, description=f"Pipeline-parallel degree (pp), at most {MAX_PIPELINE_PARALLEL}.")
     virtual_pipeline_stages: PosInt | None = Field(None, description="Model chunks per pipeline rank (interleaved 1F1B when > 1).")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(None, description="Pipeline schedule.")
     context_parallel: PosInt | None = Field(None, description="Context-parallel degree (cp): the sequence split across GPUs.")
@@ -312,7 +327,9 @@ class LayoutSpec(_Strict):
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
         None, description="0: replicate (DDP); 1: shard optimizer states (Megatron distributed optimizer); "
                           "2: + gradients (FSDP SHARD_GRAD_OP); 3: + parameters (FSDP FULL_SHARD / HYBRID_SHARD).")
-    micro_batch_size: PosInt | None = Field(None, description="Sequences per GPU per micro-step.")
+    micro_batch_size: Annotated[PosInt, Field(le=MAX_MICRO_BATCH)] | None = Field(
+        None, description=f"Sequences per GPU per micro-step, at most {MAX_MICRO_BATCH} (a larger batch runs as more "
+                          "micro-batches).")
     recompute: Literal["none", "selective", "full"] | None = Field(
         None, description="Activation recomputation: none, selective (attention core, Korthikanti et al. 2022) or full.")
     sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (with tp > 1).")
@@ -342,7 +359,7 @@ class SlurmSpec(_Strict):
     partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
-    time_limit: Annotated[Duration, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
     cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")

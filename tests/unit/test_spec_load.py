@@ -95,3 +95,18 @@ def test_custom_gpu():
     g = p.gpu_options[0]
     assert g.spec.hbm_bytes == 96 * 2**30 and g.inter_node_bandwidth_bytes_per_s == 50e9
     assert g.spec.peak_flops_for("bf16") == 900e12
+
+
+def test_at_most_max_aliases():
+    """README: at most 100 aliases. The count used to sit in a branch that never ran (500 passed)."""
+    from compiler.spec.load import MAX_ALIASES
+
+    head = "name: t\nx: &v 1\n"
+    with pytest.raises(SpecError) as err:  # 100 aliases pass the YAML guard; y is then an unknown key
+        load_spec_text(head + "y: [" + ", ".join(["*v"] * MAX_ALIASES) + "]\n")
+    assert "aliases" not in err.value.render()
+    with pytest.raises(SpecError) as err:
+        load_spec_text(head + "y: [" + ", ".join(["*v"] * (MAX_ALIASES + 1)) + "]\n")
+    assert f"more than {MAX_ALIASES} aliases" in err.value.render()
+    with pytest.raises(SpecError, match=f"more than {MAX_ALIASES} aliases"):  # merge keys are aliases too
+        load_spec_text("a: &a {k: 1}\n" + "".join(f"m{i}: {{<<: *a}}\n" for i in range(MAX_ALIASES + 1)))
