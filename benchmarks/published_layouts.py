@@ -160,7 +160,7 @@ def compare(r: dict) -> dict:
     out["published"] = pub.describe() if isinstance(pub, Layout) else f"({pub})"
     in_space = None
     if isinstance(pub, Layout):
-        est = evaluate(problem, pub, allow_uneven_stages=True, pipeline_events=False)
+        est = evaluate(problem, pub, pipeline_events=False)
         if isinstance(est, Estimate):
             out["pred_pub"] = est.tokens_per_s_per_gpu
             out["pred_pub_mfu"] = est.mfu

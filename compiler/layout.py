@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Any, Literal
+
+from compiler.split import PipelineSplit
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -45,6 +47,9 @@ class Layout:
     sequence_parallel: bool = False
     offload_optimizer: Offload = "none"
     offload_params: Offload = "none"
+    # Megatron's split mechanism (compiler.split); None: the default for the model's layer count
+    # (compiler.split.default_split). Plans always record the resolved one.
+    split: PipelineSplit | None = None
 
     def __post_init__(self) -> None:
         for axis in ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "micro_batch", "grad_accum",
@@ -59,6 +64,7 @@ class Layout:
         assert not self.sequence_parallel or self.tp > 1, "sequence parallel needs tp > 1"
         assert self.offload_params == "none" or self.zero_stage == 3, "parameter offload needs ZeRO-3"
         assert (self.dp * self.cp) % self.ep == 0, "ep must divide dp x cp"
+        assert self.split is None or isinstance(self.split, PipelineSplit), f"split: {self.split!r}"
 
     @property
     def dp(self) -> int:
@@ -141,7 +147,10 @@ class Layout:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Layout":
+    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+        d = dict(d)
+        if isinstance(d.get("split"), dict):
+            d["split"] = PipelineSplit(**d["split"])
         return cls(**d)
 
     def with_(self, **changes) -> "Layout":

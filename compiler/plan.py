@@ -14,11 +14,14 @@ import functools
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from compiler.estimate import Estimate
 from compiler.layout import Layout
 from compiler.units import round_sig
+
+if TYPE_CHECKING:
+    from compiler.split import LayerSplit
 
 PLAN_SCHEMA_VERSION = 1
 COST_MODEL_VERSION = "1"
@@ -86,6 +89,14 @@ class Plan:
     def from_json(cls, text: str) -> "Plan":
         return cls.from_dict(json.loads(text))
 
+    def layer_split(self) -> "LayerSplit":
+        """The decoder layers of every pipeline (virtual) stage: Megatron's split of the plan's layout
+        (compiler.split), the split the plan is costed with and every target renders."""
+        from compiler.split import layer_split
+
+        lay = self.layout
+        return layer_split(int(self.model["shape"]["num_layers"]), lay.pp, lay.vpp, lay.split)
+
     def normalized(self) -> "Plan":
         """The plan as it will read back from plan.json (rounded)."""
         return Plan.from_dict(self.to_dict())
@@ -144,6 +155,10 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
     from compiler.problem import Problem  # local: plan.py stays importable without the spec layer
 
     assert isinstance(problem, Problem)
+    if layout.split is None:  # the plan records the split it is costed with (and every target renders)
+        from compiler.split import layer_split
+
+        layout = layout.with_(split=layer_split(problem.shape.num_layers, layout.pp, layout.vpp).split)
     option = next(o for o in problem.gpu_options if o.name == layout.gpu)
     pc = problem.params
     plan = Plan(

@@ -22,7 +22,7 @@ import pytest
 from compiler.errors import RenderError
 from compiler.plan import Plan
 from compiler.render.deepspeed import (NVME_PATH, deepspeed_context, deepspeed_dp_size, deepspeed_notes,
-                                       lr_schedule_steps, render_deepspeed)
+                                       ds_train_context, lr_schedule_steps, render_deepspeed)
 from plan_fixtures import layout_for, plan_for, problem_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,11 @@ def test_optimizer_scheduler_clipping(matrix: dict[str, Plan]) -> None:
 
 def test_pipeline_autotp_and_checkpointing(matrix: dict[str, Plan]) -> None:
     pp = deepspeed_context(matrix["pp2_z1"])
-    assert pp["pipeline"] == {"stages": 2, "partition": "parameters", "activation_checkpoint_interval": 1}
+    assert pp["pipeline"] == {"stages": 2, "activation_checkpoint_interval": 1}
+    # the layers of each stage: Megatron's split of the plan (compiler.split), placed in ds_train.py
+    train = ds_train_context(matrix["pp2_z1"])["plan"]
+    assert train["stage_layers"] == list(matrix["pp2_z1"].layer_split().chunk_layers)
+    assert sum(train["stage_layers"]) == train["model"]["num_layers"]
     assert pp["activation_checkpointing"]["partition_activations"] is False
     assert deepspeed_context(matrix["pp4_z0"])["pipeline"]["activation_checkpoint_interval"] == 0
     assert "activation_checkpointing" not in deepspeed_context(matrix["pp4_z0"])

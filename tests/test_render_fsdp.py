@@ -220,7 +220,7 @@ def test_reference_model_family(tp_config) -> None:
     assert block.feed_forward.w3 is not None  # SwiGLU
     logits = model(torch.randint(0, 256, (2, 16)))
     assert logits.shape == (2, 16, 256)
-    split = C.split_stage(model, 1, 2)
+    split = C.split_stage(model, 1, (1, 1))
     assert split.tok_embeddings is None and list(split.layers) == ["1"] and split.output is not None
     assert model.tok_embeddings is not None and list(model.layers) == ["0", "1"]  # the original is intact
 

@@ -20,8 +20,9 @@ import pytest
 
 from compiler.errors import RenderError
 from compiler.plan import Plan
-from compiler.render.megatron import (_pipeline_split, megatron_arg_groups, megatron_args, megatron_env,
-                                      megatron_notes, moe_layer_pattern, render_megatron)
+from compiler.render.megatron import (megatron_arg_groups, megatron_args, megatron_env, megatron_notes,
+                                      moe_layer_pattern, pipeline_flags, render_megatron)
+from compiler.split import PipelineSplit
 from plan_fixtures import layout_for, plan_for, problem_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,18 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "cp": (dict(num_gpus=16, seq=8192), dict(tp=2, cp=2, dp_shard=4, zero_stage=1, sequence_parallel=True)),
     "uneven_pp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
                   dict(tp=8, pp=8, dp_shard=2, zero_stage=1, recompute="full", sequence_parallel=True)),
+    # NeMo's Llama 3.1 405B: pp 8 x vpp 8 with the embedding and the loss counted as layers
+    "account_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                    dict(tp=8, pp=8, vpp=8, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                         sequence_parallel=True)),
+    # 126 layers on pp 8 x vpp 9: only an explicit --pipeline-model-parallel-layout balances it
+    "layout_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                   dict(tp=8, pp=8, vpp=9, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                        sequence_parallel=True)),
+    # a pinned uneven split: Megatron's 9 / 18 x 6 / 9
+    "first_last_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                       dict(tp=8, pp=8, vpp=9, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                            sequence_parallel=True, split=PipelineSplit("uneven", first=9, last=9))),
     "deepseek_mla_moe": (dict(preset="deepseek-v3", num_gpus=64, gbs=128),
                          dict(tp=2, pp=4, ep=8, dp_shard=8, zero_stage=1, sequence_parallel=True)),
     "mixtral_ep": (dict(preset="mixtral-8x7b", num_gpus=16), dict(tp=2, ep=8, dp_shard=8, zero_stage=1,
@@ -110,12 +123,22 @@ def test_parallel_sizes_and_data_parallel(matrix: dict[str, Plan]) -> None:
     assert value(megatron_args(matrix["vpp"]), "--num-virtual-stages-per-pipeline-rank") == "2"
 
 
-def test_uneven_pipeline_split() -> None:
-    assert _pipeline_split(32, 4, 1) == (0, 0)
-    assert _pipeline_split(126, 8, 1) == (15, 15)  # Llama 3 405B: 6 middle stages of 16
-    assert _pipeline_split(30, 4, 2) == (6, 8)  # multiples of vpp; the first stage gets fewer
-    assert _pipeline_split(7, 2, 1) == (3, 4)
-    assert _pipeline_split(5, 4, 2) is None
+def test_pipeline_split_flags(matrix: dict[str, Plan]) -> None:
+    assert pipeline_flags(4, 1, PipelineSplit()) == [["--pipeline-model-parallel-size", "4"]]
+    a = megatron_args(matrix["uneven_pp"])  # 126 layers on pp 8: 128 units / 8 ranks
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(a)
+    a = megatron_args(matrix["account_vpp"])
+    assert value(a, "--num-virtual-stages-per-pipeline-rank") == "8"
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(a)
+    a = megatron_args(matrix["layout_vpp"])  # the layout fixes vpp itself (arguments.py:907)
+    assert "--num-virtual-stages-per-pipeline-rank" not in a
+    assert value(a, "--pipeline-model-parallel-layout") == "E|,(t|)*15,(tt|)*55,tL"
+    a = megatron_args(matrix["first_last_vpp"])
+    assert (value(a, "--decoder-first-pipeline-num-layers"), value(a, "--decoder-last-pipeline-num-layers")) == \
+        ("9", "9")
+    assert value(a, "--num-virtual-stages-per-pipeline-rank") == "9"
+    for name, p in matrix.items():  # every plan records the split it is costed with
+        assert p.layout.split is not None, name
 
 
 def test_model_flags(matrix: dict[str, Plan]) -> None:
@@ -179,7 +202,7 @@ def test_environment_and_notes(matrix: dict[str, Plan]) -> None:
     assert megatron_env(matrix["fsdp_z2"]) == {"CUDA_DEVICE_MAX_CONNECTIONS": None}  # Megatron-FSDP: unset
     assert megatron_env(matrix["fp8_blackwell"]) == {}  # no longer required from Blackwell on
     assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in render_megatron(matrix["fsdp_z2"])["megatron_args.sh"]
-    assert any("15 on the first stage, 15 on the last" in n for n in megatron_notes(matrix["uneven_pp"]))
+    assert any("15, 16 x 6, 15 layers per pipeline rank" in n for n in megatron_notes(matrix["uneven_pp"]))
     assert any("fsdp_dtensor" in n for n in megatron_notes(matrix["fsdp_z3_hsdp"]))
 
 

@@ -29,6 +29,7 @@ from compiler.costmodel.step import make_estimate, step_time
 from compiler.estimate import Estimate, MemoryBreakdown, Rejection
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
+from compiler.split import split_problem
 from compiler.units import format_bytes
 
 __all__ = ["evaluate", "check_layout", "find_gpu_option", "memory_lower_bound_bytes", "step_time_lower_bound_s",
@@ -40,8 +41,7 @@ REJECTION_CODES = {
     "tp_not_divisor": "tp must divide the attention heads and the KV heads",
     "ep_not_divisor": "ep needs an MoE model and must divide the number of experts",
     "cp_not_divisor": "2 x cp must divide the sequence length (causal load balancing)",
-    "too_many_stages": "pp x vpp must not exceed the number of layers (+2 with uneven stages: embedding, loss)",
-    "layers_not_divisible": "pp x vpp must divide the number of layers (unless uneven stages are allowed)",
+    "pp_split_invalid": "Megatron cannot split the layers over pp x vpp chunks with the layout's split mechanism",
     "microbatches_not_divisible": "interleaved 1F1B needs the micro-batch count to be a multiple of pp",
     "out_of_memory": "the per-GPU memory exceeds usable HBM",
 }
@@ -56,8 +56,7 @@ def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
     return None
 
 
-def check_layout(problem: Problem, layout: Layout, gpu: GpuOption, *, allow_uneven_stages: bool = False
-                 ) -> Rejection | None:
+def check_layout(problem: Problem, layout: Layout, gpu: GpuOption) -> Rejection | None:
     """Structural checks the cost model needs before it can evaluate; one reason code each."""
     s = problem.shape
     if problem.precision not in RECIPES:
@@ -78,14 +77,11 @@ def check_layout(problem: Problem, layout: Layout, gpu: GpuOption, *, allow_unev
     if layout.cp > 1 and problem.seq_len % (2 * layout.cp):
         return Rejection("cp_not_divisor", f"2 x cp = {2 * layout.cp} must divide the sequence length {problem.seq_len}",
                          {"cp": layout.cp}, "choose cp so that 2 x cp divides the sequence length")
-    chunks = layout.pp * layout.vpp
-    if chunks > s.num_layers + (2 if allow_uneven_stages else 0):
-        return Rejection("too_many_stages", f"pp x vpp = {chunks} exceeds num_layers ({s.num_layers})",
-                         {"pp": layout.pp, "vpp": layout.vpp}, "lower pp or vpp")
-    if s.num_layers % chunks and not allow_uneven_stages:
-        return Rejection("layers_not_divisible", f"pp x vpp = {chunks} does not divide num_layers ({s.num_layers})",
-                         {"pp": layout.pp, "vpp": layout.vpp, "num_layers": s.num_layers},
-                         "choose pp x vpp dividing the layer count")
+    why = split_problem(s.num_layers, layout.pp, layout.vpp, layout.split)
+    if why is not None:
+        return Rejection("pp_split_invalid", f"{s.num_layers} layers have no pipeline split over pp={layout.pp} x "
+                         f"vpp={layout.vpp}: {why}", {"pp": layout.pp, "vpp": layout.vpp, "num_layers": s.num_layers},
+                         "lower pp or vpp, or choose another split")
     if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
         return Rejection("microbatches_not_divisible",
                          f"interleaved 1F1B runs micro-batches in groups of pp={layout.pp}; got {layout.grad_accum}",
@@ -122,12 +118,11 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
             + (text + ", " if text else "") + "or more tensor/pipeline parallel stages")
 
 
-def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, allow_uneven_stages: bool = False,
-             pipeline_events: bool = True, check_memory: bool = True) -> Estimate | Rejection:
+def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, pipeline_events: bool = True,
+             check_memory: bool = True) -> Estimate | Rejection:
     """Memory and step time of ``layout`` for ``problem``; a Rejection when it cannot run or fit.
 
     ``gpu``: the GpuOption to use; default: the one of ``problem.gpu_options`` named by layout.gpu.
-    ``allow_uneven_stages``: model pp x vpp that do not divide the layers (first/last stages get fewer).
     ``pipeline_events``: include the simulated schedule in the Estimate (the solver may skip it: it is the
     costly part of a call, ~1 us per event).
     ``check_memory``: False returns the Estimate even when it does not fit (what-if reports, benchmarks).
@@ -138,7 +133,7 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, 
             names = ", ".join(o.name for o in problem.gpu_options)
             return Rejection("unknown_gpu", f"layout.gpu {layout.gpu!r} is not among the spec's GPUs ({names})",
                              {"gpu": layout.gpu}, f"use one of {names}")
-    bad = check_layout(problem, layout, gpu, allow_uneven_stages=allow_uneven_stages)
+    bad = check_layout(problem, layout, gpu)
     if bad is not None:
         return bad
     setup = make_setup(problem, layout, gpu)

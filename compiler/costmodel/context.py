@@ -106,4 +106,4 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, impl: Activa
     eff = eff or load_efficiency()
     return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, gen=eff.for_generation(gpu.spec.generation),
                  recipe=RECIPES[problem.precision], impl=impl,
-                 stages=stage_layers(problem.shape, layout.pp, layout.vpp))
+                 stages=stage_layers(problem.shape, layout.pp, layout.vpp, layout.split))

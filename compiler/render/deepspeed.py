@@ -146,9 +146,7 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
         cfg["activation_checkpointing"] = _activation_checkpointing(lay, shape)
     if lay.pp > 1:
         cfg["pipeline"] = {
-            "stages": lay.pp,
-            # balance stages by parameter count (PipelineModule partition_method; ds_train.py reads it)
-            "partition": "parameters",
+            "stages": lay.pp,  # the layers of each stage are ds_train.py's PLAN["stage_layers"]
             # full recompute: checkpoint every layer (runtime/pipe/engine.py); selective is done
             # inside the layer by ds_train.py's attention
             "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0,
@@ -305,6 +303,8 @@ def ds_train_context(plan: Plan) -> dict[str, Any]:
         "num_steps": int(plan.training["num_steps"]),
         "global_batch": int(plan.training["global_batch"]),
         "seed": int(plan.training["seed"]),
+        # decoder layers of each pipeline stage: Megatron's split (compiler.split), the one dtc costs
+        "stage_layers": list(plan.layer_split().chunk_layers) if lay.pp > 1 else [],
         "model": model,
     }
     return {"header": provenance_header(plan), "plan": constants, "model_keys": list(model),

@@ -13,7 +13,8 @@ How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp
 - HSDP: the same 2-D (dp_replicate, dp_shard) mesh with dp_shard > 1.
 - TP/SP: DTensor ``parallelize_module`` with torchtitan's Llama plan.
 - PP: ``torch.distributed.pipelining`` with a manual split into pp x vpp stages
-  (GPipe, 1F1B, interleaved 1F1B); microbatches = grad_accum.
+  (GPipe, 1F1B, interleaved 1F1B) holding Megatron's split of the layers (compiler.split, the
+  split the plan is costed with: ``STAGE_LAYERS``); microbatches = grad_accum.
 - CP: ``context_parallel`` on CUDA only (torch 2.13 has no CPU sharding rule for SDPA).
 - Offload: ``CPUOffloadPolicy`` (parameters + optimizer together, ZeRO-3).
 - Precision: MixedPrecisionPolicy(bf16 or fp16 params, fp32 reduce); fp16 adds dynamic
@@ -113,6 +114,8 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         "grad_clip": float(t["grad_clip"]),
         "seed": int(t["seed"]),
         "model": _model(plan),
+        "stage_layers": plan.layer_split().chunk_layers,
+        "split_note": plan.layer_split().split.describe(),
     }
 
 

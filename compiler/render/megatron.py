@@ -28,6 +28,7 @@ from compiler.plan import Plan
 from compiler.render.deepspeed import lr_schedule_steps
 from compiler.render.report import provenance_header
 from compiler.render.environment import render_template
+from compiler.split import LayerSplit, PipelineSplit, SplitError, layer_split
 
 ARGS_FILE = "megatron_args.sh"
 TEMPLATE = "megatron/megatron_args.sh.j2"
@@ -83,9 +84,10 @@ def render_checks(plan: Plan) -> list[str]:
                    f"parallel")
     if lay.sequence_parallel and seq % (lay.tp * lay.cp):
         out.append(f"seq_len ({seq}) must be divisible by tp x cp ({lay.tp * lay.cp}) for sequence parallel")
-    if lay.pp > 1 and _pipeline_split(s.num_layers, lay.pp, lay.vpp) is None:
-        out.append(f"num_layers ({s.num_layers}) cannot be split over pp={lay.pp} x vpp={lay.vpp} stages, "
-                   f"not even with uneven first/last stages")
+    try:
+        layer_split(s.num_layers, lay.pp, lay.vpp, lay.split)
+    except SplitError as exc:
+        out.append(f"num_layers ({s.num_layers}) has no pipeline split over pp={lay.pp} x vpp={lay.vpp}: {exc}")
     if plan.training["precision"] == "fp8" and plan.cluster.get("generation") not in ("hopper", "blackwell", "ada"):
         out.append(f"fp8 needs a Hopper, Ada or Blackwell GPU, got {plan.cluster.get('generation')}")
     if plan.training["global_batch"] % (lay.micro_batch * lay.dp):
@@ -106,36 +108,18 @@ def _shape(plan: Plan) -> ModelShape:
     return ModelShape.from_dict(dict(plan.model["shape"]))
 
 
-def _pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
-    """(first, last) stage layer counts: (0, 0) when the even split works, None when nothing works.
+def pipeline_flags(pp: int, vpp: int, split: PipelineSplit) -> list[list[str]]:
+    """--pipeline-model-parallel-size, the virtual stages and the split mechanism's own flags.
 
-    Megatron's rules for uneven stages (core/transformer/transformer_config.py, "Uneven PP"):
-    first and last are multiples of vpp, the middle layers divide evenly over the pp - 2
-    middle stages, each middle stage's count is a multiple of vpp. The first and last
-    stages also hold the embedding and the output layer, so they get at most as many layers
-    as a middle stage; among the splits allowed, the most balanced one is chosen (then the
-    one with the fuller last stage).
-    """
-    if num_layers % (pp * vpp) == 0:
-        return 0, 0
-    best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
-    for first in range(vpp, num_layers, vpp):
-        for last in range(vpp, num_layers - first + 1, vpp):
-            rest, middle_stages = num_layers - first - last, pp - 2
-            if middle_stages == 0:
-                if rest:
-                    continue
-                middle = max(first, last)
-            else:
-                if rest <= 0 or rest % (middle_stages * vpp):
-                    continue
-                middle = rest // middle_stages
-                if first > middle or last > middle:
-                    continue
-            key = (max(first, last, middle) - min(first, last, middle), -last, -first)
-            if best is None or key < best[0]:
-                best = (key, (first, last))
-    return None if best is None else best[1]
+    An explicit layout fixes vpp itself (arguments.py:907-918 refuses it together with
+    --num-virtual-stages-per-pipeline-rank); otherwise vpp is --num-virtual-stages-per-pipeline-rank,
+    the only VPP spelling that also works with uneven first/last stages (arguments.py:921)."""
+    out = [_f("--pipeline-model-parallel-size", pp)]
+    if pp > 1:
+        if vpp > 1 and split.mechanism != "layout":
+            out.append(_f("--num-virtual-stages-per-pipeline-rank", vpp))
+        out += split.megatron_flags()
+    return out
 
 
 # ------------------------------------------------------------------------------ the flags
@@ -174,15 +158,8 @@ def _num(v: Any) -> str:
 
 
 def _parallelism(plan: Plan) -> list[list[str]]:
-    lay, s = plan.layout, _shape(plan)
-    out = [_f("--tensor-model-parallel-size", lay.tp), _f("--pipeline-model-parallel-size", lay.pp)]
-    if lay.pp > 1:
-        if lay.vpp > 1:
-            # the only VPP spelling that also works with uneven first/last stages (arguments.py:921)
-            out.append(_f("--num-virtual-stages-per-pipeline-rank", lay.vpp))
-        first, last = _pipeline_split(s.num_layers, lay.pp, lay.vpp) or (0, 0)
-        if first:
-            out += [_f("--decoder-first-pipeline-num-layers", first), _f("--decoder-last-pipeline-num-layers", last)]
+    lay = plan.layout
+    out = [_f("--tensor-model-parallel-size", lay.tp)] + pipeline_flags(lay.pp, lay.vpp, plan.layer_split().split)
     if lay.cp > 1:
         out.append(_f("--context-parallel-size", lay.cp))
     if lay.ep > 1:
@@ -391,12 +368,26 @@ def megatron_notes(plan: Plan) -> list[str]:
         notes.append(f"Megatron-LM runs zero_stage={lay.zero_stage} with Megatron-FSDP "
                      f"(--data-parallel-sharding-strategy {strategy}), which saves checkpoints in the "
                      "fsdp_dtensor format.")
-    first, last = (_pipeline_split(_shape(plan).num_layers, lay.pp, lay.vpp) or (0, 0)) if lay.pp > 1 else (0, 0)
-    if first:
-        notes.append(f"Megatron-LM splits the layers unevenly: {first} on the first stage, {last} on the last.")
+    if lay.pp > 1:
+        split = plan.layer_split()
+        if split.split.mechanism != "even":
+            notes.append(f"Megatron-LM splits the layers {split_phrase(split)}.")
     if plan.training["optimizer"] == "adam":
         notes.append("Megatron-LM's adam optimizer applies decoupled weight decay (AdamW).")
     return notes
+
+
+def split_phrase(split: LayerSplit) -> str:
+    """'by --account-for-embedding-in-pipeline-split ...: 15, 16 x 6, 15 layers per pipeline rank'."""
+    flags = " ".join(tok for flag in split.split.megatron_flags() for tok in flag)
+    runs: list[list[int]] = []
+    for n in split.rank_layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    counts = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+    return f"with {flags}: {counts} layers per pipeline rank"
 
 
 # ------------------------------------------------------------------------------ rendering

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from compiler.layout import Layout
 from compiler.model import MLAShape, ModelShape, MoEShape
 from compiler.plan import Plan
+from compiler.split import default_split
 
 CPU_MAX_RANKS = 4
 SMOKE_VOCAB = 256  # divisible by every tp degree a smoke run uses
@@ -334,7 +335,8 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
         dp_replicate=degrees.dp_replicate, dp_shard=degrees.dp_shard, zero_stage=lay.zero_stage,
         micro_batch=mbs, grad_accum=ga, vpp=degrees.vpp,
         schedule=_schedule(lay, degrees), recompute=lay.recompute, sequence_parallel=sp,
-        offload_optimizer=lay.offload_optimizer, offload_params=lay.offload_params)
+        offload_optimizer=lay.offload_optimizer, offload_params=lay.offload_params,
+        split=default_split(small.num_layers, degrees.pp, degrees.vpp))
     kept = [f"zero_stage={lay.zero_stage}", f"recompute={lay.recompute}",
             f"micro_batch={mbs}", f"grad_accum={ga}", f"optimizer={plan.training['optimizer']}"]
     if degrees.pp > 1:

@@ -35,6 +35,7 @@ from compiler.plan import Plan
 from compiler.smoke import launch as L
 from compiler.smoke.report import RankMeasure, TargetResult
 from compiler.smoke.scale import SmokeSetup, built_shape
+from compiler.split import layer_split
 
 FILES = {"fsdp": ("fsdp_train.py", "fsdp_config.py"), "deepspeed": ("ds_train.py", "ds_config.json"),
          "megatron": ("megatron_args.sh",)}
@@ -96,6 +97,9 @@ def smoke_options(setup: SmokeSetup, target: str) -> dict[str, str | None]:
                  "--heads": str(s.num_attention_heads), "--kv-heads": str(s.num_kv_heads),
                  "--ffn": str(s.ffn_hidden_size), "--vocab": str(s.vocab_size),
                  ("--seq" if target == "fsdp" else "--seq-len"): str(setup.seq_len)})
+    if d.pp > 1:  # the reduced model's split, the one the smoke prediction is costed with
+        split = layer_split(s.num_layers, d.pp, d.vpp, setup.layout.split)
+        opts["--stage-layers"] = ",".join(map(str, split.chunk_layers))
     if target == "fsdp":
         opts["--device"] = setup.device
         if setup.precision != setup.plan_precision:
@@ -280,7 +284,11 @@ MEGATRON_OVERRIDES = {
     "--expert-model-parallel-size": lambda s: 1,
     "--num-layers-per-virtual-pipeline-stage": lambda s: None,
 }
-MEGATRON_DROP = ("--save", "--load", "--data-path", "--tensorboard-dir", "--wandb-project")
+MEGATRON_DROP = ("--save", "--load", "--data-path", "--tensorboard-dir", "--wandb-project",
+                 # the plan's pipeline split; the reduced model's split is appended (megatron_flags)
+                 "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+                 "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split", "--pipeline-model-parallel-layout")
 
 
 def megatron_flags(flags: list[str], setup: SmokeSetup) -> list[str]:
@@ -305,6 +313,11 @@ def megatron_flags(flags: list[str], setup: SmokeSetup) -> list[str]:
     for flag in ("--train-iters", "--vocab-size"):
         if flag not in seen:
             out += [flag, str(MEGATRON_OVERRIDES[flag](setup))]
+    from compiler.render.megatron import pipeline_flags
+
+    d = setup.degrees
+    split = layer_split(setup.shape.num_layers, d.pp, d.vpp, setup.layout.split).split
+    out += [tok for flag in pipeline_flags(d.pp, d.vpp, split)[1:] for tok in flag]  # [0]: the pp size, above
     if "--mock-data" not in out:
         out.append("--mock-data")
     return out

@@ -5,7 +5,7 @@ The space has two levels, so that whole families can be bounded (and counted) at
 * a **shape** fixes the GPU type and the parallel degrees that set the world size:
   ``tp x pp x cp x dp`` (plus ``ep``, carved out of dp x cp). Shapes come from generators
   that already obey the per-axis rules (tp divides the attention and KV heads and stays in
-  a node; cp with 2 x cp dividing the sequence; pp with a stage split, see ``arith``), and
+  a node; cp with 2 x cp dividing the sequence; pp with a Megatron split, see compiler.split), and
   from the GPU-count rule (whole nodes within [min_gpus, max_gpus], or exactly num_gpus).
   A dp that breaks the batch arithmetic is tallied per shape as ``batch_not_divisible``.
 * the **inner** choices of a shape are independent of each other, so a shape holds
@@ -13,7 +13,7 @@ The space has two levels, so that whole families can be bounded (and counted) at
   enumerating them:
 
   - pipeline: pp == 1 -> one choice; pp > 1 -> gpipe, 1f1b, and interleaved_1f1b for every
-    vpp > 1 with a stage split;
+    vpp > 1 with a split (pp x vpp <= layers + 2); each with compiler.split.default_split;
   - sharding: zero 0 (replicate); zero 1/2/3 over every dp_shard that divides dp (dp_shard
     < dp is hybrid sharding, HSDP), with optimizer offload none/cpu (+ nvme at zero 3) and
     parameter offload none/cpu/nvme at zero 3. A zero stage needs a shard group of more
@@ -34,7 +34,8 @@ from typing import Iterator
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
-from compiler.solver.arith import GpuCounts, batch_range, divisors, grad_accum_for, stage_layers
+from compiler.solver.arith import GpuCounts, batch_range, divisors, grad_accum_for
+from compiler.split import default_split
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -97,7 +98,7 @@ class Space:
         return self._pin(values, self.pins.tp)
 
     def pp_values(self) -> tuple[int, ...]:
-        values = [p for p in range(1, self.num_layers + 1) if self.pipeline_choices(p)]
+        values = [p for p in range(1, self.num_layers + 3) if self.pipeline_choices(p)]
         return self._pin(values, self.pins.pp)
 
     def cp_values(self) -> tuple[int, ...]:
@@ -148,16 +149,16 @@ class Space:
         out: list[tuple[str, int]] = []
         if pp == 1:
             sched = pins.schedule if pins.schedule in ("gpipe", "1f1b") else "1f1b"
-            if pins.schedule != "interleaved_1f1b" and pins.vpp in (None, 1) and stage_layers(self.num_layers, 1, 1):
+            if pins.schedule != "interleaved_1f1b" and pins.vpp in (None, 1):
                 out.append((sched, 1))
         else:
-            if stage_layers(self.num_layers, pp, 1):
+            if default_split(self.num_layers, pp, 1):
                 for sched in ("gpipe", "1f1b"):
                     if pins.schedule in (None, sched) and pins.vpp in (None, 1):
                         out.append((sched, 1))
             if pins.schedule in (None, "interleaved_1f1b"):
-                for vpp in range(2, self.num_layers // pp + 1):
-                    if pins.vpp in (None, vpp) and stage_layers(self.num_layers, pp, vpp):
+                for vpp in range(2, (self.num_layers + 2) // pp + 1):
+                    if pins.vpp in (None, vpp) and default_split(self.num_layers, pp, vpp):
                         out.append(("interleaved_1f1b", vpp))
         result = tuple(out)
         self._pipeline[pp] = result
@@ -272,7 +273,8 @@ class Space:
                       zero_stage=sh.zero_stage, micro_batch=mb, grad_accum=ga, vpp=vpp,
                       schedule=sched, recompute=recompute,  # type: ignore[arg-type]
                       sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]
-                      offload_params=sh.offload_params)  # type: ignore[arg-type]
+                      offload_params=sh.offload_params,  # type: ignore[arg-type]
+                      split=default_split(self.num_layers, shape.pp, vpp))
 
     def layouts_of(self, shape: Shape) -> Iterator[Layout]:
         for sched, vpp in self.pipeline_choices(shape.pp):

@@ -16,7 +16,8 @@ from compiler.estimate import Estimate, Rejection
 from compiler.frameworks import describe_unsupported, unsupported_reasons
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
-from compiler.solver.arith import GpuCounts, batch_range, stage_layers
+from compiler.solver.arith import GpuCounts, batch_range
+from compiler.split import split_problem
 
 # Reason codes (stable). Structural codes describe the parallel shape; the rest a full layout.
 TP_NOT_DIVISOR = "tp_not_divisor"
@@ -94,11 +95,10 @@ def check_tp_node(problem: Problem, layout: Layout) -> Rejection | None:
 
 def check_pp(problem: Problem, layout: Layout) -> Rejection | None:
     n = problem.shape.num_layers
-    if stage_layers(n, layout.pp, layout.vpp) is None:
-        return Rejection(PP_SPLIT_INVALID,
-                         f"{n} layers have no pipeline split over pp={layout.pp} x vpp={layout.vpp} "
-                         "(even stages, or Megatron's uneven first/last stages with multiples of vpp)",
-                         {"pp": layout.pp, "vpp": layout.vpp, "num_layers": n})
+    why = split_problem(n, layout.pp, layout.vpp, layout.split)
+    if why is not None:
+        return Rejection(PP_SPLIT_INVALID, f"{n} layers have no pipeline split over pp={layout.pp} x vpp={layout.vpp}: "
+                                           f"{why}", {"pp": layout.pp, "vpp": layout.vpp, "num_layers": n})
     return None
 
 

@@ -74,17 +74,17 @@ def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator |
 
 
 def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model as the search calls it: uneven stages allowed, no pipeline event list (speed)."""
+    """The cost model as the search calls it: no pipeline event list (speed)."""
     from compiler.costmodel import evaluate
 
-    return evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False)
+    return evaluate(problem, layout, pipeline_events=False)
 
 
 def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The chosen layout again, with the simulated pipeline schedule for the report."""
     from compiler.costmodel import evaluate
 
-    return evaluate(problem, layout, allow_uneven_stages=True)
+    return evaluate(problem, layout)
 
 
 @dataclass(order=True)

@@ -81,7 +81,7 @@ def test_bounds_below_the_cost_model(name: str) -> None:
     bounds = Bounds(problem)
     checked = 0
     for shape, sched, vpp, mb, ga, rc, sp, sh, layout in samples:
-        est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+        est = evaluate(problem, layout, pipeline_events=False, check_memory=False)
         assert isinstance(est, Estimate), (layout.tag, est)
         step = est.step_time_s
         sps = space.sp_choices(shape.tp)
@@ -112,7 +112,7 @@ def test_bounds_are_not_vacuous() -> None:
     bounds = Bounds(problem)
     sh = Sharding(1, 16)
     layout = space.layout(shape, "interleaved_1f1b", 2, sh, 1, 32, "none", True)
-    est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+    est = evaluate(problem, layout, pipeline_events=False, check_memory=False)
     fbs = bounds.group_stage_fb(shape, 2, 1, "none", (False, True))
     lb = bounds.layout_step_lb(shape, "interleaved_1f1b", 2, 1, 32, sh, fbs, lambda: layout)
     assert 0.75 * est.step_time_s <= lb <= est.step_time_s
