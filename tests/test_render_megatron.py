@@ -297,3 +297,28 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
         assert derived["data_parallel_size"] == p.layout.dp, name
         assert derived["num_microbatches"] == p.layout.grad_accum, name
         assert (derived["virtual_pipeline_model_parallel_size"] or 1) == p.layout.vpp, name
+        # megatron-core builds exactly the split the plan is costed with
+        assert tuple(derived["chunk_layers"]) == p.layer_split().chunk_layers, name
+
+
+def test_committed_plans_build_their_costed_split(tmp_path: Path) -> None:
+    """Every generated/*/megatron_args.sh, parsed by megatron-core at its plan's world size, builds the
+    decoder layers per (rank, virtual stage) that its plan.json is costed with."""
+    jobs, plans = [], {}
+    for args_file in sorted((ROOT / "generated").glob("*/megatron_args.sh")):
+        p = Plan.from_json((args_file.parent / "plan.json").read_text())
+        flags, conn = source_args(args_file)
+        name = args_file.parent.name
+        plans[name] = p
+        jobs.append({"name": name, "flags": flags, "world_size": p.layout.world_size,
+                     "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn}, "gpu_arch": GPU_ARCH[p.cluster["generation"]]})
+    assert jobs, "no committed Megatron plans under generated/"
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    proc = subprocess.run([sys.executable, str(VALIDATOR), "--batch", str(batch)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    results = {r["path"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(results) == set(plans), proc.stderr[-3000:]
+    for name, p in plans.items():
+        assert results[name]["ok"], (name, results[name]["errors"])
+        assert tuple(results[name]["derived"]["chunk_layers"]) == p.layer_split().chunk_layers, name

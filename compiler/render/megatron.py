@@ -378,16 +378,11 @@ def megatron_notes(plan: Plan) -> list[str]:
 
 
 def split_phrase(split: LayerSplit) -> str:
-    """'by --account-for-embedding-in-pipeline-split ...: 15, 16 x 6, 15 layers per pipeline rank'."""
+    """'with --account-for-embedding-in-pipeline-split ...: 15, 16 x 6, 15 layers per pipeline rank'."""
+    from compiler.render.report_text import grouped_counts
+
     flags = " ".join(tok for flag in split.split.megatron_flags() for tok in flag)
-    runs: list[list[int]] = []
-    for n in split.rank_layers:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    counts = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
-    return f"with {flags}: {counts} layers per pipeline rank"
+    return f"with {flags}: {grouped_counts(split.rank_layers)} layers per pipeline rank"
 
 
 # ------------------------------------------------------------------------------ rendering

@@ -47,12 +47,15 @@ def layout_whys(plan: Plan) -> list[str]:
     if lay.pp == 1:
         out.append("**pp=1**: no pipeline parallelism, so no pipeline bubble.")
     else:
+        built = plan.layer_split()
         parts = lay.pp * lay.vpp
-        lo, hi = layers // parts, -(-layers // parts)
+        lo, hi = min(built.chunk_layers), max(built.chunk_layers)
         per = f"{lo}" if lo == hi else f"{lo}-{hi}"
-        split = (f"{lay.pp} stages x {lay.vpp} interleaved chunks = {parts} model chunks of {per} layers"
-                 if lay.vpp > 1 else f"{lay.pp} stages of {per} layers")
-        out.append(f"**pp={lay.pp}**: the {layers} layers run as {split}; "
+        ranks = txt.grouped_counts(built.rank_layers)
+        split = (f"{lay.pp} stages x {lay.vpp} interleaved chunks = {parts} model chunks of {per} layers "
+                 f"({ranks} per stage)" if lay.vpp > 1 else f"{lay.pp} stages of {ranks} layers")
+        how = "" if built.split.mechanism == "even" else f", Megatron's split {built.split.describe()}"
+        out.append(f"**pp={lay.pp}**: the {layers} layers run as {split}{how}; "
                    f"schedule {lay.schedule} with {lay.grad_accum} microbatches per step leaves a bubble of "
                    f"{txt.percent(plan.estimate.pipeline_bubble_fraction)}.")
     if lay.cp > 1:
@@ -123,3 +126,4 @@ def _relative(other: float, base: float) -> str:
         return "n/a"
     d = (other - base) / base
     return f"{'+' if d >= 0 else '-'}{abs(d) * 100:.1f}%"
+

@@ -310,6 +310,14 @@ def validate_megatron_flags_full(flags: list[str], world_size: int, *, env: Mapp
             derived["num_microbatches"] = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
         except (TypeError, ZeroDivisionError):
             pass
+        if model_config and not errors:
+            # the decoder layers megatron-core builds on each chunk, in model order (see megatron_layer_split)
+            try:
+                with _env(env), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    derived["chunk_layers"] = [c["layers"] for c in config_layer_split(_split_config(A, args))]
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"building the layer split: {_describe(m, e)}")
     return {"errors": errors, "warnings": warns, "derived": derived}
 
 
@@ -355,8 +363,7 @@ def megatron_layer_split(flags: list[str], world_size: int, **kw) -> dict[str, A
         warnings.simplefilter("ignore")
         try:
             A.validate_args(args, dict(PRETRAIN_GPT_ARGS_DEFAULTS))
-            config = A.core_transformer_config_from_args(copy.copy(args))
-            chunks = config_layer_split(config)  # the model builder's own asserts (e.g. layers per rank)
+            chunks = config_layer_split(_split_config(A, args))  # the model builder's own asserts (e.g. layers per rank)
             if any(c["layers"] < 0 for c in chunks):
                 raise ValueError("megatron-core would build a negative number of layers on some stage: "
                                  + ", ".join(f"rank {c['rank']} vstage {c['vstage']}: {c['layers']}" for c in chunks
@@ -365,6 +372,15 @@ def megatron_layer_split(flags: list[str], world_size: int, **kw) -> dict[str, A
             errors.append(_describe(m, e))
             return {"errors": errors, "chunks": []}
         return {"errors": [], "chunks": chunks}
+
+
+def _split_config(A, args) -> Any:
+    """The TransformerConfig of validated ``args``, with the kernel fusions this machine lacks switched
+    off (they do not touch the layer split)."""
+    built = copy.copy(args)
+    for knob, value in _ENV_DEPENDENT_KNOBS.items():
+        setattr(built, knob, value)
+    return A.core_transformer_config_from_args(built)
 
 
 def config_layer_split(config: Any) -> list[dict[str, Any]]:
