@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.errors import DtcError  # noqa: E402
 from compiler.estimate import Estimate  # noqa: E402
-from compiler.frameworks import unsupported_reasons  # noqa: E402
 from compiler.layout import Layout  # noqa: E402
 from compiler.problem import lower  # noqa: E402
 from compiler.solver import feasibility as F  # noqa: E402
@@ -166,9 +165,7 @@ def compare(r: dict) -> dict:
             out["pred_pub_mfu"] = est.mfu
         else:
             out["pub_rejected"] = f"{est.code}: {est.message}"
-        bad = F.check_structure(problem, pub)
-        if bad is None and unsupported_reasons(problem, pub):
-            bad = F.check_framework(problem, pub)
+        bad = F.check_structure(problem, pub) or F.check_framework(problem, pub)
         in_space = None if bad is None else f"{bad.code}: {bad.message}"
     out["not_in_space"] = in_space
     try:

@@ -1,175 +1,185 @@
 """Which layouts each target framework can run: ONE table for the solver and the renderers.
 
-``unsupported_reasons(problem, layout)`` maps every target of ``problem.targets``
-that cannot run ``layout`` to the reason, in words that name the framework's own
-mechanism. The solver rejects such a layout with the code ``framework_unsupported``
-(a plan must be runnable by every target it is rendered for); renderers import the
-same table so that they never emit a config the solver would have refused.
+Each rule is one small function ``(knobs, precision) -> (field, reason) | None`` over a
+layout's knobs (compiler.rules.Knobs), any of which may be unknown (None): a rule that
+needs an unknown knob says nothing, so the same table judges a spec's pins, the solver's
+candidates and a finished plan. ``compiler.rules`` evaluates it for every target of the
+problem under the code ``framework_unsupported`` (a plan must be runnable by every target
+it is rendered for); renderers check the same table so that they never emit a config the
+solver would have refused.
 
 Versions are those of ``compiler.plan.FRAMEWORK_VERSIONS`` (DeepSpeed 0.19.8,
-megatron-core 0.19.2, torch 2.13). SLURM has no constraints of its own. Each rule is
-one small function ``(layout, precision) -> reason | None`` so a rule can be read,
-tested and changed on its own. Sources: tools/validators/DEEPSPEED_KEYS.md (AutoTP is
-``tensor_parallel.autotp_size``; hpZ is ``zero_hpz_partition_size``; NVMe offload needs
-ZeRO-3), tools/validators/MEGATRON_FLAGS.md and megatron_check.py (``--use-megatron-fsdp``
-with ``--data-parallel-sharding-strategy optim_grads|optim_grads_params``,
-``--num-distributed-optimizer-instances``, ``--optimizer-cpu-offload``; no GPipe
-schedule), torch ``fully_shard``/``CPUOffloadPolicy``/``torch.distributed.pipelining``.
-Where a framework accepts a combination that dtc does not render (Megatron-FSDP with
-pipeline parallelism: megatron-core's argument checks accept it, dtc's renderer does
-not use it), the rule says so.
+megatron-core 0.19.2, torch 2.13). SLURM has no constraints of its own. Sources:
+tools/validators/DEEPSPEED_KEYS.md (AutoTP is ``tensor_parallel.autotp_size``; hpZ is
+``zero_hpz_partition_size``; NVMe offload needs ZeRO-3), tools/validators/MEGATRON_FLAGS.md
+and megatron_check.py (``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy
+optim_grads|optim_grads_params``, ``--num-distributed-optimizer-instances``,
+``--optimizer-cpu-offload``; no GPipe schedule), torch ``fully_shard``/``CPUOffloadPolicy``/
+``torch.distributed.pipelining``. Where a framework accepts a combination that dtc does not
+render (Megatron-FSDP with pipeline parallelism: megatron-core's argument checks accept it,
+dtc's renderer does not use it), the rule says so.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from compiler.layout import Layout
 
-Rule = Callable[[Layout, str], "str | None"]
+if TYPE_CHECKING:
+    from compiler.rules import Knobs
+
+Rule = Callable[["Knobs", str], "tuple[str, str] | None"]
+
+
+def _gt1(value: int | None) -> bool:
+    return value is not None and value > 1
+
 
 # ------------------------------------------------------------------------------ DeepSpeed 0.19.8
 
 
-def _ds_cp(l: Layout, precision: str) -> str | None:
-    if l.cp > 1:
-        return (f"context parallel (cp={l.cp}) is not available: DeepSpeed has no ring/all-to-all "
-                "context parallelism for this engine (Ulysses is a different scheme)")
+def _ds_cp(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if _gt1(k.cp):
+        return "cp", (f"context parallel (cp={k.cp}) is not available: DeepSpeed has no ring/all-to-all "
+                      "context parallelism for this engine (Ulysses is a different scheme)")
     return None
 
 
-def _ds_ep(l: Layout, precision: str) -> str | None:
-    if l.ep > 1:
-        return f"expert parallel (ep={l.ep}) is not rendered for DeepSpeed (no DeepSpeed-MoE support in dtc)"
+def _ds_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if _gt1(k.ep):
+        return "ep", f"expert parallel (ep={k.ep}) is not rendered for DeepSpeed (no DeepSpeed-MoE support in dtc)"
     return None
 
 
-def _ds_fp8(l: Layout, precision: str) -> str | None:
+def _ds_fp8(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if precision == "fp8":
-        return "fp8 training needs Transformer Engine, which the DeepSpeed engine config does not drive"
+        return "precision", "fp8 training needs Transformer Engine, which the DeepSpeed engine config does not drive"
     return None
 
 
-def _ds_sp(l: Layout, precision: str) -> str | None:
-    if l.sequence_parallel:
-        return "Megatron-style sequence parallelism is not available with DeepSpeed AutoTP"
+def _ds_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.sequence_parallel:
+        return "sequence_parallel", "Megatron-style sequence parallelism is not available with DeepSpeed AutoTP"
     return None
 
 
-def _ds_pipeline(l: Layout, precision: str) -> str | None:
-    if l.pp == 1:
+def _ds_pipeline(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if not _gt1(k.pp):
         return None
-    if l.zero_stage > 1:
-        return (f"the DeepSpeed pipeline engine (pp={l.pp}) supports only ZeRO stage 0 or 1, "
-                f"got zero_stage {l.zero_stage}")
-    if l.vpp > 1 or l.schedule != "1f1b":
-        return (f"the DeepSpeed pipeline engine runs only its own 1F1B schedule without virtual stages, "
-                f"got schedule {l.schedule}" + (f" with vpp={l.vpp}" if l.vpp > 1 else ""))
-    if l.tp > 1:
-        return f"the DeepSpeed pipeline engine (pp={l.pp}) cannot be combined with AutoTP tensor parallel (tp={l.tp})"
+    if k.zero_stage is not None and k.zero_stage > 1:
+        return "zero_stage", (f"the DeepSpeed pipeline engine (pp={k.pp}) supports only ZeRO stage 0 or 1, "
+                              f"got zero_stage {k.zero_stage}")
+    if _gt1(k.vpp) or k.schedule not in (None, "1f1b"):
+        schedule = k.schedule or "interleaved_1f1b"
+        return "schedule", (f"the DeepSpeed pipeline engine runs only its own 1F1B schedule without virtual stages, "
+                            f"got schedule {schedule}" + (f" with vpp={k.vpp}" if _gt1(k.vpp) else ""))
+    if _gt1(k.tp):
+        return "tp", (f"the DeepSpeed pipeline engine (pp={k.pp}) cannot be combined with AutoTP tensor parallel "
+                      f"(tp={k.tp})")
     return None
 
 
-def _ds_tp(l: Layout, precision: str) -> str | None:
-    if l.tp > 1 and l.pp == 1 and l.zero_stage > 2:
-        return f"AutoTP tensor parallel (tp={l.tp}) works with ZeRO stage 0-2 only, got zero_stage 3"
+def _ds_tp(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if _gt1(k.tp) and k.pp == 1 and k.zero_stage is not None and k.zero_stage > 2:
+        return "tp", f"AutoTP tensor parallel (tp={k.tp}) works with ZeRO stage 0-2 only, got zero_stage 3"
     return None
 
 
-def _ds_hsdp(l: Layout, precision: str) -> str | None:
-    if l.zero_stage in (1, 2) and l.dp_replicate > 1 and l.dp_shard > 1:
-        return (f"ZeRO-{l.zero_stage} shards over all data-parallel ranks; hybrid sharding "
-                f"({l.dp_replicate}x{l.dp_shard}) exists only for ZeRO-3 (ZeRO++ hpZ)")
+def _ds_hsdp(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.zero_stage in (1, 2) and k.dp is not None and _gt1(k.dp_shard) and k.dp // k.dp_shard > 1:
+        return "dp_shard", (f"ZeRO-{k.zero_stage} shards over all data-parallel ranks; hybrid sharding "
+                            f"({k.dp // k.dp_shard}x{k.dp_shard}) exists only for ZeRO-3 (ZeRO++ hpZ)")
     return None
 
 
-def _ds_offload(l: Layout, precision: str) -> str | None:
-    if l.offload_optimizer != "none" and l.zero_stage == 0:
-        return "optimizer offload needs ZeRO stage 1 or more"
-    if l.offload_optimizer == "nvme" and l.zero_stage != 3:
-        return f"optimizer offload to NVMe needs ZeRO-3, got zero_stage {l.zero_stage}"
+def _ds_offload(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.offload_optimizer not in (None, "none") and k.zero_stage == 0:
+        return "offload_optimizer", "optimizer offload needs ZeRO stage 1 or more"
+    if k.offload_optimizer == "nvme" and k.zero_stage is not None and k.zero_stage != 3:
+        return "offload_optimizer", f"optimizer offload to NVMe needs ZeRO-3, got zero_stage {k.zero_stage}"
     return None
 
 
 # ------------------------------------------------------------------------------ torch 2.13 FSDP2
 
 
-def _fsdp_zero1(l: Layout, precision: str) -> str | None:
-    if l.zero_stage == 1:
-        return "FSDP2 has no optimizer-only sharding (ZeRO-1); use zero_stage 2 (reshard_after_forward=False) or 3"
+def _fsdp_zero1(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.zero_stage == 1:
+        return "zero_stage", ("FSDP2 has no optimizer-only sharding (ZeRO-1); use zero_stage 2 "
+                              "(reshard_after_forward=False) or 3")
     return None
 
 
-def _fsdp_ep(l: Layout, precision: str) -> str | None:
-    if l.ep > 1:
-        return f"expert parallel (ep={l.ep}) is not rendered for FSDP2"
+def _fsdp_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if _gt1(k.ep):
+        return "ep", f"expert parallel (ep={k.ep}) is not rendered for FSDP2"
     return None
 
 
-def _fsdp_fp8(l: Layout, precision: str) -> str | None:
+def _fsdp_fp8(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if precision == "fp8":
-        return "fp8 training (torchao float8) is not rendered for FSDP2"
+        return "precision", "fp8 training (torchao float8) is not rendered for FSDP2"
     return None
 
 
-def _fsdp_offload(l: Layout, precision: str) -> str | None:
-    if l.offload_optimizer == "none" and l.offload_params == "none":
+def _fsdp_offload(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    oo, op = k.offload_optimizer, k.offload_params
+    if oo in (None, "none") and op in (None, "none"):
         return None
-    if "nvme" in (l.offload_optimizer, l.offload_params):
-        return "FSDP2 cannot offload to NVMe (CPUOffloadPolicy offloads to host memory only)"
-    if l.zero_stage == 3 and l.offload_optimizer == "cpu" and l.offload_params == "cpu":
+    where = "offload_params" if op not in (None, "none") else "offload_optimizer"
+    if "nvme" in (oo, op):
+        return where, "FSDP2 cannot offload to NVMe (CPUOffloadPolicy offloads to host memory only)"
+    if None in (oo, op, k.zero_stage):
+        return None  # the rest of the combination is still open
+    if k.zero_stage == 3 and oo == "cpu" and op == "cpu":
         return None
-    return ("FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer states together: "
-            "only offload_params=cpu with offload_optimizer=cpu at zero_stage 3, got "
-            f"offload_optimizer={l.offload_optimizer} offload_params={l.offload_params}")
+    return where, ("FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer states together: "
+                   "only offload_params=cpu with offload_optimizer=cpu at zero_stage 3, got "
+                   f"offload_optimizer={oo} offload_params={op}")
 
 
 # ------------------------------------------------------------------------------ megatron-core 0.19.2
 
 
-def _mg_fsdp(l: Layout, precision: str) -> str | None:
+def _mg_fsdp(k: "Knobs", precision: str) -> tuple[str, str] | None:
     # zero 2/3 run as Megatron-FSDP (--use-megatron-fsdp with --data-parallel-sharding-strategy
     # optim_grads / optim_grads_params; HSDP through --num-distributed-optimizer-instances).
-    if l.zero_stage >= 2 and l.pp > 1:
-        return (f"ZeRO-{l.zero_stage} runs as Megatron-FSDP, which dtc renders without pipeline "
-                f"parallelism, got pp={l.pp}")
+    if k.zero_stage is not None and k.zero_stage >= 2 and _gt1(k.pp):
+        return "zero_stage", (f"ZeRO-{k.zero_stage} runs as Megatron-FSDP, which dtc renders without pipeline "
+                              f"parallelism, got pp={k.pp}")
     return None
 
 
-def _mg_gpipe(l: Layout, precision: str) -> str | None:
-    if l.pp > 1 and l.schedule == "gpipe":
-        return "Megatron has no GPipe schedule (it runs 1F1B or interleaved 1F1B)"
+def _mg_gpipe(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if _gt1(k.pp) and k.schedule == "gpipe":
+        return "schedule", "Megatron has no GPipe schedule (it runs 1F1B or interleaved 1F1B)"
     return None
 
 
-def _mg_interleaved(l: Layout, precision: str) -> str | None:
-    if l.vpp > 1 and l.pp < 2:
-        return "interleaved 1F1B needs pp >= 2"
+def _mg_offload(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.offload_params not in (None, "none"):
+        return "offload_params", f"Megatron cannot offload parameters (offload_params={k.offload_params})"
+    if k.offload_optimizer == "nvme":
+        return "offload_optimizer", "Megatron offloads optimizer states to CPU only (--optimizer-cpu-offload), not NVMe"
+    if k.offload_optimizer == "cpu" and k.zero_stage is not None and k.zero_stage != 1:
+        return "offload_optimizer", ("Megatron's optimizer CPU offload (--optimizer-cpu-offload) runs with the "
+                                     f"distributed optimizer (zero_stage 1), got zero_stage {k.zero_stage}")
     return None
 
 
-def _mg_offload(l: Layout, precision: str) -> str | None:
-    if l.offload_params != "none":
-        return f"Megatron cannot offload parameters (offload_params={l.offload_params})"
-    if l.offload_optimizer == "nvme":
-        return "Megatron offloads optimizer states to CPU only (--optimizer-cpu-offload), not NVMe"
-    if l.offload_optimizer == "cpu" and l.zero_stage != 1:
-        return ("Megatron's optimizer CPU offload (--optimizer-cpu-offload) runs with the distributed "
-                f"optimizer (zero_stage 1), got zero_stage {l.zero_stage}")
-    return None
-
-
-def _mg_ep_tp_sp(l: Layout, precision: str) -> str | None:
+def _mg_ep_tp_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
     # megatron/core/model_parallel_config.py: "When using expert parallelism and tensor
     # parallelism, sequence parallelism must be used" (checked when the model config is built).
-    if l.ep > 1 and l.tp > 1 and not l.sequence_parallel:
-        return f"expert parallel (ep={l.ep}) with tensor parallel (tp={l.tp}) needs sequence parallelism"
+    if _gt1(k.ep) and _gt1(k.tp) and k.sequence_parallel is False:
+        return "sequence_parallel", (f"expert parallel (ep={k.ep}) with tensor parallel (tp={k.tp}) needs sequence "
+                                     "parallelism")
     return None
 
 
 RULES: Mapping[str, tuple[Rule, ...]] = {
     "deepspeed": (_ds_cp, _ds_ep, _ds_fp8, _ds_sp, _ds_pipeline, _ds_tp, _ds_hsdp, _ds_offload),
     "fsdp": (_fsdp_zero1, _fsdp_ep, _fsdp_fp8, _fsdp_offload),
-    "megatron": (_mg_fsdp, _mg_gpipe, _mg_interleaved, _mg_offload, _mg_ep_tp_sp),
+    "megatron": (_mg_fsdp, _mg_gpipe, _mg_offload, _mg_ep_tp_sp),
     "slurm": (),
 }
 
@@ -178,20 +188,24 @@ DISPLAY_NAMES: Mapping[str, str] = {
 }
 
 
-def target_reason(target: str, layout: Layout, precision: str) -> str | None:
-    """Why ``target`` cannot run ``layout`` (all failing rules joined), or None if it can."""
-    reasons = [r for r in (rule(layout, precision) for rule in RULES.get(target, ())) if r]
-    return "; ".join(reasons) if reasons else None
+def target_reason(target: str, knobs: "Knobs", precision: str) -> tuple[str, str] | None:
+    """(field, why) ``target`` cannot run ``knobs`` (all failing rules joined), or None if it can (so far)."""
+    hits = [r for r in (rule(knobs, precision) for rule in RULES.get(target, ())) if r]
+    if not hits:
+        return None
+    return hits[0][0], "; ".join(reason for _, reason in hits)
 
 
-def unsupported_reasons(problem: Any, layout: Layout) -> dict[str, str]:
-    """{target: reason} for every target of ``problem.targets`` that cannot run ``layout``."""
+def unsupported_reasons(targets: Iterable[str], precision: str, knobs: "Knobs") -> tuple[dict[str, str], str]:
+    """({target: reason} for every target that cannot run ``knobs``, the field of the first)."""
     out: dict[str, str] = {}
-    for target in problem.targets:
-        reason = target_reason(target, layout, problem.precision)
-        if reason:
-            out[target] = reason
-    return out
+    first = ""
+    for target in targets:
+        hit = target_reason(target, knobs, precision)
+        if hit:
+            first = first or hit[0]
+            out[target] = hit[1]
+    return out, first
 
 
 def describe_unsupported(reasons: Mapping[str, str]) -> str:

@@ -355,7 +355,7 @@ def test_attack_is_rejected_or_inert(field: str, attack: str, tmp_path: Path, cl
 
 def check_rejection(a: Attempt, stderr: str) -> None:
     first = stderr.splitlines()[0] if stderr else ""
-    m = re.match(r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): error: (?P<summary>.*)$", first)
+    m = re.match(r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): error(\[\w+\])?: (?P<summary>.*)$", first)
     assert m, f"rejection of {a.attack} in {a.field} is not located:\n{stderr}"
     assert m.group("path") == a.spec_file.name, first
     mention = MENTION.get(a.field, a.field)

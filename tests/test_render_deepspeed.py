@@ -62,7 +62,7 @@ training:
 cluster:
   gpu: h100-sxm
   num_gpus: {num_gpus}
-""")
+""" + ("targets: [megatron]\n" if precision == "fp8" else ""))  # fp8: a Megatron plan, rendered for DeepSpeed
 
 
 def plan(problem, **layout: Any) -> Plan:

@@ -59,7 +59,10 @@ cluster:
 
 
 def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", **layout: Any):
-    problem = problem_for(LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset))
+    text = LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset)
+    if precision == "fp8":  # a plan made for Megatron (the only target that trains fp8), rendered for FSDP2
+        text += "targets: [megatron]\n"
+    problem = problem_for(text)
     return plan_for(problem, layout_for(problem, **layout), real_estimate=False)
 
 

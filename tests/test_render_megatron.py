@@ -45,6 +45,7 @@ training:
 cluster:
   gpu: {gpu}
   num_gpus: {num_gpus}
+targets: [megatron]
 {extra}""")
 
 
@@ -218,7 +219,7 @@ def test_groups_are_ordered(matrix: dict[str, Plan]) -> None:
     (dict(preset="mixtral-8x7b", num_gpus=16), dict(dp_shard=16, zero_stage=1, ep=16), "num_experts"),
     (dict(preset="mixtral-8x7b", num_gpus=16), dict(tp=2, ep=8, dp_shard=8, zero_stage=1), "sequence parallel"),
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=1, ep=2), "MoE model"),
-    (dict(num_gpus=8, seq=4098), dict(cp=2, dp_shard=4, zero_stage=1), "2 x cp"),
+    (dict(num_gpus=8, seq=4098), dict(cp=2, dp_shard=4, zero_stage=1), "2 x context_parallel"),
     (dict(num_gpus=8), dict(pp=2, schedule="gpipe", dp_shard=4, zero_stage=1), "GPipe"),  # frameworks table
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=3, offload_params="cpu"), "offload parameters"),
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=3, offload_optimizer="nvme"), "CPU only"),

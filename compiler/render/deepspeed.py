@@ -21,8 +21,8 @@ import json
 import math
 from typing import Any
 
+from compiler import rules
 from compiler.errors import RenderError
-from compiler.frameworks import target_reason
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
@@ -87,11 +87,11 @@ def lr_schedule_steps(plan: Plan) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------ support
 def _check(plan: Plan) -> None:
-    """The solver's table (compiler.frameworks) decides what DeepSpeed can run; render nothing else."""
-    reason = target_reason("deepspeed", plan.layout, str(plan.training["precision"]))
-    if reason:
+    """The layout rules and DeepSpeed's support rules (compiler.rules) decide what it can run; render nothing else."""
+    bad = rules.plan_violations(plan, ("deepspeed",))
+    if bad:
         raise RenderError(f"DeepSpeed {plan.provenance['frameworks']['deepspeed']} cannot run layout "
-                          f"{plan.layout.tag}: {reason}",
+                          f"{plan.layout.tag}: {rules.describe(bad)}",
                           hint="the solver should not have chosen this layout for the deepspeed target; "
                                "please report, or remove deepspeed from targets")
 

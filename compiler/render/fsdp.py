@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiler import rules
 from compiler.errors import Diagnostic, RenderError
-from compiler.frameworks import target_reason
 from compiler.plan import Plan
 from compiler.render.environment import render_template
 from compiler.render.report import display_path, provenance_header
@@ -40,10 +40,10 @@ _MODEL_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_he
 
 
 def _check_supported(plan: Plan) -> None:
-    reason = target_reason("fsdp", plan.layout, str(plan.training["precision"]))
-    if reason:
+    bad = rules.plan_violations(plan, ("fsdp",))
+    if bad:
         raise RenderError(Diagnostic(
-            summary=f"FSDP2 cannot run layout {plan.layout.tag}: {reason}",
+            summary=f"FSDP2 cannot run layout {plan.layout.tag}: {rules.describe(bad)}",
             detail="the solver should not have chosen this layout for a plan with the fsdp target",
             hint="remove fsdp from targets, or pin a layout FSDP2 supports; if the solver chose it, please report"))
 

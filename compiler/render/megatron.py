@@ -13,22 +13,23 @@ How Megatron runs a dtc layout: zero 0 is DDP; zero 1 the distributed optimizer;
 Megatron-FSDP (``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``
 optim_grads / optim_grads_params); HSDP is ``--num-distributed-optimizer-instances`` =
 dp_replicate for both. Megatron has no GPipe schedule, no parameter offload and no NVMe.
-Checks Megatron itself makes late or not at all (heads and KV heads divisible by tp, experts
-by ep, sequence by 2 x cp, ...) raise ``RenderError`` here.
+The layout rules (compiler.rules: heads and KV heads divisible by tp, experts by ep, sequence
+by 2 x cp, Megatron's split, ...) and Megatron's support rules are checked before any flag is
+written; a violation raises ``RenderError``.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from compiler import rules
 from compiler.errors import RenderError
-from compiler.frameworks import target_reason
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
 from compiler.render.deepspeed import lr_schedule_steps
-from compiler.render.report import provenance_header
 from compiler.render.environment import render_template
-from compiler.split import LayerSplit, PipelineSplit, SplitError, layer_split
+from compiler.render.report import provenance_header
+from compiler.split import LayerSplit, PipelineSplit
 
 ARGS_FILE = "megatron_args.sh"
 TEMPLATE = "megatron/megatron_args.sh.j2"
@@ -60,40 +61,9 @@ Group = tuple[str, list[list[str]]]  # (comment, [[flag, value...], ...])
 
 # ------------------------------------------------------------------------------ checks
 def render_checks(plan: Plan) -> list[str]:
-    """What Megatron-LM cannot run, or checks too late, for this plan ([] = fine).
-
-    Layout-only rules come from the solver's table (compiler.frameworks); the checks below
-    need the model or the sequence length, which that table does not see."""
-    lay, s = plan.layout, _shape(plan)
-    seq = int(plan.training["seq_len"])
-    reason = target_reason("megatron", lay, str(plan.training["precision"]))
-    out = [reason] if reason else []
-    if s.num_attention_heads % lay.tp:
-        out.append(f"num_attention_heads ({s.num_attention_heads}) must be divisible by tp, got tp={lay.tp}")
-    if s.mla is None and s.num_kv_heads % lay.tp:
-        out.append(f"num_kv_heads ({s.num_kv_heads}) must be divisible by tp, got tp={lay.tp}")
-    if s.moe is not None and s.moe.num_experts % lay.ep:
-        out.append(f"num_experts ({s.moe.num_experts}) must be divisible by ep, got ep={lay.ep}")
-    if s.moe is not None and lay.ep > 1 and lay.tp > 1 and not lay.sequence_parallel:
-        out.append(f"expert parallel with tensor parallel needs sequence parallel (core/model_parallel_config.py:"
-                   f"560), got ep={lay.ep} tp={lay.tp} without it")
-    if s.moe is None and lay.ep > 1:
-        out.append(f"expert parallel needs an MoE model, got ep={lay.ep}")
-    if lay.cp > 1 and seq % (2 * lay.cp):
-        out.append(f"seq_len ({seq}) must be divisible by 2 x cp ({2 * lay.cp}) for load-balanced context "
-                   f"parallel")
-    if lay.sequence_parallel and seq % (lay.tp * lay.cp):
-        out.append(f"seq_len ({seq}) must be divisible by tp x cp ({lay.tp * lay.cp}) for sequence parallel")
-    try:
-        layer_split(s.num_layers, lay.pp, lay.vpp, lay.split)
-    except SplitError as exc:
-        out.append(f"num_layers ({s.num_layers}) has no pipeline split over pp={lay.pp} x vpp={lay.vpp}: {exc}")
-    if plan.training["precision"] == "fp8" and plan.cluster.get("generation") not in ("hopper", "blackwell", "ada"):
-        out.append(f"fp8 needs a Hopper, Ada or Blackwell GPU, got {plan.cluster.get('generation')}")
-    if plan.training["global_batch"] % (lay.micro_batch * lay.dp):
-        out.append(f"global_batch ({plan.training['global_batch']}) must be divisible by micro_batch x dp "
-                   f"({lay.micro_batch * lay.dp})")
-    return out
+    """What Megatron-LM cannot run for this plan ([] = fine): the layout rules and Megatron's own support
+    rules (compiler.rules), each as '[code] message'."""
+    return [f"[{r.code}] {r.message}" for r in rules.plan_violations(plan, ("megatron",))]
 
 
 def _check(plan: Plan) -> None:

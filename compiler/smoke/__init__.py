@@ -71,8 +71,16 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
 
 
 def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
-    """Fail fast, before any launch, on artifacts that contradict the plan."""
+    """Fail fast, before any launch, on a plan the layout rules reject (the same codes and messages as
+    `dtc validate`, `dtc plan` and `dtc estimate`) and on artifacts that contradict the plan."""
     import json
+
+    from compiler import rules
+
+    bad = rules.plan_violations(plan)
+    if bad:
+        where = Location(str(generated_dir / "plan.json"))
+        raise SmokeError([Diagnostic(summary=r.message, location=where, hint=r.fix, code=r.code) for r in bad])
 
     if "deepspeed" in targets:
         path = generated_dir / "ds_config.json"

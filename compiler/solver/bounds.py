@@ -100,7 +100,8 @@ class Bounds:
     def stages(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
         got = self._stages.get((pp, vpp))
         if got is None:
-            got = self._stages[(pp, vpp)] = stage_layers(self.problem.shape, pp, vpp)
+            split = self.problem.pins.split if pp > 1 else None  # pp=1: the whole model (the per-token bound's probe)
+            got = self._stages[(pp, vpp)] = stage_layers(self.problem.shape, pp, vpp, split)
         return got
 
     def _probe(self, shape: Shape, *, pp: int = 1, vpp: int = 1, sched: str = "1f1b", mb: int = 1, ga: int = 1,

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from compiler.estimate import Estimate, Rejection
 from compiler.frameworks import framework_notes, support_key, unsupported_reasons
+from compiler.rules import Knobs
 from compiler.layout import Layout
 from compiler.plan import Candidate, Plan, SearchSummary, make_plan
 from compiler.problem import Problem
@@ -142,7 +143,7 @@ class _Search:
         if got is not None:
             return got
         ok: list[tuple[bool, Sharding]] = []
-        for sp in self.space.sp_choices(shape.tp):
+        for sp in self.space.sp_choices(shape.tp, shape.cp):
             for sh in self.space.sharding_choices(shape.dp):
                 skey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sp, sh.zero_stage, vpp > 1, sched,
                         shape.dp // sh.dp_shard > 1, sh.dp_shard > 1, sh.offload_optimizer, sh.offload_params)
@@ -207,7 +208,7 @@ class _Search:
             if supported == 0:
                 continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
-            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp)) * bounds.shape_bubble_factor(
+            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
                 shape, space.pipeline_choices(shape.pp), batches)
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
@@ -230,7 +231,7 @@ class _Search:
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
-        sps = space.sp_choices(shape.tp)
+        sps = space.sp_choices(shape.tp, shape.cp)
         groups = []
         order = 0
         class_opts: dict[tuple[str, bool], tuple] = {}
@@ -300,7 +301,7 @@ class _Search:
         key = support_key(layout)
         ok = self._support.get(key)
         if ok is None:
-            ok = not unsupported_reasons(self.problem, layout)
+            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout))[0]
             self._support[key] = ok
         return ok
 

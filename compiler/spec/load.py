@@ -87,10 +87,10 @@ class SourceMap:
         return col + max(1, len(rest))
 
     def diagnostic(self, loc: Path_, summary: str, hint: str = "", *, detail: str = "",
-                   prefer_key: bool = False) -> Diagnostic:
+                   prefer_key: bool = False, code: str = "") -> Diagnostic:
         where = self.locate(loc, prefer_key=prefer_key)
         return Diagnostic(summary=summary, location=where, hint=hint, detail=detail,
-                          source_line=self.line(where.line) if where.line else None)
+                          source_line=self.line(where.line) if where.line else None, code=code)
 
     def error(self, loc: Path_, summary: str, hint: str = "", **kw: Any) -> SpecError:
         return SpecError(self.diagnostic(loc, summary, hint, **kw))

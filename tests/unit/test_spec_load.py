@@ -76,7 +76,8 @@ def test_pydantic_errors_map_to_lines():
     with pytest.raises(SpecError) as exc:
         problem(BASE + "layout:\n  tensor_parallel: 3\n")
     assert exc.value.diagnostics[0].location.line == 13
-    assert "must divide num_attention_heads (64), got 3" in exc.value.diagnostics[0].summary
+    assert "must divide num_attention_heads (64), got tp=3" in exc.value.diagnostics[0].summary
+    assert exc.value.diagnostics[0].code == "tp_not_divisor"
 
 
 def test_custom_gpu():

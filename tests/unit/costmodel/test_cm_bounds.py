@@ -37,7 +37,7 @@ def layouts(draw):
     lay = make_layout(p, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp // shard, dp_shard=shard, zero_stage=zero,
                       micro_batch=mb, grad_accum=ga, recompute=draw(st.sampled_from(["none", "selective", "full"])),
                       sequence_parallel=tp > 1 and draw(st.booleans()),
-                      offload_optimizer=draw(st.sampled_from(["none", "cpu"])),
+                      offload_optimizer=draw(st.sampled_from(["none", "cpu"])) if zero else "none",
                       offload_params="cpu" if zero == 3 and draw(st.booleans()) else "none")
     known = draw(st.sets(st.sampled_from(KNOBS)))
     return p, lay, known

@@ -142,9 +142,15 @@ def test_uneven_stages_are_modelled(problem_factory, layout_factory):
 def test_unknown_gpu_is_rejected(problem_factory, layout_factory):
     p = problem_factory("llama3-8b")
     lay = layout_factory(p).with_(gpu="b200")
-    assert evaluate(p, lay).code == "unknown_gpu"
+    assert evaluate(p, lay).code == "gpu_not_offered"
 
 
 def test_fp8_on_ampere_is_rejected(problem_factory, layout_factory):
-    p = problem_factory("llama3-8b", gpu="a100-80gb", precision="fp8")
-    assert evaluate(p, layout_factory(p, dp_replicate=8)).code == "precision_unsupported"
+    from compiler.errors import SpecError
+
+    with pytest.raises(SpecError) as exc:  # no GPU of the spec can train in fp8: the spec is wrong
+        problem_factory("llama3-8b", gpu="a100-80gb", precision="fp8", extra="targets: [megatron]\n")
+    assert [d.code for d in exc.value.diagnostics] == ["precision_unsupported"]
+    p = problem_factory("llama3-8b", gpu="[h100-sxm, a100-80gb]", precision="fp8", extra="targets: [megatron]\n")
+    lay = layout_factory(p, dp_replicate=8).with_(gpu="a100-80gb")
+    assert evaluate(p, lay).code == "precision_unsupported"

@@ -60,7 +60,7 @@ def _sample(problem, n: int, seed: int):
     while len(out) < n:
         shape = rng.choice(shapes)
         pipes, batches = space.pipeline_choices(shape.pp), space.batch_choices(shape.dp)
-        shards, sps = space.sharding_choices(shape.dp), space.sp_choices(shape.tp)
+        shards, sps = space.sharding_choices(shape.dp), space.sp_choices(shape.tp, shape.cp)
         if not (pipes and batches and shards and sps):
             continue
         sched, vpp = rng.choice(pipes)
@@ -84,7 +84,7 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         est = evaluate(problem, layout, pipeline_events=False, check_memory=False)
         assert isinstance(est, Estimate), (layout.tag, est)
         step = est.step_time_s
-        sps = space.sp_choices(shape.tp)
+        sps = space.sp_choices(shape.tp, shape.cp)
         # shape: GPU-seconds per token
         g = bounds.gpu_s_per_token_lb(shape, sps) * bounds.shape_bubble_factor(
             shape, space.pipeline_choices(shape.pp), space.batch_choices(shape.dp))

@@ -8,7 +8,7 @@ import pytest
 from compiler.layout import Layout
 from compiler.problem import lower
 from compiler.solver import feasibility as F
-from compiler.solver.arith import GpuCounts, divisors, grad_accum_for
+from compiler.arith import GpuCounts, divisors, grad_accum_for
 from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
 from compiler.spec.load import load_spec_text
 

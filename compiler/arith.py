@@ -24,10 +24,6 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(small + large[::-1])
 
 
-def allowed_gpu_counts(min_gpus: int, max_gpus: int, gpus_per_node: int, exact: int | None) -> "GpuCounts":
-    return GpuCounts(min_gpus, max_gpus, gpus_per_node, exact)
-
-
 class GpuCounts:
     """The GPU counts a layout may use: exactly ``exact``, or whole nodes in [min, max].
 
