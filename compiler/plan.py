@@ -26,13 +26,6 @@ if TYPE_CHECKING:
 PLAN_SCHEMA_VERSION = 1
 COST_MODEL_VERSION = "1"
 
-# The framework releases every artifact is written for (and validated against in tests).
-FRAMEWORK_VERSIONS: Mapping[str, str] = {
-    "deepspeed": "0.19.8",
-    "megatron-core": "0.19.2",
-    "torch": "2.13.0",
-    "slurm": "22.05",
-}
 
 
 @dataclass(frozen=True)
@@ -153,6 +146,7 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
     The sections below are everything renderers may use; they never see the Problem or Spec.
     """
     from compiler.problem import Problem  # local: plan.py stays importable without the spec layer
+    from compiler.targets import registry
 
     assert isinstance(problem, Problem)
     if layout.split is None:  # the plan records the split it is costed with (and every target renders)
@@ -169,7 +163,7 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             "spec_path": problem.spec_path,
             "spec_sha256": problem.spec_sha256,
             "cost_model_version": COST_MODEL_VERSION,
-            "frameworks": dict(FRAMEWORK_VERSIONS),
+            "frameworks": dict(registry.framework_versions()),
         },
         model={
             "name": problem.model_name,

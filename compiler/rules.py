@@ -405,7 +405,7 @@ def _batch(f: Facts, k: Knobs) -> "Rejection | None":
 
 
 def _frameworks(f: Facts, k: Knobs) -> "Rejection | None":
-    from compiler.frameworks import describe_unsupported, unsupported_reasons
+    from compiler.targets.support import describe_unsupported, unsupported_reasons
 
     reasons, field_name = unsupported_reasons(f.targets, f.precision, k)
     if not reasons:

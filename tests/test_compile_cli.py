@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.invariants import check_invariants, megatron_flags
+from compiler.render.invariants import check_invariants
+from compiler.targets.megatron.render import megatron_flags
 from helpers import REPO, run_cli
 
 SPEC = "specs/7b.yaml"

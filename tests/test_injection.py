@@ -513,7 +513,7 @@ def test_renderer_refuses_a_bash_variable_in_a_hand_made_plan() -> None:
     import dataclasses
 
     from compiler.errors import RenderError
-    from compiler.render.slurm import slurm_context
+    from compiler.targets.slurm.render import slurm_context
     from plan_fixtures import layout_for, plan_for, problem_for
 
     problem = problem_for()

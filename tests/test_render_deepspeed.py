@@ -21,7 +21,7 @@ import pytest
 
 from compiler.errors import RenderError
 from compiler.plan import Plan
-from compiler.render.deepspeed import (NVME_PATH, deepspeed_context, deepspeed_dp_size, deepspeed_notes,
+from compiler.targets.deepspeed.render import (NVME_PATH, deepspeed_context, deepspeed_dp_size, deepspeed_notes,
                                        ds_train_context, lr_schedule_steps, render_deepspeed)
 from plan_fixtures import layout_for, plan_for, problem_for
 
@@ -194,7 +194,7 @@ def test_notes_explain_what_the_config_cannot(matrix: dict[str, Plan]) -> None:
     assert any("zero_hpz_partition_size=8" in n for n in deepspeed_notes(matrix["hsdp_z3"]))
 
 
-@pytest.mark.parametrize("layout, needle", [  # the solver's table, compiler.frameworks
+@pytest.mark.parametrize("layout, needle", [  # the solver's table, compiler.targets.support
     (dict(tp=2, cp=2, dp_shard=2, zero_stage=1), "context parallel"),
     (dict(dp_shard=8, zero_stage=1, ep=2), "expert parallel"),
     (dict(tp=2, dp_shard=4, zero_stage=1, sequence_parallel=True), "sequence parallel"),

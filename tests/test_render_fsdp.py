@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.fsdp import fsdp_context, render_fsdp
+from compiler.targets.fsdp.render import fsdp_context, render_fsdp
 from plan_fixtures import layout_for, plan_for, problem_for
 
 LLAMA_SPEC = """

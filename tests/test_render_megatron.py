@@ -20,7 +20,7 @@ import pytest
 
 from compiler.errors import RenderError
 from compiler.plan import Plan
-from compiler.render.megatron import (megatron_arg_groups, megatron_args, megatron_env, megatron_notes,
+from compiler.targets.megatron.render import (megatron_arg_groups, megatron_args, megatron_env, megatron_notes,
                                       moe_layer_pattern, pipeline_flags, render_megatron)
 from compiler.split import PipelineSplit
 from plan_fixtures import layout_for, plan_for, problem_for

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.slurm import format_time, primary_target, render_slurm, slurm_context
+from compiler.targets.slurm.render import format_time, primary_target, render_slurm, slurm_context
 from plan_fixtures import layout_for, plan_for, problem_for
 from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
 

@@ -20,7 +20,8 @@ from compiler.smoke import launch as L
 from compiler.smoke.report import Comparison, RankMeasure, SmokeReport, TargetResult, format_report
 from compiler.smoke.scale import SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan
 from compiler.smoke.slurm import rewrite_sbatch, smoke_env
-from compiler.smoke.targets import as_argv, as_env, megatron_flags, smoke_options
+from compiler.smoke.targets import as_argv, as_env, smoke_options
+from compiler.targets.megatron.smoke import megatron_flags
 
 # ------------------------------------------------------------------------------------------- helpers
 SPEC = """

@@ -179,7 +179,7 @@ def test_mesh_that_differs_from_the_world_fails_fast(gen, tmp_path):
     setup = dataclasses.replace(scale_plan(plan, device="cpu", max_ranks=2), world_size=1)
     ctx = T.RunContext(generated_dir=folder, plan=plan, setup=setup, workdir=tmp_path, timeout_s=120)
     t0 = time.monotonic()
-    result = T.run_fsdp(ctx)
+    result = T.run_target(ctx, "fsdp")
     assert time.monotonic() - t0 < 90
     assert result.status == "failed" and "exited with" in result.reason
     assert result.error and "needs 2 ranks, but WORLD_SIZE is 1" in result.error, result

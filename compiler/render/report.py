@@ -267,16 +267,16 @@ def _search(plan: Plan) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ targets
 def target_files(plan: Plan, rendered: Sequence[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
     """(target, file) in ArtifactSet order; without ``rendered``, each target's renderer is asked."""
-    from compiler.render import RENDERERS
+    from compiler.targets import registry
 
     out = [("plan", "plan.json"), ("report", "PLAN.md"), ("report", MEMORY_SVG)]
     if has_pipeline_picture(plan):
         out.append(("report", PIPELINE_SVG))
     if rendered is not None:
         return out + list(rendered)
-    for target, (module, attr) in RENDERERS.items():
-        if target in plan.targets:
-            out += [(target, name) for name in getattr(importlib.import_module(module), attr)(plan)]
+    for target in registry.targets():
+        if target.name in plan.targets:
+            out += [(target.name, name) for name in target.render(plan)]
     return out
 
 

@@ -25,9 +25,11 @@ from typing import Callable, Sequence
 from compiler.errors import Diagnostic, Location, SmokeError
 from compiler.plan import Plan
 from compiler.smoke.report import SmokeReport, TargetResult, plan_sha256, write_smoke_json
-from compiler.smoke.scale import DEFAULT_STEPS, check_ds_batch, local_world, scale_plan
+from compiler.smoke.scale import DEFAULT_STEPS, local_world, scale_plan
+from compiler.targets import registry
+from compiler.targets.base import load
 
-ALL_TARGETS = ("fsdp", "deepspeed", "megatron")
+ALL_TARGETS = tuple(t.name for t in registry.targets() if t.smoke is not None)
 DEFAULT_TIMEOUT_S = 600.0
 
 __all__ = ["run_smoke", "load_plan", "resolve_targets", "ALL_TARGETS", "DEFAULT_TIMEOUT_S"]
@@ -58,13 +60,11 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
         if not present:
             raise SmokeError(Diagnostic(summary=f"{generated_dir} holds no framework artifacts to run",
                                         location=Location(str(generated_dir)),
-                                        hint="compile with a target: fsdp, deepspeed or megatron"))
+                                        hint=f"compile with a target: {', '.join(ALL_TARGETS)}"))
         return present, False
     if requested not in present:
-        from compiler.smoke.targets import FILES
-
         raise SmokeError(Diagnostic(
-            summary=f"{generated_dir} has no {requested} artifacts ({', '.join(FILES[requested])})",
+            summary=f"{generated_dir} has no {requested} artifacts ({', '.join(registry.get(requested).files)})",
             location=Location(str(generated_dir)),
             hint=f"targets present: {', '.join(present) or 'none'}; add {requested} to the spec's targets"))
     return [requested], True
@@ -73,8 +73,6 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
 def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
     """Fail fast, before any launch, on a plan the layout rules reject (the same codes and messages as
     `dtc validate`, `dtc plan` and `dtc estimate`) and on artifacts that contradict the plan."""
-    import json
-
     from compiler import rules
 
     bad = rules.plan_violations(plan)
@@ -82,20 +80,10 @@ def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
         where = Location(str(generated_dir / "plan.json"))
         raise SmokeError([Diagnostic(summary=r.message, location=where, hint=r.fix, code=r.code) for r in bad])
 
-    if "deepspeed" in targets:
-        path = generated_dir / "ds_config.json"
-        try:
-            cfg = json.loads(path.read_text())
-        except ValueError as exc:
-            raise SmokeError(Diagnostic(summary=f"ds_config.json is not valid JSON: {exc}",
-                                        location=Location(str(path)), hint="recompile the spec")) from None
-        why = check_ds_batch(cfg, plan.layout)
-        if why:
-            raise SmokeError(Diagnostic(
-                summary="ds_config.json's batch fields disagree", location=Location(str(path)),
-                detail=why + f"\nplan layout: {plan.layout.describe()}",
-                hint="DeepSpeed would refuse it (\"Check batch related parameters\"); recompile the spec "
-                     "instead of editing ds_config.json"))
+    for name in targets:  # each target's own checks of its files (Target.smoke.preflight)
+        hook = registry.get(name).smoke
+        if hook is not None and hook.preflight is not None:
+            load(hook.preflight)(generated_dir, plan)
 
 
 def machine_world() -> tuple[str, int, int]:
@@ -147,16 +135,17 @@ def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape
 
-    if name == "megatron":
-        reason = T.megatron_skip_reason(ctx.plan, gpus)
+    hooks = T.hooks(name)
+    if hooks.skip is not None:
+        reason = load(hooks.skip)(ctx.plan, gpus)
         if reason:
-            return TargetResult("megatron", "skipped", reason=reason)
+            return TargetResult(name, "skipped", reason=reason)
     if slurm:
         from compiler.smoke.slurm import run_slurm_target
 
         result = run_slurm_target(ctx, name)
     else:
-        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed, "megatron": T.run_megatron}[name](ctx)
+        result = T.run_target(ctx, name)
     if result.status != "skipped":
         from compiler.model import ModelShape
 

@@ -277,8 +277,11 @@ def reduce_shape(shape: ModelShape, *, tp: int, num_chunks: int) -> ModelShape:
 def built_shape(shape: ModelShape, target: str) -> ModelShape:
     """The shape the target's built-in reference model really builds from ``shape``: both
     generated scripts build dense decoders without MLA; fsdp_train.py's uses RoPE positions."""
+    from compiler.targets import registry
+
     built = replace(shape, moe=None, mla=None, extra_params=0)
-    if target == "fsdp" and built.position == "learned":
+    hooks = registry.get(target).smoke
+    if hooks is not None and hooks.rope_only and built.position == "learned":
         built = replace(built, position="rope", max_position_embeddings=0)
     return built
 

@@ -30,11 +30,11 @@ from pathlib import Path
 from compiler.smoke import launch as L
 from compiler.smoke.report import TargetResult
 from compiler.smoke.scale import SmokeSetup
+from compiler.targets import registry
 
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                           "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
-SCRIPTS = {"fsdp": "train_fsdp.sbatch", "deepspeed": "train_deepspeed.sbatch", "megatron": "train_megatron.sbatch"}
 _DROP = re.compile(r"^--(gpus(-per-node|-per-task|-per-socket)?|gres=gpu.*|exclusive|requeue|no-requeue)\b")
 
 
@@ -184,11 +184,13 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup
-    if target not in T.ENTRY:
+    entry = T.hooks(target).entry
+    launch = registry.get(target).slurm
+    if entry is None or launch is None:
         return TargetResult(target, "skipped", reason=(
             "--slurm runs the fsdp and deepspeed targets: the sbatch script passes the smoke overrides through "
             "the environment, and pretrain_gpt.py reads no DTC_SMOKE_* variables"))
-    script = ctx.generated_dir / SCRIPTS[target]
+    script = ctx.generated_dir / launch.script
     if not script.is_file():
         return TargetResult(target, "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
     out_dir = ctx.workdir / "slurm"
@@ -198,7 +200,7 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
                           cpus_per_task=cpus, time_limit_s=ctx.timeout_s, output_dir=out_dir)
     job_script = out_dir / script.name
     job_script.write_text(text)
-    if target == "deepspeed":
+    if T.hooks(target).jit_extensions:
         L.clear_stale_locks(L.extensions_dir())
     run_id = uuid.uuid4().hex
     env = smoke_env(setup, ctx.generated_dir, T.rank_env(ctx, target), target)
@@ -235,7 +237,7 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     elif not result.loss_fell:
         result.reason = "the loss did not fall on the learnable synthetic task"
     elif not summary:
-        result.reason = f"{T.ENTRY[target]} printed no {T.SUMMARY_KEY[target]} line"
+        result.reason = f"{entry} printed no {T.hooks(target).summary_key} line"
     else:
         result.status = "passed"
     return result

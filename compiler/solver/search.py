@@ -4,8 +4,8 @@ The space (``candidates.Space``) is a list of shapes (GPU type, tp, pp, cp, dp, 
 holding a product of independent inner choices, so every count is exact without
 enumerating. The search
 
-1. tallies, per shape, the layouts no target framework can run (``frameworks``, cached per
-   ``support_key``) and the interleaved schedules whose micro-batch count is not a multiple
+1. tallies, per shape, the layouts no target framework can run (``compiler.targets.support``, cached per
+   ``support_key_of``) and the interleaved schedules whose micro-batch count is not a multiple
    of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
    cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
 2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from compiler.estimate import Estimate, Rejection
-from compiler.frameworks import framework_notes, support_key, unsupported_reasons
+from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
 from compiler.plan import Candidate, Plan, SearchSummary, make_plan
@@ -135,8 +135,8 @@ class _Search:
     def options(self, shape: Shape, sched: str, vpp: int) -> tuple[tuple[bool, Sharding], ...]:
         """The (sequence parallel, sharding) choices every target can run, for this shape and schedule.
 
-        Support depends only on ``frameworks.support_key``, so the lists are cached per class; the
-        unsupported rest is tallied once per shape as ``framework_unsupported``.
+        Support depends only on ``compiler.targets.support.support_key_of``, so the lists are cached per
+        class; the unsupported rest is tallied once per shape as ``framework_unsupported``.
         """
         key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1)
         got = self._options.get(key)
@@ -145,13 +145,14 @@ class _Search:
         ok: list[tuple[bool, Sharding]] = []
         for sp in self.space.sp_choices(shape.tp, shape.cp):
             for sh in self.space.sharding_choices(shape.dp):
-                skey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sp, sh.zero_stage, vpp > 1, sched,
-                        shape.dp // sh.dp_shard > 1, sh.dp_shard > 1, sh.offload_optimizer, sh.offload_params)
+                skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
+                                      zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
+                                      dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                                      offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
                 supported = self._support.get(skey)
                 if supported is None or (not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples):
                     layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
-                    assert support_key(layout) == skey, "frameworks.support_key changed: update the solver's copy"
-                    supported = self.supported(layout)
+                    supported = self.supported(layout, skey)
                     if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
                         r = F.check_framework(self.problem, layout)
                         assert r is not None
@@ -297,8 +298,7 @@ class _Search:
                 return True
         return False
 
-    def supported(self, layout: Layout) -> bool:
-        key = support_key(layout)
+    def supported(self, layout: Layout, key: tuple) -> bool:
         ok = self._support.get(key)
         if ok is None:
             ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout))[0]

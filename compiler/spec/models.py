@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic_core import PydanticCustomError
 
 from compiler import units
+from compiler.targets import registry as target_registry
 
 if TYPE_CHECKING:
     from compiler.split import PipelineSplit
@@ -443,8 +444,8 @@ class SlurmSpec(_Strict):
         return self
 
 
-TargetName = Literal["deepspeed", "fsdp", "megatron", "slurm"]
-ALL_TARGETS: tuple[str, ...] = ("deepspeed", "fsdp", "megatron", "slurm")
+ALL_TARGETS: tuple[str, ...] = target_registry.names()  # compiler/targets/registry.py
+TargetName = Literal[ALL_TARGETS]  # type: ignore[valid-type]
 
 
 class Spec(_Strict):
@@ -460,7 +461,7 @@ class Spec(_Strict):
     search: SearchSpec = Field(default_factory=SearchSpec, description="Solver settings.")
     targets: list[TargetName] = Field(
         default_factory=lambda: list(ALL_TARGETS), min_length=1,
-        description="Artifacts to emit: deepspeed, fsdp, megatron, slurm.")
+        description=f"Artifacts to emit: {', '.join(ALL_TARGETS)}.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM settings for the sbatch scripts.")
 
     @model_validator(mode="after")
@@ -468,10 +469,12 @@ class Spec(_Strict):
         if len(set(self.targets)) != len(self.targets):
             raise PydanticCustomError("dtc_rule", "targets must not repeat",
                                       {"field": "targets", "value": self.targets, "hint": "list each target once"})
-        if self.targets == ["slurm"]:
+        launched = [t.name for t in target_registry.targets() if t.slurm is not None]
+        launchers = [t for t in self.targets if target_registry.get(t).launches_others]
+        if launchers and not set(self.targets) & set(launched):
             raise PydanticCustomError(
                 "dtc_rule", "slurm needs a framework target to launch",
-                {"field": "targets", "value": self.targets, "hint": "add deepspeed, fsdp or megatron"})
+                {"field": "targets", "value": self.targets, "hint": f"add {', '.join(launched[:-1])} or {launched[-1]}"})
         return self
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from compiler.costmodel.stages import stage_layers
 from compiler.model import ModelShape
-from compiler.render.megatron import pipeline_flags
+from compiler.targets.megatron.render import pipeline_flags
 from compiler.split import (EVEN, PipelineSplit, SplitError, default_split, layer_split, layout_string,
                             megatron_split, parse_layout_string, split_problem)
 

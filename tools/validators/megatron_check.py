@@ -422,6 +422,31 @@ def config_layer_split(config: Any) -> list[dict[str, Any]]:
     return chunks
 
 
+def validate_folder(folder: str, plan: Any) -> list[str]:
+    """The megatron target's validator hook (compiler/targets/megatron: Target.validator): the folder's
+    megatron_args.sh, sourced by bash, through megatron-core's parser and checks at the plan's world size and
+    GPU generation; and megatron-core must build the decoder layers per chunk the plan is costed with."""
+    import subprocess
+
+    path = os.path.join(str(folder), "megatron_args.sh")
+    script = (f'source {shlex.quote(path)} || exit 9; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"; '
+              'printf "%s" "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}"')
+    env = {k: v for k, v in os.environ.items() if k not in ("CHECKPOINT_DIR", "CUDA_DEVICE_MAX_CONNECTIONS")}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    if proc.returncode != 0:
+        return [f"bash could not source {path}: {proc.stderr.strip()}"]
+    *flags, conn = proc.stdout.split("\0")
+    arch = {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}.get(str(plan.cluster.get("generation")), 9)
+    result = validate_megatron_flags_full(flags, plan.layout.world_size, gpu_arch=arch,
+                                          env={"CUDA_DEVICE_MAX_CONNECTIONS": None if conn == "<unset>" else conn})
+    errors = list(result["errors"])
+    built = result["derived"].get("chunk_layers")
+    if not errors and built is not None and tuple(built) != plan.layer_split().chunk_layers:
+        errors.append(f"megatron-core builds {built} decoder layers per chunk, the plan is costed with "
+                      f"{list(plan.layer_split().chunk_layers)}")
+    return errors
+
+
 # ----------------------------------------------------------------------------- flag files
 def read_flags_file(path: str) -> list[str]:
     text = open(path, encoding="utf-8").read()

@@ -1,11 +1,12 @@
-"""The framework support table (compiler/frameworks.py): one rule per case, and the solver's cache key."""
+"""The targets' support rules (compiler/targets/<name>/support.py): one rule per case, and the solver's cache key."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.frameworks import RULES, support_key, target_reason, unsupported_reasons
+from compiler.targets import registry
+from compiler.targets.support import support_key, target_reason, unsupported_reasons
 from compiler.layout import Layout
 from compiler.rules import Knobs
 
@@ -83,7 +84,7 @@ def test_only_the_spec_targets_are_asked() -> None:
     layout = L(zero_stage=1, cp=2, dp_shard=4)
     got, field = unsupported_reasons(("megatron", "fsdp", "slurm"), "bf16", Knobs.of(layout))
     assert set(got) == {"fsdp"} and field == "zero_stage"
-    assert RULES["slurm"] == ()
+    assert registry.get("slurm").support == ()
 
 
 layouts = st.builds(
@@ -111,6 +112,6 @@ def test_support_key_decides_support(a: Layout, precision: str) -> None:
     """The solver caches support per support_key: equal keys must mean equal answers, per target."""
     b = _scaled(a)
     assert support_key(a) == support_key(b)
-    for target in RULES:
+    for target in registry.names():
         assert (target_reason(target, Knobs.of(a), precision) is None) == \
             (target_reason(target, Knobs.of(b), precision) is None), target

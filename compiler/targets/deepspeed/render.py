@@ -6,7 +6,7 @@ template ``deepspeed/ds_train.py.j2`` with plan constants only. Every key is one
 pinned release reads (tools/validators/deepspeed_check.py checks each generated config
 with DeepSpeed's own ``DeepSpeedConfig`` at the plan's real data-parallel size).
 
-How DeepSpeed runs a dtc layout (which layouts it can run is compiler.frameworks' table):
+How DeepSpeed runs a dtc layout (which layouts it can run is compiler.targets.support' table):
 
 - pp > 1: DeepSpeed's pipeline engine (``deepspeed.pipe.PipelineModule``), ZeRO 0/1,
   its own 1F1B schedule, no virtual stages, no tensor parallelism.
@@ -26,6 +26,7 @@ from compiler.errors import RenderError
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
+from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
 from compiler.render.report import display_path, provenance_header
 
@@ -76,13 +77,6 @@ def deepspeed_dp_size(layout: Layout) -> int:
 
 def train_batch_size(layout: Layout) -> int:
     return layout.micro_batch * layout.grad_accum * deepspeed_dp_size(layout)
-
-
-def lr_schedule_steps(plan: Plan) -> tuple[int, int]:
-    """(warmup steps, total steps): warmup_tokens rounded up to whole steps, at least 1, at most all."""
-    total = int(plan.training["num_steps"])
-    warmup = math.ceil(int(plan.training["warmup_tokens"]) / int(plan.training["tokens_per_step"]))
-    return max(1, min(warmup, total)), total
 
 
 # ------------------------------------------------------------------------------ support
@@ -318,3 +312,25 @@ def render_deepspeed(plan: Plan) -> dict[str, str]:
         CONFIG_FILE: json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
         TRAIN_FILE: render_template(TRAIN_TEMPLATE, **ds_train_context(plan)),
     }
+
+
+# ------------------------------------------------------------------------------ invariants
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """ds_config.json agrees with the plan (compiler.render.invariants)."""
+    cfg = json.loads(files[CONFIG_FILE])
+    lay = c.plan.layout
+    c.expect("ds_config.json", "train_micro_batch_size_per_gpu", cfg.get("train_micro_batch_size_per_gpu"),
+             lay.micro_batch)
+    c.expect("ds_config.json", "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), lay.grad_accum)
+    # DeepSpeed's identity: train_batch_size = micro x accumulation x the world it divides by
+    # (dp, or dp x tp under AutoTP, which counts every TP rank; see render/deepspeed.py).
+    ranks = lay.dp * (lay.tp if lay.tp > 1 else 1)
+    c.expect("ds_config.json", "train_batch_size", cfg.get("train_batch_size"),
+             lay.micro_batch * lay.grad_accum * ranks)
+    c.expect("ds_config.json", "zero_optimization.stage", cfg.get("zero_optimization", {}).get("stage"),
+             lay.zero_stage)
+    if lay.pp > 1:
+        c.expect("ds_config.json", "pipeline.stages", cfg.get("pipeline", {}).get("stages"), lay.pp)
+    if lay.tp > 1:
+        c.expect("ds_config.json", "tensor_parallel.autotp_size", cfg.get("tensor_parallel", {}).get("autotp_size"),
+                 lay.tp)

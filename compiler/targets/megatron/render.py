@@ -19,6 +19,8 @@ written; a violation raises ``RenderError``.
 """
 from __future__ import annotations
 
+import re
+import shlex
 from typing import Any, Sequence
 
 from compiler import rules
@@ -26,7 +28,7 @@ from compiler.errors import RenderError
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
-from compiler.render.deepspeed import lr_schedule_steps
+from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
 from compiler.split import LayerSplit, PipelineSplit
@@ -329,6 +331,17 @@ def megatron_env(plan: Plan) -> dict[str, str | None]:
     return {}
 
 
+def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
+    """What train_megatron.sbatch needs besides the common SLURM values (compiler.targets.slurm): the
+    Megatron-LM checkout and the environment of megatron_env; ``check`` validates a spec value."""
+    from compiler.spec.models import PATH_RE
+
+    env = megatron_env(plan)
+    return {"megatron_dir": check("megatron_dir", plan.slurm.get("megatron_dir", "/opt/Megatron-LM"), PATH_RE),
+            "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
+            "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
+
+
 def megatron_notes(plan: Plan) -> list[str]:
     """Remarks for the plan's notes (PLAN.md)."""
     lay = plan.layout
@@ -379,3 +392,44 @@ def megatron_context(plan: Plan) -> dict[str, Any]:
 def render_megatron(plan: Plan) -> dict[str, str]:
     """{"megatron_args.sh": ...} for ``plan``."""
     return {ARGS_FILE: render_template(TEMPLATE, **megatron_context(plan))}
+
+
+# ------------------------------------------------------------------------------ invariants
+_ARRAY = re.compile(r"^MEGATRON_ARGS=\($(.*?)^\)$", re.S | re.M)
+
+
+def megatron_flags(text: str) -> dict[str, str | bool]:
+    """--flag value pairs and boolean flags of the MEGATRON_ARGS array (comments stripped)."""
+    m = _ARRAY.search(text)
+    tokens = shlex.split(m.group(1), comments=True) if m else []
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                flags[tok] = tokens[i + 1]
+                i += 2
+                continue
+            flags[tok] = True
+        i += 1
+    return flags
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """megatron_args.sh's flags agree with the plan (compiler.render.invariants)."""
+    text = files[ARGS_FILE]
+    lay = c.plan.layout
+    f = megatron_flags(text)
+    as_int = lambda key, default: int(f.get(key, default))  # noqa: E731
+    c.expect("megatron_args.sh", "--tensor-model-parallel-size", as_int("--tensor-model-parallel-size", 1), lay.tp)
+    c.expect("megatron_args.sh", "--pipeline-model-parallel-size", as_int("--pipeline-model-parallel-size", 1), lay.pp)
+    c.expect("megatron_args.sh", "--context-parallel-size", as_int("--context-parallel-size", 1), lay.cp)
+    c.expect("megatron_args.sh", "--expert-model-parallel-size", as_int("--expert-model-parallel-size", 1), lay.ep)
+    c.expect("megatron_args.sh", "--micro-batch-size", as_int("--micro-batch-size", 0), lay.micro_batch)
+    c.expect("megatron_args.sh", "--global-batch-size", as_int("--global-batch-size", 0),
+             c.plan.training["global_batch"])
+    c.expect("megatron_args.sh", "--seq-length", as_int("--seq-length", 0), c.plan.training["seq_len"])
+    c.expect("megatron_args.sh", "--use-distributed-optimizer", bool(f.get("--use-distributed-optimizer")),
+             lay.zero_stage == 1)
+    c.expect("megatron_args.sh", "--sequence-parallel", bool(f.get("--sequence-parallel")), lay.sequence_parallel)

@@ -4,7 +4,7 @@
 ``fsdp/fsdp_config.py.j2`` and ``fsdp/fsdp_train.py.j2`` hold the code, which depends
 only on torch 2.13 (``compiler.plan.FRAMEWORK_VERSIONS``).
 
-How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp"):
+How FSDP2 runs a dtc layout (the support rules are ``compiler.targets.support`` "fsdp"):
 
 - ZeRO-0: ``fully_shard`` over a 2-D (dp_replicate, dp_shard=1) mesh, i.e. replicated
   parameters with all-reduced gradients (DDP semantics, and it composes with TP/PP);
@@ -22,6 +22,7 @@ How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp
 """
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from compiler import rules
@@ -126,3 +127,33 @@ def render_fsdp(plan: Plan) -> dict[str, str]:
         CONFIG_FILE: render_template("fsdp/fsdp_config.py.j2", **context),
         TRAIN_FILE: render_template("fsdp/fsdp_train.py.j2", **context),
     }
+
+
+# ------------------------------------------------------------------------------ invariants
+def _module_constants(text: str) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return values
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """fsdp_config.py's constants agree with the plan (compiler.render.invariants)."""
+    text = files[CONFIG_FILE]
+    lay = c.plan.layout
+    k = _module_constants(text)
+    for name, want in (("TP", lay.tp), ("PP", lay.pp), ("CP", lay.cp), ("DP_REPLICATE", lay.dp_replicate),
+                       ("DP_SHARD", lay.dp_shard), ("WORLD_SIZE", lay.world_size), ("ZERO_STAGE", lay.zero_stage),
+                       ("MICRO_BATCH", lay.micro_batch), ("GRAD_ACCUM", lay.grad_accum),
+                       ("GLOBAL_BATCH", c.plan.training["global_batch"])):
+        c.expect("fsdp_config.py", name, k.get(name), want)
+    mesh = 1
+    for name in ("TP", "PP", "CP", "DP_REPLICATE", "DP_SHARD"):
+        mesh *= int(k.get(name, 1))  # type: ignore[arg-type]
+    c.expect("fsdp_config.py", "the mesh size", mesh, lay.world_size)
+    if lay.zero_stage in (2, 3):
+        c.expect("fsdp_config.py", "RESHARD_AFTER_FORWARD", k.get("RESHARD_AFTER_FORWARD"), lay.zero_stage == 3)

@@ -32,18 +32,11 @@ from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
-from compiler.render.megatron import megatron_env
+from compiler.targets import registry
+from compiler.targets.base import Target, load
 from compiler.spec.models import IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE, env_name_problem
 
-# framework target -> (script, template, launcher)
-SCRIPTS: dict[str, tuple[str, str, str]] = {
-    "fsdp": ("train_fsdp.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
-    "deepspeed": ("train_deepspeed.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
-    "megatron": ("train_megatron.sbatch", "slurm/srun.sbatch.j2", "srun"),
-}
 PRIMARY = "train.sbatch"
-# slurm.launcher -> the targets it can mean, in order of preference
-LAUNCHER_TARGETS = {"torchrun": ("fsdp", "deepspeed"), "deepspeed": ("deepspeed",), "srun": ("megatron",)}
 DEFAULT_CPUS_PER_GPU = 16
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # What an #SBATCH value may contain at all (sbatch splits its lines on blanks and quotes).
@@ -144,28 +137,26 @@ def _cpus_per_task(plan: Plan, tasks_per_node: int, gpus_per_node: int) -> int:
     return per_process * gpus_per_node // tasks_per_node
 
 
-def _script_context(plan: Plan, target: str, common: dict[str, Any]) -> dict[str, Any]:
-    script, template, launcher = SCRIPTS[target]
+def launched(plan: Plan) -> list[Target]:
+    """The plan's framework targets, each with its own sbatch script (Target.slurm), in registry order."""
+    return [t for t in registry.targets() if t.slurm is not None and t.name in plan.targets]
+
+
+def _script_context(plan: Plan, target: Target, common: dict[str, Any]) -> dict[str, Any]:
+    launch = target.slurm
+    assert launch is not None
     gpn = common["gpus_per_node"]
-    tasks_per_node = 1 if launcher == "torchrun" else gpn
-    ctx = dict(common, target=target, script=script, template=template, launcher=launcher,
+    tasks_per_node = 1 if launch.launcher == "torchrun" else gpn
+    ctx = dict(common, target=target.name, script=launch.script, template=launch.template, launcher=launch.launcher,
                tasks_per_node=tasks_per_node, cpus_per_task=_cpus_per_task(plan, tasks_per_node, gpn),
-               torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[])
+               torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[], framework=launch.framework,
+               needs=list(launch.needs))
     own = common["train_script"]
-    if target == "fsdp":
-        ctx.update(framework="FSDP2", program=own, program_default="fsdp_train.py", config_flag=None,
-                   needs=["fsdp_train.py", "fsdp_config.py"])
-    elif target == "deepspeed":
-        # the generated ds_train.py takes --config; a user entry gets DeepSpeed's own --deepspeed_config
-        flag = "--deepspeed_config" if own else "--config"
-        ctx.update(framework="DeepSpeed", program=own, program_default="ds_train.py", config_flag=flag,
-                   needs=["ds_train.py", "ds_config.json"])
-    else:
-        env = megatron_env(plan)
-        ctx.update(framework="Megatron-LM", needs=["megatron_args.sh"],
-                   megatron_dir=_check("megatron_dir", plan.slurm.get("megatron_dir", "/opt/Megatron-LM"), PATH_RE),
-                   env_exports=[{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
-                   env_unsets=[k for k, v in sorted(env.items()) if v is None])
+    if launch.program_default is not None:  # a torchrun entry point: the generated one, or slurm.train_script
+        ctx.update(program=own, program_default=launch.program_default,
+                   config_flag=launch.config_flag[1] if own else launch.config_flag[0])
+    if launch.context is not None:  # what the target's own script needs (Megatron: its directory and environment)
+        ctx.update(load(launch.context)(plan, _check))
     directives = [f"--job-name={common['job_name']}", f"--nodes={common['nodes']}",
                   f"--ntasks-per-node={tasks_per_node}", f"--gpus-per-node={gpn}",
                   f"--cpus-per-task={ctx['cpus_per_task']}"]
@@ -185,25 +176,32 @@ def _script_context(plan: Plan, target: str, common: dict[str, Any]) -> dict[str
 
 
 def primary_target(plan: Plan) -> str:
-    """The framework ``train.sbatch`` launches: slurm.launcher's, else the first framework target."""
-    present = [t for t in plan.targets if t in SCRIPTS]
+    """The framework ``train.sbatch`` launches: slurm.launcher's (the best ranked target it can mean), else the
+    first framework target of the plan."""
+    present = [t.name for t in launched(plan)]
     if not present:
-        raise _fail("the slurm target needs a framework target (deepspeed, fsdp or megatron)",
+        names = [t.name for t in registry.targets() if t.slurm is not None]
+        raise _fail(f"the slurm target needs a framework target ({', '.join(names)})",
                     hint="add a framework to targets")
     launcher = plan.slurm.get("launcher")
     if launcher is None:
-        return present[0]
-    for target in LAUNCHER_TARGETS.get(launcher, ()):
-        if target in present:
-            return target
+        return next(t for t in plan.targets if t in present)
+    ranked = sorted((t.slurm.launchers[launcher], t.name) for t in launched(plan)  # type: ignore[union-attr]
+                    if launcher in t.slurm.launchers)  # type: ignore[union-attr]
+    if ranked:
+        return ranked[0][1]
+    means = {}
+    for t in registry.targets():
+        for name in (t.slurm.launchers if t.slurm else {}):
+            means.setdefault(name, []).append(t.name)
     raise _fail(f"slurm.launcher {launcher!r} launches none of the targets {', '.join(present)}",
-                hint="torchrun: fsdp or deepspeed; deepspeed: deepspeed; srun: megatron")
+                hint="; ".join(f"{name}: {' or '.join(ts)}" for name, ts in means.items()))
 
 
 def slurm_context(plan: Plan) -> dict[str, Any]:
     """{"scripts": {target: context}, "primary": target}: every value the sbatch templates place."""
     common = _common(plan)
-    scripts = {t: _script_context(plan, t, common) for t in SCRIPTS if t in plan.targets}
+    scripts = {t.name: _script_context(plan, t, common) for t in launched(plan)}
     return {"scripts": scripts, "primary": primary_target(plan)}
 
 
@@ -213,3 +211,37 @@ def render_slurm(plan: Plan) -> dict[str, str]:
     files = {ctx["script"]: render_template(ctx["template"], **ctx) for ctx in context["scripts"].values()}
     files[PRIMARY] = files[context["scripts"][context["primary"]]["script"]]
     return files
+
+
+# ------------------------------------------------------------------------------ invariants
+def _sbatch_directives(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line[len("#SBATCH "):].partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _check_sbatch(c: Any, rel: str, text: str) -> None:
+    d = _sbatch_directives(text)
+    cl = c.plan.cluster
+    c.expect(rel, "--nodes", int(d.get("--nodes", 0)), cl["num_nodes"])
+    gpn = min(int(cl["gpus_per_node"]), int(cl["num_gpus"]))
+    if "--gpus-per-node" in d:
+        c.expect(rel, "--gpus-per-node", int(d["--gpus-per-node"]), gpn)
+    m = re.search(r'NPROC_PER_NODE="\$\{DTC_NPROC_PER_NODE:-(\d+)\}"', text)
+    per_node = int(m.group(1)) if m else None
+    c.expect(rel, "processes per node", per_node, gpn)
+    if per_node is not None:
+        c.expect(rel, "launcher world (nodes x processes per node)", int(d.get("--nodes", 0)) * per_node,
+                 cl["num_gpus"])
+    one_task_per_gpu = "megatron" in rel or (rel == "train.sbatch" and "pretrain_gpt.py" in text)
+    c.expect(rel, "--ntasks-per-node", int(d.get("--ntasks-per-node", 0)), gpn if one_task_per_gpu else 1)
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """Every sbatch script launches the plan's world (compiler.render.invariants)."""
+    for rel, text in files.items():
+        if rel.endswith(".sbatch"):
+            _check_sbatch(c, rel, text)
