@@ -19,7 +19,7 @@ from compiler.model import ModelShape, MoEShape, ParamCount, count_params, deriv
 from compiler.rules import some
 from compiler.split import PipelineSplit
 from compiler.spec.load import LoadedSpec, SourceMap
-from compiler.spec.models import Spec, parse_global_batch
+from compiler.spec.models import SlurmSpec, Spec, parse_global_batch
 from compiler import units
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Problem:
     allow_cross_node_tp: bool
     top_k: int
     targets: tuple[str, ...]
-    slurm: dict[str, Any] = field(default_factory=dict)  # the validated slurm section, plain data
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)  # the validated slurm section
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
 
     @property
@@ -187,8 +187,15 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         allow_cross_node_tp=spec.search.allow_cross_node_tp,
         top_k=spec.search.top_k,
         targets=tuple(spec.targets),
-        slurm=spec.slurm.model_dump(mode="json"),
+        slurm=spec.slurm,
     )
+
+
+def problem_from_data(data: dict[str, Any], *, path: str = "<data>", catalog: Catalog | None = None) -> Problem:
+    """The Problem of a spec given as data (no YAML): validated and lowered exactly as a spec file is."""
+    from compiler.spec.load import load_spec_data
+
+    return lower(load_spec_data(data, path), catalog=catalog)
 
 
 def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Diagnostic]

@@ -131,13 +131,11 @@ class Facts:
     def of_plan(cls, plan: "Plan") -> "Facts":
         """A plan's facts: its own model, sequence, precision, targets, GPU and realised batch (the spec's GPU
         range and search.allow_cross_node_tp are not in the plan: not judged)."""
-        from compiler.model import ModelShape
-
-        shape = ModelShape.from_dict(dict(plan.model["shape"]))
-        gpu = GpuFacts(int(plan.cluster["gpus_per_node"]))
-        batch = int(plan.training["global_batch"])
-        return cls(shape=shape, seq_len=int(plan.training["seq_len"]), precision=str(plan.training["precision"]),
-                   targets=tuple(plan.targets), gpus={str(plan.cluster["gpu"]): gpu},
+        shape = plan.model.shape
+        gpu = GpuFacts(int(plan.cluster.gpus_per_node))
+        batch = int(plan.training.global_batch)
+        return cls(shape=shape, seq_len=int(plan.training.seq_len), precision=str(plan.training.precision),
+                   targets=tuple(plan.targets), gpus={str(plan.cluster.gpu): gpu},
                    allow_cross_node_tp=True, batch=(batch, batch))
 
 
@@ -484,7 +482,7 @@ def check_plan(plan: "Plan") -> "Rejection | None":
     the plan's GPU count."""
     lay = plan.layout
     bad = next(iter(plan_violations(plan)), None)
-    if bad is None and lay.world_size != int(plan.cluster["num_gpus"]):
+    if bad is None and lay.world_size != int(plan.cluster.num_gpus):
         bad = reject(GPU_COUNT_NOT_ALLOWED, "dp", f"tp x pp x cp x dp must be the plan's GPU count "
-                     f"({plan.cluster['num_gpus']}), got {lay.world_size}", "recompile the spec")
+                     f"({plan.cluster.num_gpus}), got {lay.world_size}", "recompile the spec")
     return bad

@@ -82,7 +82,7 @@ def test_invariants_hold_and_catch_disagreement(compiled) -> None:
 def test_megatron_flag_parser(compiled) -> None:
     _, plan, files = compiled
     flags = megatron_flags(files["megatron_args.sh"])
-    assert flags["--global-batch-size"] == str(plan.training["global_batch"])
+    assert flags["--global-batch-size"] == str(plan.training.global_batch)
     assert flags["--bf16"] is True
 
 

@@ -518,7 +518,7 @@ def test_renderer_refuses_a_bash_variable_in_a_hand_made_plan() -> None:
 
     problem = problem_for()
     plan = plan_for(problem, layout_for(problem, dp_shard=8, zero_stage=3), real_estimate=False)
-    bad = dataclasses.replace(plan, slurm={**plan.slurm, "environment": {"OPTIND": "a[$(touch x)]"}})
+    bad = dataclasses.replace(plan, slurm=plan.slurm.model_copy(update={"environment": {"OPTIND": "a[$(touch x)]"}}))
     with pytest.raises(RenderError, match="bash"):
         slurm_context(bad)
 

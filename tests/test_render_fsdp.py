@@ -127,7 +127,7 @@ def test_context_model_family() -> None:
 def test_context_optimizer_from_plan() -> None:
     plan = llama_plan(dp_shard=8, zero_stage=3)
     ctx = fsdp_context(plan)
-    assert ctx["lr"] == plan.training["learning_rate"] and ctx["min_lr"] == plan.training["min_learning_rate"]
+    assert ctx["lr"] == plan.training.learning_rate and ctx["min_lr"] == plan.training.min_learning_rate
     assert ctx["betas"] == (0.9, 0.95) and ctx["grad_clip"] == 1.0 and ctx["seed"] == 1234
     assert ctx["warmup_fraction"] == pytest.approx(0.01)
 

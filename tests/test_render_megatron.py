@@ -111,8 +111,8 @@ def test_parallel_sizes_and_data_parallel(matrix: dict[str, Plan]) -> None:
         assert ("--use-distributed-optimizer" in a) == (lay.zero_stage == 1), name
         assert ("--use-megatron-fsdp" in a) == (lay.zero_stage >= 2), name
         assert value(a, "--micro-batch-size") == str(lay.micro_batch)
-        assert value(a, "--global-batch-size") == str(p.training["global_batch"])
-        assert value(a, "--train-iters") == str(p.training["num_steps"])
+        assert value(a, "--global-batch-size") == str(p.training.global_batch)
+        assert value(a, "--train-iters") == str(p.training.num_steps)
     a = megatron_args(matrix["fsdp_z3_hsdp"])
     assert value(a, "--data-parallel-sharding-strategy") == "optim_grads_params"
     assert value(a, "--num-distributed-optimizer-instances") == "2" and value(a, "--ckpt-format") == "fsdp_dtensor"
@@ -176,11 +176,11 @@ def test_optimizer_precision_recompute(matrix: dict[str, Plan]) -> None:
     p = matrix["distopt_tp_sp"]
     a, t = megatron_args(p), p.training
     assert value(a, "--optimizer") == "adam" and value(a, "--lr-decay-style") == "cosine"
-    assert float(value(a, "--lr")) == t["learning_rate"] and float(value(a, "--min-lr")) == t["min_learning_rate"]
-    assert int(value(a, "--lr-warmup-iters")) == -(-t["warmup_tokens"] // t["tokens_per_step"])
-    assert value(a, "--lr-decay-iters") == str(t["num_steps"])
-    assert float(value(a, "--adam-beta2")) == t["adam_beta2"] and float(value(a, "--clip-grad")) == t["grad_clip"]
-    assert float(value(a, "--weight-decay")) == t["weight_decay"] and value(a, "--seed") == str(t["seed"])
+    assert float(value(a, "--lr")) == t.learning_rate and float(value(a, "--min-lr")) == t.min_learning_rate
+    assert int(value(a, "--lr-warmup-iters")) == -(-t.warmup_tokens // t.tokens_per_step)
+    assert value(a, "--lr-decay-iters") == str(t.num_steps)
+    assert float(value(a, "--adam-beta2")) == t.adam_beta2 and float(value(a, "--clip-grad")) == t.grad_clip
+    assert float(value(a, "--weight-decay")) == t.weight_decay and value(a, "--seed") == str(t.seed)
     assert value(a, "--recompute-granularity") == "selective" and "--recompute-method" not in a
     full = megatron_args(matrix["fsdp_z3_hsdp"])
     assert (value(full, "--recompute-granularity"), value(full, "--recompute-method"),
@@ -280,7 +280,7 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
         flags, conn = source_args(path)
         jobs.append({"name": name, "flags": flags, "world_size": p.layout.world_size,
                      "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn},
-                     "gpu_arch": GPU_ARCH[p.cluster["generation"]]})
+                     "gpu_arch": GPU_ARCH[p.cluster.generation]})
     batch = tmp_path / "batch.jsonl"
     batch.write_text("".join(json.dumps(j) + "\n" for j in jobs))
     proc = subprocess.run([sys.executable, str(VALIDATOR), "--batch", str(batch)], capture_output=True, text=True,
@@ -312,7 +312,7 @@ def test_committed_plans_build_their_costed_split(tmp_path: Path) -> None:
         name = args_file.parent.name
         plans[name] = p
         jobs.append({"name": name, "flags": flags, "world_size": p.layout.world_size,
-                     "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn}, "gpu_arch": GPU_ARCH[p.cluster["generation"]]})
+                     "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn}, "gpu_arch": GPU_ARCH[p.cluster.generation]})
     assert jobs, "no committed Megatron plans under generated/"
     batch = tmp_path / "batch.jsonl"
     batch.write_text("".join(json.dumps(j) + "\n" for j in jobs))

@@ -12,7 +12,7 @@ Modules (each small, each quantity a named function with its unit in the name):
 * ``stages``       which layers and parameters each pipeline stage holds
 * ``step``         composition into the time breakdown and the Estimate
 * ``context``      the per-(problem, layout, GPU) inputs, precision recipes, memoised per-layer costs
-* ``bounds``       lower bounds on memory and step time for the solver's pruning
+* ``parts``        the public door for the solver's lower bounds (compiler/solver/bounds.py)
 * ``efficiency``   compiler/data/efficiency.yaml, typed
 
 Structural problems come back as ``Rejection`` with a stable code (compiler.rules, via ``check_layout``);
@@ -25,8 +25,7 @@ import dataclasses
 
 from compiler import rules
 from compiler.catalog import normalize_name
-from compiler.costmodel.bounds import memory_lower_bound_bytes, step_time_lower_bound_s
-from compiler.costmodel.context import RECIPES, Setup, make_setup
+from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stage_activation_bytes_per_microbatch
 from compiler.costmodel.step import make_estimate, step_time
 from compiler.estimate import Estimate, MemoryBreakdown, Rejection
@@ -34,7 +33,8 @@ from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.units import format_bytes
 
-__all__ = ["evaluate", "check_layout", "find_gpu_option", "memory_lower_bound_bytes", "step_time_lower_bound_s"]
+__all__ = ["evaluate", "check_layout", "find_gpu_option"]
+
 
 def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
     key = normalize_name(name)

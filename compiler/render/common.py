@@ -8,6 +8,6 @@ from compiler.plan import Plan
 
 def lr_schedule_steps(plan: Plan) -> tuple[int, int]:
     """(warmup steps, total steps): warmup_tokens rounded up to whole steps, at least 1, at most all."""
-    total = int(plan.training["num_steps"])
-    warmup = math.ceil(int(plan.training["warmup_tokens"]) / int(plan.training["tokens_per_step"]))
+    total = int(plan.training.num_steps)
+    warmup = math.ceil(int(plan.training.warmup_tokens) / int(plan.training.tokens_per_step))
     return max(1, min(warmup, total)), total

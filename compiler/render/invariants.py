@@ -29,8 +29,8 @@ def check_invariants(plan: Plan, files: dict[str, str]) -> None:
     """Raise RenderError (a bug) listing every disagreement between the artifacts and the plan."""
     c = Checker(plan)
     lay = plan.layout
-    c.expect("plan", "tp x pp x cp x dp", lay.world_size, plan.cluster["num_gpus"])
-    c.expect("plan", "micro x accumulation x dp", lay.global_batch, plan.training["global_batch"])
+    c.expect("plan", "tp x pp x cp x dp", lay.world_size, plan.cluster.num_gpus)
+    c.expect("plan", "micro x accumulation x dp", lay.global_batch, plan.training.global_batch)
     for target in registry.targets():  # each target's own files against the plan
         if target.check_artifacts and target.files and all(f in files for f in target.files):
             load(target.check_artifacts)(c, files)

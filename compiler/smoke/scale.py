@@ -321,13 +321,13 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
     degrees, changes, notes = map_degrees(lay, device=device, max_ranks=max_ranks)
     mbs, ga, batch_changes = smoke_batch(lay, degrees)
     changes += batch_changes
-    plan_shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    plan_shape = plan.model.shape
     small = reduce_shape(plan_shape, tp=degrees.tp, num_chunks=degrees.pp * degrees.vpp)
     changes += _shape_changes(plan_shape, small)
-    seq = int(plan.training["seq_len"])
+    seq = int(plan.training.seq_len)
     if seq != SMOKE_SEQ_LEN:
         changes.append(Change("seq_len", seq, SMOKE_SEQ_LEN, "short sequences"))
-    precision, pchange = smoke_precision(str(plan.training["precision"]), device)
+    precision, pchange = smoke_precision(str(plan.training.precision), device)
     if pchange:
         changes.append(pchange)
     sp = lay.sequence_parallel and degrees.tp > 1
@@ -341,20 +341,20 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
         offload_optimizer=lay.offload_optimizer, offload_params=lay.offload_params,
         split=default_split(small.num_layers, degrees.pp, degrees.vpp))
     kept = [f"zero_stage={lay.zero_stage}", f"recompute={lay.recompute}",
-            f"micro_batch={mbs}", f"grad_accum={ga}", f"optimizer={plan.training['optimizer']}"]
+            f"micro_batch={mbs}", f"grad_accum={ga}", f"optimizer={plan.training.optimizer}"]
     if degrees.pp > 1:
         kept.append(f"schedule={layout.schedule}")
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         kept.append(f"offload optimizer={lay.offload_optimizer} params={lay.offload_params}")
-    if precision == plan.training["precision"]:
+    if precision == plan.training.precision:
         kept.append(f"precision={precision}")
     kept += notes
     return SmokeSetup(
         plan_name=plan.name, device=device, backend="nccl" if device == "cuda" else "gloo",
         world_size=degrees.world_size, degrees=degrees, layout=layout, shape=small, seq_len=SMOKE_SEQ_LEN,
-        precision=precision, plan_precision=str(plan.training["precision"]),
-        optimizer=str(plan.training["optimizer"]), learning_rate=float(plan.training["learning_rate"]),
-        seed=int(plan.training["seed"]), steps=steps, gpu=str(plan.cluster["gpu"]),
+        precision=precision, plan_precision=str(plan.training.precision),
+        optimizer=str(plan.training.optimizer), learning_rate=float(plan.training.learning_rate),
+        seed=int(plan.training.seed), steps=steps, gpu=str(plan.cluster.gpu),
         changes=tuple(changes), kept=tuple(kept))
 
 

@@ -29,20 +29,20 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Callable
 
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, Plan, SearchSummary, make_plan
+from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
 from compiler.solver.candidates import Sharding, Shape, Space
 from compiler.solver.explain import infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
-from compiler.solver.tally import MAX_MISSES, Tally, miss_dict
+from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
 
@@ -331,7 +331,7 @@ class _Search:
                              num_feasible=self.num_feasible, num_pruned_by_bound=self.num_pruned,
                              rejections_by_code=dict(sorted(self.tally.counts.items())), closest_misses=misses)
 
-    def relaxed_misses(self) -> tuple[dict[str, Any], ...]:
+    def relaxed_misses(self) -> tuple[ClosestMiss, ...]:
         """When the budget or the deadline is what rules layouts out: the best layout without that limit
         (the cheapest, or the fastest), and by how much it misses."""
         problem, out = self.problem, []
@@ -342,7 +342,7 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_budget(problem, e.estimate)
                 if over is not None:
-                    out.append(miss_dict(e.layout, over, "the cheapest layout " + over.message,
+                    out.append(closest_miss(e.layout, over, "the cheapest layout " + over.message,
                                           over.details["over_by_usd"] / problem.max_cost_usd))
         if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
             relaxed = _Search(replace(problem, deadline_s=None, objective="fastest"), 0, self.evaluate)
@@ -351,7 +351,7 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_deadline(problem, e.estimate)
                 if over is not None:
-                    out.append(miss_dict(e.layout, over, "the fastest layout " + over.message,
+                    out.append(closest_miss(e.layout, over, "the fastest layout " + over.message,
                                           over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
 

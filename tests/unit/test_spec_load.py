@@ -96,3 +96,22 @@ def test_custom_gpu():
     g = p.gpu_options[0]
     assert g.spec.hbm_bytes == 96 * 2**30 and g.inter_node_bandwidth_bytes_per_s == 50e9
     assert g.spec.peak_flops_for("bf16") == 900e12
+
+
+def test_problem_from_data_is_the_problem_of_the_same_yaml():
+    """A Problem built from data (no YAML) equals the one lowered from the file text, and a bad field is a
+    SpecError naming it."""
+    from compiler.problem import problem_from_data
+
+    data = {"name": "d", "model": {"preset": "llama3-8b"},
+            "training": {"tokens": "1T", "sequence_length": 4096, "global_batch": 64},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 16}, "layout": {"pipeline_parallel": 2},
+            "targets": ["megatron"]}
+    text = ("name: d\nmodel: {preset: llama3-8b}\ntraining: {tokens: 1T, sequence_length: 4096, global_batch: 64}\n"
+            "cluster: {gpu: h100-sxm, num_gpus: 16}\nlayout: {pipeline_parallel: 2}\ntargets: [megatron]\n")
+    a, b = problem_from_data(data, path="d.yaml"), problem(text)
+    assert (a.shape, a.global_batch, a.pins, a.gpu_options, a.targets) == (b.shape, b.global_batch, b.pins,
+                                                                           b.gpu_options, b.targets)
+    with pytest.raises(SpecError) as exc:
+        problem_from_data({**data, "layout": {"tensor_parallel": 3}})
+    assert exc.value.diagnostics[0].code == "tp_not_divisor"

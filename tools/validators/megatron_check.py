@@ -436,7 +436,7 @@ def validate_folder(folder: str, plan: Any) -> list[str]:
     if proc.returncode != 0:
         return [f"bash could not source {path}: {proc.stderr.strip()}"]
     *flags, conn = proc.stdout.split("\0")
-    arch = {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}.get(str(plan.cluster.get("generation")), 9)
+    arch = {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}.get(str(plan.cluster.generation), 9)
     result = validate_megatron_flags_full(flags, plan.layout.world_size, gpu_arch=arch,
                                           env={"CUDA_DEVICE_MAX_CONNECTIONS": None if conn == "<unset>" else conn})
     errors = list(result["errors"])

@@ -18,7 +18,6 @@ How DeepSpeed runs a dtc layout (which layouts it can run is compiler.targets.su
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from compiler import rules
@@ -84,7 +83,7 @@ def _check(plan: Plan) -> None:
     """The layout rules and DeepSpeed's support rules (compiler.rules) decide what it can run; render nothing else."""
     bad = rules.plan_violations(plan, ("deepspeed",))
     if bad:
-        raise RenderError(f"DeepSpeed {plan.provenance['frameworks']['deepspeed']} cannot run layout "
+        raise RenderError(f"DeepSpeed {plan.provenance.frameworks['deepspeed']} cannot run layout "
                           f"{plan.layout.tag}: {rules.describe(bad)}",
                           hint="the solver should not have chosen this layout for the deepspeed target; "
                                "please report, or remove deepspeed from targets")
@@ -116,20 +115,20 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
     """The ds_config for ``plan`` as data (JSON-ready; serialised with sorted keys)."""
     _check(plan)
     lay = plan.layout
-    shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    shape = plan.model.shape
     cfg: dict[str, Any] = {
         "train_batch_size": train_batch_size(lay),
         "train_micro_batch_size_per_gpu": lay.micro_batch,
         "gradient_accumulation_steps": lay.grad_accum,
-        "gradient_clipping": float(plan.training["grad_clip"]),
+        "gradient_clipping": float(plan.training.grad_clip),
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(lay, shape),
         "optimizer": _optimizer(plan),
         "scheduler": _scheduler(plan),
     }
-    cfg.update(_precision(str(plan.training["precision"])))
-    if lay.zero_stage > 0 and plan.training["optimizer"] == "sgd":
+    cfg.update(_precision(str(plan.training.precision)))
+    if lay.zero_stage > 0 and plan.training.optimizer == "sgd":
         # engine.py _do_optimizer_sanity_check: torch.optim.SGD is not in ZERO_SUPPORTED_OPTIMIZERS
         cfg["zero_allow_untested_optimizer"] = True
         if lay.offload_optimizer != "none":
@@ -207,16 +206,16 @@ def _zero(lay: Layout, shape: ModelShape) -> dict[str, Any]:
 
 def _optimizer(plan: Plan) -> dict[str, Any]:
     t = plan.training
-    if t["optimizer"] == "sgd":
-        return {"type": "SGD", "params": {"lr": float(t["learning_rate"]), "momentum": SGD_MOMENTUM,
-                                          "weight_decay": float(t["weight_decay"])}}
+    if t.optimizer == "sgd":
+        return {"type": "SGD", "params": {"lr": float(t.learning_rate), "momentum": SGD_MOMENTUM,
+                                          "weight_decay": float(t.weight_decay)}}
     params: dict[str, Any] = {
-        "lr": float(t["learning_rate"]),
-        "betas": [float(t["adam_beta1"]), float(t["adam_beta2"])],
+        "lr": float(t.learning_rate),
+        "betas": [float(t.adam_beta1), float(t.adam_beta2)],
         "eps": ADAM_EPS,
-        "weight_decay": float(t["weight_decay"]),
+        "weight_decay": float(t.weight_decay),
     }
-    if t["optimizer"] == "adam":
+    if t.optimizer == "adam":
         # "Adam" alone means AdamW in DeepSpeed (engine.py: adam_w_mode defaults to True)
         return {"type": "Adam", "params": {**params, "adam_w_mode": False}}
     return {"type": "AdamW", "params": params}
@@ -232,13 +231,13 @@ def _scheduler(plan: Plan) -> dict[str, Any]:
     peak x k / warmup_num_steps, as Megatron and fsdp_train.py count.
     """
     warmup, total = lr_schedule_steps(plan)
-    lr = float(plan.training["learning_rate"])
+    lr = float(plan.training.learning_rate)
     return {"type": "WarmupCosineLR", "params": {
         "total_num_steps": total,
         "warmup_num_steps": warmup,
         "warmup_type": "linear",  # DeepSpeed's default is "log"; Megatron warms up linearly
         "warmup_min_ratio": 0.0,
-        "cos_min_ratio": float(plan.training["min_learning_rate"]) / lr,
+        "cos_min_ratio": float(plan.training.min_learning_rate) / lr,
     }}
 
 
@@ -263,8 +262,8 @@ def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
 def ds_train_context(plan: Plan) -> dict[str, Any]:
     """Plan constants for ds_train.py (everything else in the script is fixed code)."""
     lay = plan.layout
-    shape = ModelShape.from_dict(dict(plan.model["shape"]))
-    spec = display_path(str(plan.provenance.get("spec_path", "")))
+    shape = plan.model.shape
+    spec = display_path(str(plan.provenance.spec_path))
     model = {
         "num_layers": shape.num_layers,
         "hidden_size": shape.hidden_size,
@@ -276,7 +275,7 @@ def ds_train_context(plan: Plan) -> dict[str, Any]:
         "mlp": shape.mlp,
         "norm": shape.norm,
         "position": shape.position,
-        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training["seq_len"])),
+        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training.seq_len)),
         "tied_embeddings": shape.tied_embeddings,
         "attention_bias": shape.attention_bias or shape.linear_bias,
         "linear_bias": shape.linear_bias,
@@ -292,11 +291,11 @@ def ds_train_context(plan: Plan) -> dict[str, Any]:
         "dp": lay.dp,
         "zero_stage": lay.zero_stage,
         "recompute": lay.recompute,
-        "precision": str(plan.training["precision"]),
-        "seq_len": int(plan.training["seq_len"]),
-        "num_steps": int(plan.training["num_steps"]),
-        "global_batch": int(plan.training["global_batch"]),
-        "seed": int(plan.training["seed"]),
+        "precision": str(plan.training.precision),
+        "seq_len": int(plan.training.seq_len),
+        "num_steps": int(plan.training.num_steps),
+        "global_batch": int(plan.training.global_batch),
+        "seed": int(plan.training.seed),
         # decoder layers of each pipeline stage: Megatron's split (compiler.split), the one dtc costs
         "stage_layers": list(plan.layer_split().chunk_layers) if lay.pp > 1 else [],
         "model": model,

@@ -29,7 +29,7 @@ from compiler import rules
 from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
-from compiler.render.report import display_path, provenance_header
+from compiler.render.report import provenance_header
 
 CONFIG_FILE = "fsdp_config.py"
 TRAIN_FILE = "fsdp_train.py"
@@ -61,9 +61,10 @@ def _sharding(plan: Plan) -> tuple[str, str]:
 
 
 def _model(plan: Plan) -> dict[str, Any]:
-    shape = dict(plan.model["shape"])
-    shape["head_dim"] = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
-    return {key: shape[key] for key in _MODEL_KEYS}
+    shape = plan.model.shape
+    values = {key: getattr(shape, key) for key in _MODEL_KEYS}
+    values["head_dim"] = shape.kv_channels
+    return values
 
 
 def fsdp_context(plan: Plan) -> dict[str, Any]:
@@ -75,15 +76,15 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         raise RenderError(Diagnostic(
             summary=f"world size {world} does not split evenly over {nodes} nodes of {lay.gpus_per_node} GPUs",
             hint="use a GPU count that is a multiple of the node size (or below one node)"))
-    precision = str(t["precision"])
+    precision = str(t.precision)
     sharding, sharding_note = _sharding(plan)
-    tokens = int(t["tokens"])
+    tokens = int(t.tokens)
     return {
         "header": provenance_header(plan),
         "plan_name": plan.name,
         "describe": lay.describe(),
         "layout_tag": lay.tag,
-        "torch_version": plan.provenance["frameworks"]["torch"],
+        "torch_version": plan.provenance.frameworks["torch"],
         "mesh_dim_names": MESH_DIM_NAMES,
         "degrees": {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp,
                     "tp": lay.tp, "vpp": lay.vpp},
@@ -103,17 +104,17 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         "micro_batch": lay.micro_batch,
         "grad_accum": lay.grad_accum,
         "global_batch": lay.global_batch,
-        "seq_len": int(t["seq_len"]),
+        "seq_len": int(t.seq_len),
         "pp_schedule": lay.schedule,
         "pp_microbatches": lay.grad_accum,
-        "optimizer": str(t["optimizer"]),
-        "lr": float(t["learning_rate"]),
-        "min_lr": float(t["min_learning_rate"]),
-        "warmup_fraction": round(int(t["warmup_tokens"]) / tokens, 6) if tokens else 0.0,
-        "weight_decay": float(t["weight_decay"]),
-        "betas": (float(t["adam_beta1"]), float(t["adam_beta2"])),
-        "grad_clip": float(t["grad_clip"]),
-        "seed": int(t["seed"]),
+        "optimizer": str(t.optimizer),
+        "lr": float(t.learning_rate),
+        "min_lr": float(t.min_learning_rate),
+        "warmup_fraction": round(int(t.warmup_tokens) / tokens, 6) if tokens else 0.0,
+        "weight_decay": float(t.weight_decay),
+        "betas": (float(t.adam_beta1), float(t.adam_beta2)),
+        "grad_clip": float(t.grad_clip),
+        "seed": int(t.seed),
         "model": _model(plan),
         "stage_layers": plan.layer_split().chunk_layers,
         "split_note": plan.layer_split().split.describe(),
@@ -149,7 +150,7 @@ def check_artifacts(c: Any, files: dict[str, str]) -> None:
     for name, want in (("TP", lay.tp), ("PP", lay.pp), ("CP", lay.cp), ("DP_REPLICATE", lay.dp_replicate),
                        ("DP_SHARD", lay.dp_shard), ("WORLD_SIZE", lay.world_size), ("ZERO_STAGE", lay.zero_stage),
                        ("MICRO_BATCH", lay.micro_batch), ("GRAD_ACCUM", lay.grad_accum),
-                       ("GLOBAL_BATCH", c.plan.training["global_batch"])):
+                       ("GLOBAL_BATCH", c.plan.training.global_batch)):
         c.expect("fsdp_config.py", name, k.get(name), want)
     mesh = 1
     for name in ("TP", "PP", "CP", "DP_REPLICATE", "DP_SHARD"):

@@ -77,7 +77,7 @@ def _check(plan: Plan) -> None:
 
 
 def _shape(plan: Plan) -> ModelShape:
-    return ModelShape.from_dict(dict(plan.model["shape"]))
+    return plan.model.shape
 
 
 def pipeline_flags(pp: int, vpp: int, split: PipelineSplit) -> list[list[str]]:
@@ -165,7 +165,7 @@ def _data_parallel(lay: Layout) -> list[list[str]]:
 
 def _model(plan: Plan) -> list[list[str]]:
     s = _shape(plan)
-    seq = int(plan.training["seq_len"])
+    seq = int(plan.training.seq_len)
     out = [
         _f("--num-layers", s.num_layers),
         _f("--hidden-size", s.hidden_size),
@@ -238,34 +238,34 @@ def moe_layer_pattern(pattern: Sequence[int]) -> str:
 def _batch(plan: Plan) -> list[list[str]]:
     lay = plan.layout
     return [_f("--micro-batch-size", lay.micro_batch),
-            _f("--global-batch-size", int(plan.training["global_batch"])),
-            _f("--train-iters", int(plan.training["num_steps"]))]
+            _f("--global-batch-size", int(plan.training.global_batch)),
+            _f("--train-iters", int(plan.training.num_steps))]
 
 
 def _optimizer(plan: Plan) -> list[list[str]]:
     t = plan.training
     warmup, total = lr_schedule_steps(plan)
     out = []
-    if t["optimizer"] == "sgd":
+    if t.optimizer == "sgd":
         out += [_f("--optimizer", "sgd"), _f("--sgd-momentum", SGD_MOMENTUM)]
     else:
         # Megatron's "adam" applies decoupled weight decay (AdamW) for both adam and adamw
-        out += [_f("--optimizer", "adam"), _f("--adam-beta1", float(t["adam_beta1"])),
-                _f("--adam-beta2", float(t["adam_beta2"])), _f("--adam-eps", ADAM_EPS)]
+        out += [_f("--optimizer", "adam"), _f("--adam-beta1", float(t.adam_beta1)),
+                _f("--adam-beta2", float(t.adam_beta2)), _f("--adam-eps", ADAM_EPS)]
     out += [
-        _f("--lr", float(t["learning_rate"])),
-        _f("--min-lr", float(t["min_learning_rate"])),
+        _f("--lr", float(t.learning_rate)),
+        _f("--min-lr", float(t.min_learning_rate)),
         _f("--lr-decay-style", "cosine"),
         _f("--lr-warmup-iters", warmup),
         _f("--lr-decay-iters", total),
-        _f("--weight-decay", float(t["weight_decay"])),
-        _f("--clip-grad", float(t["grad_clip"])),
+        _f("--weight-decay", float(t.weight_decay)),
+        _f("--clip-grad", float(t.grad_clip)),
     ]
     return out
 
 
 def _precision(plan: Plan) -> list[list[str]]:
-    p = plan.training["precision"]
+    p = plan.training.precision
     if p == "fp16":
         return [["--fp16"]]
     if p == "bf16":
@@ -273,7 +273,7 @@ def _precision(plan: Plan) -> list[list[str]]:
     if p == "fp8":
         # fp8 GEMMs through Transformer Engine, bf16 elsewhere. Blackwell has hardware MXFP8 block
         # scaling; Hopper/Ada use delayed (per-tensor history) scaling.
-        if plan.cluster.get("generation") == "blackwell":
+        if plan.cluster.generation == "blackwell":
             return [["--bf16"], _f("--fp8-format", "e4m3"), _f("--fp8-recipe", "mxfp8")]
         return [["--bf16"], _f("--fp8-format", "hybrid"), _f("--fp8-recipe", "delayed"),
                 _f("--fp8-amax-history-len", FP8_AMAX_HISTORY_LEN), _f("--fp8-amax-compute-algo", "max")]
@@ -294,7 +294,7 @@ def _data(plan: Plan) -> list[list[str]]:
     # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
     out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
-    data_path = plan.slurm.get("data_path")
+    data_path = plan.slurm.data_path
     if data_path is None:
         out += [["--mock-data"], _f("--eval-iters", 0)]
     else:
@@ -304,14 +304,14 @@ def _data(plan: Plan) -> list[list[str]]:
 
 
 def _logging(plan: Plan) -> list[list[str]]:
-    return [_f("--log-interval", LOG_INTERVAL), ["--log-throughput"], _f("--seed", int(plan.training["seed"]))]
+    return [_f("--log-interval", LOG_INTERVAL), ["--log-throughput"], _f("--seed", int(plan.training.seed))]
 
 
 def _checkpointing(plan: Plan) -> list[list[str]]:
-    total = int(plan.training["num_steps"])
+    total = int(plan.training.num_steps)
     out = [_f("--save", ShellExpr(CHECKPOINT_DIR)), _f("--load", ShellExpr(CHECKPOINT_DIR)),
            _f("--save-interval", min(SAVE_INTERVAL, total))]
-    if int(plan.slurm.get("signal_seconds_before_end") or 0) > 0:
+    if int(plan.slurm.signal_seconds_before_end or 0) > 0:
         # the sbatch script asks SLURM for SIGUSR1 before the time limit: save and exit cleanly
         out += [["--exit-signal-handler"], _f("--exit-signal", "SIGUSR1")]
     return out
@@ -326,7 +326,7 @@ def megatron_env(plan: Plan) -> dict[str, str | None]:
     lay = plan.layout
     if lay.zero_stage >= 2:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.get("generation") != "blackwell":
+    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.generation != "blackwell":
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
 
@@ -337,7 +337,7 @@ def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
     from compiler.spec.models import PATH_RE
 
     env = megatron_env(plan)
-    return {"megatron_dir": check("megatron_dir", plan.slurm.get("megatron_dir", "/opt/Megatron-LM"), PATH_RE),
+    return {"megatron_dir": check("megatron_dir", plan.slurm.megatron_dir, PATH_RE),
             "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
             "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
 
@@ -355,7 +355,7 @@ def megatron_notes(plan: Plan) -> list[str]:
         split = plan.layer_split()
         if split.split.mechanism != "even":
             notes.append(f"Megatron-LM splits the layers {split_phrase(split)}.")
-    if plan.training["optimizer"] == "adam":
+    if plan.training.optimizer == "adam":
         notes.append("Megatron-LM's adam optimizer applies decoupled weight decay (AdamW).")
     return notes
 
@@ -378,7 +378,7 @@ def megatron_context(plan: Plan) -> dict[str, Any]:
     env = megatron_env(plan)
     return {
         "header": provenance_header(plan),
-        "megatron_core": plan.provenance["frameworks"]["megatron-core"],
+        "megatron_core": plan.provenance.frameworks["megatron-core"],
         "layout": lay.describe(),
         "tag": lay.tag,
         "world_size": lay.world_size,
@@ -428,8 +428,8 @@ def check_artifacts(c: Any, files: dict[str, str]) -> None:
     c.expect("megatron_args.sh", "--expert-model-parallel-size", as_int("--expert-model-parallel-size", 1), lay.ep)
     c.expect("megatron_args.sh", "--micro-batch-size", as_int("--micro-batch-size", 0), lay.micro_batch)
     c.expect("megatron_args.sh", "--global-batch-size", as_int("--global-batch-size", 0),
-             c.plan.training["global_batch"])
-    c.expect("megatron_args.sh", "--seq-length", as_int("--seq-length", 0), c.plan.training["seq_len"])
+             c.plan.training.global_batch)
+    c.expect("megatron_args.sh", "--seq-length", as_int("--seq-length", 0), c.plan.training.seq_len)
     c.expect("megatron_args.sh", "--use-distributed-optimizer", bool(f.get("--use-distributed-optimizer")),
              lay.zero_stage == 1)
     c.expect("megatron_args.sh", "--sequence-parallel", bool(f.get("--sequence-parallel")), lay.sequence_parallel)

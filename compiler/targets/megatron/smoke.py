@@ -20,7 +20,7 @@ from compiler.targets.megatron.render import pipeline_flags
 def skip_reason(plan: Plan, gpu_count: int) -> str | None:
     if gpu_count == 0:
         return "Megatron-LM needs CUDA GPUs; none here"
-    pretrain = Path(str(plan.slurm.get("megatron_dir", "/opt/Megatron-LM"))) / "pretrain_gpt.py"
+    pretrain = Path(str(plan.slurm.megatron_dir)) / "pretrain_gpt.py"
     if not pretrain.is_file():
         return f"Megatron-LM is not installed ({pretrain} not found; set slurm.megatron_dir)"
     return None
@@ -89,7 +89,7 @@ def run_megatron(ctx: RunContext, target: str = "megatron") -> TargetResult:
     """Only reached with GPUs and a Megatron-LM checkout (not exercised on CPU-only CI)."""
     setup = ctx.setup
     log_dir = ctx.workdir / "logs-megatron"
-    pretrain = Path(str(ctx.plan.slurm.get("megatron_dir", "/opt/Megatron-LM"))) / "pretrain_gpt.py"
+    pretrain = Path(str(ctx.plan.slurm.megatron_dir)) / "pretrain_gpt.py"
     flags = megatron_flags(read_megatron_args(ctx.generated_dir), setup)
     argv = torchrun_argv(setup.world_size, log_dir) + [str(pretrain)] + flags
     result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv), steps_requested=setup.steps)

@@ -78,15 +78,15 @@ def _common(plan: Plan) -> dict[str, Any]:
         raise _fail(f"world size {lay.world_size} does not split evenly over {nodes} nodes of "
                     f"{lay.gpus_per_node} GPUs",
                     hint="use a GPU count that is a multiple of the node size (or below one node)")
-    job_name = _check("job_name", s.get("job_name") or plan.name, NAME_RE, sbatch=True)
-    optional = {key: _check(key, s[key], SLURM_NAME_RE, sbatch=True)
-                for key in ("partition", "account", "qos") if s.get(key) is not None}
-    output_dir = _check("output_dir", s.get("output_dir", "logs"), PATH_RE, sbatch=True).rstrip("/") or "/"
-    time_limit = s.get("time_limit")
+    job_name = _check("job_name", s.job_name or plan.name, NAME_RE, sbatch=True)
+    optional = {key: _check(key, getattr(s, key), SLURM_NAME_RE, sbatch=True)
+                for key in ("partition", "account", "qos") if getattr(s, key) is not None}
+    output_dir = _check("output_dir", s.output_dir, PATH_RE, sbatch=True).rstrip("/") or "/"
+    time_limit = s.time_limit
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not 0 < time_limit < 10**9):
         raise _fail(f"slurm.time_limit must be a positive number of seconds, got {time_limit!r}")
-    env = s.get("environment") or {}
+    env = dict(s.environment)
     if not isinstance(env, dict):
         raise _fail(f"slurm.environment must be a mapping, got {type(env).__name__}")
     for name, value in env.items():
@@ -95,7 +95,7 @@ def _common(plan: Plan) -> dict[str, Any]:
             raise _fail(f"slurm.environment name {name!r} cannot be set: {problem}")
         if not isinstance(value, str) or any(ch in value for ch in "\n\r\x00"):
             raise _fail(f"slurm.environment.{name} must be a one-line string, got {value!r}")
-    image = s.get("container_image")
+    image = s.container_image
     return {
         "header": provenance_header(plan),
         "job_name": job_name,
@@ -104,13 +104,13 @@ def _common(plan: Plan) -> dict[str, Any]:
         "world_size": lay.world_size,
         "optional": optional,
         "time": format_time(time_limit) if time_limit is not None else None,
-        "exclusive": bool(s.get("exclusive", True)),
-        "requeue": bool(s.get("requeue", True)),
-        "signal_seconds": _int("signal_seconds_before_end", s.get("signal_seconds_before_end", 120), 0, 65535),
+        "exclusive": bool(s.exclusive),
+        "requeue": bool(s.requeue),
+        "signal_seconds": _int("signal_seconds_before_end", s.signal_seconds_before_end, 0, 65535),
         "output": f"{output_dir}/%x-%j.out",
         "error": f"{output_dir}/%x-%j.err",
         "output_dir": output_dir,
-        "modules": [_check("modules", m, MODULE_RE) for m in s.get("modules") or []],
+        "modules": [_check("modules", m, MODULE_RE) for m in s.modules],
         "environment": [{"name": k, "value": env[k]} for k in sorted(env)],
         # ShellCheck notes '$' and '`' inside single quotes (SC2016) and a backslash before a
         # closing quote (SC1003): here the literal, unexpanded value is the point.
@@ -118,13 +118,13 @@ def _common(plan: Plan) -> dict[str, Any]:
             code for code, hit in (("SC1003", any("\\" in v for v in env.values())),
                                    ("SC2016", any("$" in v or "`" in v for v in env.values()))) if hit),
         "container_image": _check("container_image", image, IMAGE_RE) if image is not None else None,
-        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.get("container_mounts") or []),
-        "workdir": _check("workdir", s["workdir"], PATH_RE) if s.get("workdir") is not None else None,
-        "port": _int("rdzv_port", s.get("rdzv_port", 29500), 1, 65535),
-        "train_script": (_check("train_script", s["train_script"], PATH_RE)
-                         if s.get("train_script") is not None else None),
+        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.container_mounts),
+        "workdir": _check("workdir", s.workdir, PATH_RE) if s.workdir is not None else None,
+        "port": _int("rdzv_port", s.rdzv_port, 1, 65535),
+        "train_script": (_check("train_script", s.train_script, PATH_RE)
+                         if s.train_script is not None else None),
         "describe": plan.layout.describe(),
-        "gpu": str(plan.cluster.get("display_name") or plan.cluster.get("gpu")),
+        "gpu": str(plan.cluster.display_name or plan.cluster.gpu),
     }
 
 
@@ -132,7 +132,7 @@ def _cpus_per_task(plan: Plan, tasks_per_node: int, gpus_per_node: int) -> int:
     """CPUs of one SLURM task. ``slurm.cpus_per_task`` counts CPUs per training process (per GPU,
     default 16): srun's task under Megatron, G of them in torchrun's one task per node. One value
     then asks every script for the same CPUs per node."""
-    per_process = plan.slurm.get("cpus_per_task")
+    per_process = plan.slurm.cpus_per_task
     per_process = DEFAULT_CPUS_PER_GPU if per_process is None else _int("cpus_per_task", per_process, 1, 1024)
     return per_process * gpus_per_node // tasks_per_node
 
@@ -183,7 +183,7 @@ def primary_target(plan: Plan) -> str:
         names = [t.name for t in registry.targets() if t.slurm is not None]
         raise _fail(f"the slurm target needs a framework target ({', '.join(names)})",
                     hint="add a framework to targets")
-    launcher = plan.slurm.get("launcher")
+    launcher = plan.slurm.launcher
     if launcher is None:
         return next(t for t in plan.targets if t in present)
     ranked = sorted((t.slurm.launchers[launcher], t.name) for t in launched(plan)  # type: ignore[union-attr]
@@ -226,8 +226,8 @@ def _sbatch_directives(text: str) -> dict[str, str]:
 def _check_sbatch(c: Any, rel: str, text: str) -> None:
     d = _sbatch_directives(text)
     cl = c.plan.cluster
-    c.expect(rel, "--nodes", int(d.get("--nodes", 0)), cl["num_nodes"])
-    gpn = min(int(cl["gpus_per_node"]), int(cl["num_gpus"]))
+    c.expect(rel, "--nodes", int(d.get("--nodes", 0)), cl.num_nodes)
+    gpn = min(int(cl.gpus_per_node), int(cl.num_gpus))
     if "--gpus-per-node" in d:
         c.expect(rel, "--gpus-per-node", int(d["--gpus-per-node"]), gpn)
     m = re.search(r'NPROC_PER_NODE="\$\{DTC_NPROC_PER_NODE:-(\d+)\}"', text)
@@ -235,7 +235,7 @@ def _check_sbatch(c: Any, rel: str, text: str) -> None:
     c.expect(rel, "processes per node", per_node, gpn)
     if per_node is not None:
         c.expect(rel, "launcher world (nodes x processes per node)", int(d.get("--nodes", 0)) * per_node,
-                 cl["num_gpus"])
+                 cl.num_gpus)
     one_task_per_gpu = "megatron" in rel or (rel == "train.sbatch" and "pretrain_gpt.py" in text)
     c.expect(rel, "--ntasks-per-node", int(d.get("--ntasks-per-node", 0)), gpn if one_task_per_gpu else 1)
 
