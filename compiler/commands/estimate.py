@@ -12,6 +12,7 @@ gives the same data.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -19,9 +20,10 @@ import click
 from compiler import rules, units
 from compiler.arith import grad_accum_for
 from compiler.costmodel import evaluate, find_gpu_option
-from compiler.errors import Diagnostic, DtcError, ExitCode, SpecError
+from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
+from compiler.plan import Plan, as_in_plan, plan_data
 from compiler.problem import GpuOption, Problem, lower
 from compiler.report import to_json
 from compiler.spec.load import load_spec
@@ -174,7 +176,10 @@ def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
 
 
 @click.command("estimate")
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=str),
+              help="Re-cost a compiled plan (generated/<name>/plan.json) from the plan alone, instead of a SPEC; "
+                   "says whether it reproduces the plan's estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
 @click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree.")
 @click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel degree.")
@@ -194,19 +199,34 @@ def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
 @click.option("--offload-params", "offload_params", type=click.Choice(["none", "cpu", "nvme"]),
               help="Where parameters live (ZeRO-3).")
 @click.option("--gpu", help="Which of the spec's GPU types to use.")
-def estimate_command(spec: str, as_json: bool, **overrides: Any) -> None:
-    """Estimate memory per GPU and step time of the layout pinned in SPEC (options override pins).
+def estimate_command(spec: str | None, plan_path: str | None, as_json: bool, **overrides: Any) -> None:
+    """Estimate memory per GPU and step time of the layout pinned in SPEC (options override pins), or of a
+    compiled plan (--plan generated/<name>/plan.json).
 
     Prints every memory and time line item with its formula and source, then tokens/s,
-    MFU, time to train, GPU-hours and cost. Exit 0 on success; 2 when the spec is
-    invalid, the layout is incomplete, or the layout cannot run (e.g. out of memory).
+    MFU, time to train, GPU-hours and cost. The layout is judged by the same rules as
+    `dtc validate` and `dtc plan`. With --plan, also whether the plan's own estimate is
+    reproduced. Exit 0 on success; 2 when the spec or plan is invalid, the layout is
+    incomplete, or the layout cannot run (e.g. out of memory).
     """
-    problem = lower(load_spec(spec))
+    if (spec is None) == (plan_path is None):
+        raise click.UsageError("give a SPEC or --plan PLAN_JSON (one of them)")
+    if plan_path is not None:
+        if any(v is not None for v in overrides.values()):
+            raise click.UsageError("--plan re-costs the plan's own layout: layout options do not apply")
+        _estimate_plan(plan_path, as_json)
+        return
+    problem = lower(load_spec(spec))  # type: ignore[arg-type]
     layout = build_layout(problem, overrides)
     result = estimate_layout(problem, layout)
+    _show(problem, layout, result, as_json)
+
+
+def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_json: bool,
+          extra: dict[str, Any] | None = None) -> None:
     if isinstance(result, Rejection):
         if as_json:
-            click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict()}), nl=False)
+            click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict(), **(extra or {})}), nl=False)
             raise SystemExit(int(ExitCode.USER_ERROR))
         detail = ""
         if result.code == "out_of_memory":
@@ -215,6 +235,34 @@ def estimate_command(spec: str, as_json: bool, **overrides: Any) -> None:
         raise DtcError(Diagnostic(summary=f"{result.message} ({layout.describe()})", detail=detail,
                                   hint=result.fix, code=result.code))
     if as_json:
-        click.echo(to_json(estimate_to_json(layout, result)), nl=False)
+        click.echo(to_json({**estimate_to_json(layout, result), **(extra or {})}), nl=False)
     else:
         click.echo(format_estimate_text(problem, layout, result))
+
+
+def load_plan_file(path: str) -> Plan:
+    """A plan.json, or a DtcError at its path saying what is wrong."""
+    where = Location(path)
+    try:
+        return Plan.from_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DtcError(Diagnostic(summary=f"cannot read {path}: {exc.strerror}", location=where,
+                                  hint="pass the plan.json of a compiled folder, e.g. generated/<name>/plan.json"))
+    except ValueError as exc:
+        raise DtcError(Diagnostic(summary=f"not a dtc plan: {exc}", location=where,
+                                  hint="recompile the spec (dtc compile SPEC)")) from None
+
+
+def _estimate_plan(path: str, as_json: bool) -> None:
+    from compiler.recost import recost
+
+    plan = load_plan_file(path)
+    problem, result = recost(plan)
+    if isinstance(result, Estimate):
+        result = as_in_plan(result)  # rounded as plan.json rounds it
+    same = isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
+    _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same})
+    if not as_json:
+        click.echo("plan.json's estimate: " + ("reproduced exactly." if same else
+                   "NOT reproduced: the cost model or the catalog changed since the plan was compiled "
+                   f"(step {units.format_seconds(plan.estimate.step_time_s)} in the plan); recompile the spec."))
