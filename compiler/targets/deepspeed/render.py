@@ -322,7 +322,7 @@ def check_artifacts(c: Any, files: dict[str, str]) -> None:
              lay.micro_batch)
     c.expect("ds_config.json", "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), lay.grad_accum)
     # DeepSpeed's identity: train_batch_size = micro x accumulation x the world it divides by
-    # (dp, or dp x tp under AutoTP, which counts every TP rank; see render/deepspeed.py).
+    # (dp, or dp x tp under AutoTP, which counts every TP rank; see deepspeed_dp_size above).
     ranks = lay.dp * (lay.tp if lay.tp > 1 else 1)
     c.expect("ds_config.json", "train_batch_size", cfg.get("train_batch_size"),
              lay.micro_batch * lay.grad_accum * ranks)

@@ -2,7 +2,7 @@
 
 ``fsdp_context(plan)`` computes every value the templates place; the templates
 ``fsdp/fsdp_config.py.j2`` and ``fsdp/fsdp_train.py.j2`` hold the code, which depends
-only on torch 2.13 (``compiler.plan.FRAMEWORK_VERSIONS``).
+only on torch 2.13 (the fsdp target's versions, compiler/targets/fsdp/__init__.py).
 
 How FSDP2 runs a dtc layout (the support rules are ``compiler.targets.support`` "fsdp"):
 
