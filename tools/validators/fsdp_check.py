@@ -45,7 +45,7 @@ def validate_folder(folder: str | Path, plan: Any) -> list[str]:
         C.validate_world_size(degrees, lay.world_size)
     except Exception as exc:  # noqa: BLE001 - MeshSizeError
         errors.append(str(exc))
-    layers = int(plan.model.shape["num_layers"])
+    layers = plan.model.shape.num_layers
     try:
         split = C.plan_stage_layers(degrees, layers)
     except ValueError as exc:
