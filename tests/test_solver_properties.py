@@ -120,6 +120,7 @@ def test_solve_matches_brute_force(text: str) -> None:
         est = _search_evaluate(problem, layout)
         assert isinstance(est, Estimate) and F.check_estimate(problem, est) is None
         assert F.check_framework(problem, layout) is None
+        assert F.check_structure(problem, layout) is None, layout.tag
     s = plan.search
     assert s.num_considered == count_layouts(problem)
     layout_rejections = sum(n for code, n in s.rejections_by_code.items() if code not in F.SHAPE_CODES)

@@ -200,7 +200,10 @@ class Bounds:
             return 1.0
         gas = sorted({ga for _, ga in batches}, reverse=True)
         best = float("inf")
+        deepest: dict[str, int] = {}  # the makespan only falls with vpp: the largest of each schedule decides
         for sched, vpp in pipeline:
+            deepest[sched] = max(vpp, deepest.get(sched, 0))
+        for sched, vpp in deepest.items():
             for ga in gas:
                 if sched == "interleaved_1f1b" and ga % shape.pp:
                     continue

@@ -138,12 +138,13 @@ class _Search:
         Support depends only on ``compiler.targets.support.support_key_of``, so the lists are cached per
         class; the unsupported rest is tallied once per shape as ``framework_unsupported``.
         """
-        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1)
+        sps = self.space.sp_choices(shape.tp, shape.cp)  # (sequence parallel's legality depends on tp x cp)
+        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
         got = self._options.get(key)
         if got is not None:
             return got
         ok: list[tuple[bool, Sharding]] = []
-        for sp in self.space.sp_choices(shape.tp, shape.cp):
+        for sp in sps:
             for sh in self.space.sharding_choices(shape.dp):
                 skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
                                       zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
