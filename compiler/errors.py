@@ -103,10 +103,12 @@ class Diagnostic:
     hint: str = ""
     severity: str = "error"
     source_line: str | None = None
+    code: str = ""  # a layout rule's reason code (compiler.rules), shown as error[code]
 
     def render(self) -> str:
         head = f"{self.location}: " if self.location else ""
-        lines = [f"{head}{self.severity}: {printable(self.summary)}"]
+        kind = f"{self.severity}[{self.code}]" if self.code else self.severity
+        lines = [f"{head}{kind}: {printable(self.summary)}"]
         loc = self.location
         if loc is not None and loc.line is not None and self.source_line is not None:
             gutter = str(loc.line)

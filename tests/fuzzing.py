@@ -646,7 +646,7 @@ class FuzzFailure(AssertionError):
 def check_diagnostics(exc: Any, path: str) -> None:
     """Every diagnostic: located at path:line, with a one-line summary, and the error renders."""
     text = exc.render()
-    assert isinstance(text, str) and "error:" in text, text
+    assert isinstance(text, str) and re.search(r"error(\[\w+\])?:", text), text
     assert exc.diagnostics, "SpecError without diagnostics"
     for d in exc.diagnostics:
         assert d.summary and d.summary.strip(), f"empty summary in {text!r}"

@@ -57,7 +57,7 @@ def _artifacts(plan, **extra: str) -> ArtifactSet:
         "megatron_args.sh": "MEGATRON_ARGS=(\n"
                             f"  --tensor-model-parallel-size {lay.tp}\n"
                             + ("  --use-distributed-optimizer\n" if lay.zero_stage else "") + ")\n",
-        "train.sbatch": f"#!/bin/bash\n#SBATCH --partition={plan.slurm.get('partition') or 'gpu'}\n"
+        "train.sbatch": f"#!/bin/bash\n#SBATCH --partition={plan.slurm.partition or 'gpu'}\n"
                         f"#SBATCH --nodes={lay.num_nodes}\nexport NCCL_IB_TIMEOUT=22\n"
                         f"srun torchrun --nnodes {lay.num_nodes} --nproc-per-node 8 train.py\n",
         "PLAN.md": f"# {plan.name}\n\n{lay.describe()}\n",
@@ -166,7 +166,7 @@ def test_layout_change_summary_and_key_changes():
 
 def test_plan_json_lists_setting_changes_only():
     old = _plan(dp_shard=8, zero_stage=1)
-    new = dataclasses.replace(old, slurm={**old.slurm, "partition": "batch"})
+    new = dataclasses.replace(old, slurm=old.slurm.model_copy(update={"partition": "batch"}))
     d = _diff(old, new)
     assert not d.plan_changed
     plan_json = next(f for f in d.files if f.path == "plan.json")
@@ -208,7 +208,7 @@ def test_no_warning_below_thresholds(old_est, new_est):
 def test_plan_json_change_explained_when_nothing_else_changed():
     """A comment-only spec edit changes only plan.json's provenance: say so rather than nothing."""
     old = _plan(dp_shard=8, zero_stage=1)
-    new = dataclasses.replace(old, provenance={**old.provenance, "spec_sha256": "beef"})
+    new = dataclasses.replace(old, provenance=dataclasses.replace(old.provenance, spec_sha256="beef"))
     d = _diff(old, new)
     (plan_json,) = [f for f in d.files if f.action != "same"]
     assert [(k.key, k.new) for k in plan_json.key_changes] == [("provenance.spec_sha256", '"beef"')]
@@ -216,8 +216,8 @@ def test_plan_json_change_explained_when_nothing_else_changed():
 
 def test_budget_warning_and_input_only_change():
     plan = _with(_plan(dp_shard=8, zero_stage=1), cost_usd=96_000.0)
-    old = dataclasses.replace(plan, budget={**plan.budget, "max_cost_usd": 200_000.0})
-    new = dataclasses.replace(plan, budget={**plan.budget, "max_cost_usd": 100_000.0})
+    old = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=200_000.0))
+    new = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=100_000.0))
     d = _diff(old, new)
     assert d.warnings == ("cost is now within 5% of the budget ($96.00K of $100.00K)",)
     assert not d.plan_changed  # only an input row changed
@@ -230,7 +230,7 @@ def test_budget_warning_and_input_only_change():
 def test_target_dropped_and_global_batch_warnings():
     old = _plan(dp_shard=8, zero_stage=1)
     new = dataclasses.replace(old, targets=tuple(t for t in old.targets if t != "fsdp"),
-                              training={**old.training, "global_batch": 32})
+                              training=dataclasses.replace(old.training, global_batch=32))
     old_files = _artifacts(old, **{"fsdp_config.py": "TP = 1\n"})
     d = diff_sides(Side("a", old, old_files), Side("b", new, _artifacts(new)))
     assert "target fsdp dropped: fsdp_config.py no longer generated" in d.warnings

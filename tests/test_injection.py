@@ -355,7 +355,7 @@ def test_attack_is_rejected_or_inert(field: str, attack: str, tmp_path: Path, cl
 
 def check_rejection(a: Attempt, stderr: str) -> None:
     first = stderr.splitlines()[0] if stderr else ""
-    m = re.match(r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): error: (?P<summary>.*)$", first)
+    m = re.match(r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): error(\[\w+\])?: (?P<summary>.*)$", first)
     assert m, f"rejection of {a.attack} in {a.field} is not located:\n{stderr}"
     assert m.group("path") == a.spec_file.name, first
     mention = MENTION.get(a.field, a.field)
@@ -532,12 +532,12 @@ def test_renderer_refuses_a_bash_variable_in_a_hand_made_plan() -> None:
     import dataclasses
 
     from compiler.errors import RenderError
-    from compiler.render.slurm import slurm_context
+    from compiler.targets.slurm.render import slurm_context
     from plan_fixtures import layout_for, plan_for, problem_for
 
     problem = problem_for()
     plan = plan_for(problem, layout_for(problem, dp_shard=8, zero_stage=3), real_estimate=False)
-    bad = dataclasses.replace(plan, slurm={**plan.slurm, "environment": {"OPTIND": "a[$(touch x)]"}})
+    bad = dataclasses.replace(plan, slurm=plan.slurm.model_copy(update={"environment": {"OPTIND": "a[$(touch x)]"}}))
     with pytest.raises(RenderError, match="bash"):
         slurm_context(bad)
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.fsdp import fsdp_context, render_fsdp
+from compiler.targets.fsdp.render import fsdp_context, render_fsdp
 from plan_fixtures import layout_for, plan_for, problem_for
 
 LLAMA_SPEC = """
@@ -59,7 +59,10 @@ cluster:
 
 
 def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", seq: int = 4096, **layout: Any):
-    problem = problem_for(LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset, seq=seq))
+    text = LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset, seq=seq)
+    if precision == "fp8":  # a plan made for Megatron (the only target that trains fp8), rendered for FSDP2
+        text += "targets: [megatron]\n"
+    problem = problem_for(text)
     return plan_for(problem, layout_for(problem, **layout), real_estimate=False)
 
 
@@ -124,7 +127,7 @@ def test_context_model_family() -> None:
 def test_context_optimizer_from_plan() -> None:
     plan = llama_plan(dp_shard=8, zero_stage=3)
     ctx = fsdp_context(plan)
-    assert ctx["lr"] == plan.training["learning_rate"] and ctx["min_lr"] == plan.training["min_learning_rate"]
+    assert ctx["lr"] == plan.training.learning_rate and ctx["min_lr"] == plan.training.min_learning_rate
     assert ctx["betas"] == (0.9, 0.95) and ctx["grad_clip"] == 1.0 and ctx["seed"] == 1234
     assert ctx["warmup_fraction"] == pytest.approx(0.01)
 
@@ -220,7 +223,7 @@ def test_reference_model_family(tp_config) -> None:
     assert block.feed_forward.w3 is not None  # SwiGLU
     logits = model(torch.randint(0, 256, (2, 16)))
     assert logits.shape == (2, 16, 256)
-    split = C.split_stage(model, 1, 2)
+    split = C.split_stage(model, 1, (1, 1))
     assert split.tok_embeddings is None and list(split.layers) == ["1"] and split.output is not None
     assert model.tok_embeddings is not None and list(model.layers) == ["0", "1"]  # the original is intact
 

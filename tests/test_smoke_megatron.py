@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.smoke.megatron import megatron_smoke_args, parse_megatron_log, split_flags
+from compiler.targets.megatron.smoke import megatron_smoke_args, parse_megatron_log, split_flags
 from compiler.smoke.scale import scale_plan
 from test_smoke import assert_no_leftovers, make_generated, make_plan
 
@@ -32,7 +32,7 @@ def test_rewrite_scales_and_lists_every_change():
                      sequence_parallel=True)
     setup = scale_plan(plan, device="cpu", max_ranks=4)
     assert (setup.degrees.tp, setup.degrees.dp_shard) == (2, 2)
-    from compiler.render.megatron import megatron_args
+    from compiler.targets.megatron.render import megatron_args
 
     artifact = [str(t) for t in megatron_args(plan)]
     run = megatron_smoke_args(artifact, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, setup, plan.layout)
@@ -129,7 +129,7 @@ def gen(tmp_path_factory):
 def _run(folder: Path, workdir: Path, *, steps: int = 4, extra: tuple[str, ...] = (), **degrees):
     """One Megatron smoke launch of ``folder`` (optionally with other degrees, same model and batch)."""
     from compiler.smoke import load_plan
-    from compiler.smoke.megatron import run_megatron_smoke
+    from compiler.targets.megatron.smoke import run_megatron_smoke
     from compiler.smoke.report import format_target
     from compiler.smoke.targets import RunContext
 
@@ -160,7 +160,7 @@ def _max_diff(a: list[float], b: list[float]) -> float:
 def test_megatron_core_installed():
     from importlib import metadata
 
-    from compiler.smoke.megatron_cpu import python_shims
+    from compiler.targets.megatron.cpu import python_shims
 
     python_shims()
     import megatron.training  # noqa: F401 - scripts/setup.sh installs it; missing is a failure

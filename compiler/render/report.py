@@ -16,7 +16,6 @@ output is byte-identical across runs and across ``Plan.from_json(plan.to_json())
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Sequence
 
@@ -54,7 +53,7 @@ def report_context(plan: Plan) -> dict[str, Any]:
 def _context(plan: Plan, picture: PipelinePicture | None,
              rendered: Sequence[tuple[str, str]] | None) -> dict[str, Any]:
     est, lay = plan.estimate, plan.layout
-    spec = display_path(str(plan.provenance.get("spec_path", "")))
+    spec = display_path(str(plan.provenance.spec_path))
     return {
         "title": f"Training plan: {plan.name}",
         "description": printable(" ".join(plan.description.split())),  # no ESC, BEL or NUL in the Markdown
@@ -84,12 +83,12 @@ def display_path(path: str) -> str:
 # ------------------------------------------------------------------------------ summary
 def _summary(plan: Plan) -> str:
     est, m, c = plan.estimate, plan.model, plan.cluster
-    params = format_count(m["params_total"])
-    if m.get("is_moe"):
-        params += f" ({format_count(m['params_active'])} active per token)"
-    return (f"Trains {m['name']} ({params} parameters) on {format_count(plan.training['tokens'])} tokens "
-            f"at sequence length {plan.training['seq_len']} on {c['num_gpus']} x {c['display_name']} "
-            f"({c['num_nodes']} node{'s' if c['num_nodes'] != 1 else ''}) with layout "
+    params = format_count(m.params_total)
+    if m.is_moe:
+        params += f" ({format_count(m.params_active)} active per token)"
+    return (f"Trains {m.name} ({params} parameters) on {format_count(plan.training.tokens)} tokens "
+            f"at sequence length {plan.training.seq_len} on {c.num_gpus} x {c.display_name} "
+            f"({c.num_nodes} node{'s' if c.num_nodes != 1 else ''}) with layout "
             f"`{plan.layout.describe()}`. Predicted: step time {format_seconds(est.step_time_s)}, "
             f"time to train {format_seconds(est.time_to_train_s)}, "
             f"{txt.thousands(est.gpu_hours)} GPU-hours, cost {format_money(est.cost_usd)}, "
@@ -149,7 +148,7 @@ def _time(plan: Plan) -> dict[str, Any]:
                ("tokens/s per GPU", txt.thousands(est.tokens_per_s_per_gpu)),
                ("model TFLOP/s per GPU", txt.flops_rate(model_rate)),
                ("hardware TFLOP/s per GPU (with recompute)", txt.flops_rate(hw_rate)),
-               ("peak TFLOP/s per GPU", txt.flops_rate(plan.cluster["peak_flops"])),
+               ("peak TFLOP/s per GPU", txt.flops_rate(plan.cluster.peak_flops)),
                ("MFU", txt.percent(est.mfu)),
                ("HFU", txt.percent(est.hfu))]
     return {"table": txt.table(["item", "time", "share", "formula", "source"], rows, "lrrll"),
@@ -210,18 +209,18 @@ def _pipeline(plan: Plan, picture: PipelinePicture | None) -> dict[str, Any]:
 def _cost(plan: Plan) -> dict[str, Any]:
     est, t, b = plan.estimate, plan.training, plan.budget
     rows = [("steps", txt.thousands(est.num_steps)),
-            ("tokens", f"{format_count(t['tokens'])} ({txt.thousands(est.tokens_per_step)} per step)"),
+            ("tokens", f"{format_count(t.tokens)} ({txt.thousands(est.tokens_per_step)} per step)"),
             ("step time", format_seconds(est.step_time_s)),
             ("time to train", format_seconds(est.time_to_train_s)),
             ("days", txt.days(est.time_to_train_s)),
             ("GPU-hours", txt.thousands(est.gpu_hours)),
-            ("price per GPU-hour", format_money(plan.cluster["price_per_gpu_hour_usd"])),
+            ("price per GPU-hour", format_money(plan.cluster.price_per_gpu_hour_usd)),
             ("cost", format_money(est.cost_usd))]
     limits = []
-    if b.get("max_cost_usd") is not None:
-        limits.append(_limit("budget", est.cost_usd, float(b["max_cost_usd"]), format_money))
-    if b.get("deadline_s") is not None:
-        limits.append(_limit("deadline", est.time_to_train_s, float(b["deadline_s"]), format_seconds))
+    if b.max_cost_usd is not None:
+        limits.append(_limit("budget", est.cost_usd, b.max_cost_usd, format_money))
+    if b.deadline_s is not None:
+        limits.append(_limit("deadline", est.time_to_train_s, b.deadline_s, format_seconds))
     if not limits:
         limits.append("No budget or deadline was given.")
     return {"table": txt.table(["quantity", "value"], rows, "lr"), "limits": limits}
@@ -259,8 +258,7 @@ def _search(plan: Plan) -> dict[str, Any]:
                      txt.thousands(s.num_feasible), txt.thousands(s.num_pruned_by_bound)]], "rrrr")
     tally = sorted(s.rejections_by_code.items(), key=lambda kv: (-kv[1], kv[0]))
     rejections = txt.table(["code", "count"], [[txt.code(k), txt.thousands(v)] for k, v in tally], "lr")
-    misses = [[txt.code(m.get("layout", "")), txt.code(m.get("code", "")), str(m.get("message", "")),
-               str(m.get("fix", ""))] for m in s.closest_misses]
+    misses = [[txt.code(m.layout), txt.code(m.code), m.message, m.fix] for m in s.closest_misses]
     return {"counts": counts, "has_rejections": bool(tally), "rejections": rejections,
             "has_misses": bool(misses), "misses": txt.table(["layout", "code", "message", "fix"], misses, "llll")}
 
@@ -268,30 +266,30 @@ def _search(plan: Plan) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ targets
 def target_files(plan: Plan, rendered: Sequence[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
     """(target, file) in ArtifactSet order; without ``rendered``, each target's renderer is asked."""
-    from compiler.render import RENDERERS
+    from compiler.targets import registry
 
     out = [("plan", "plan.json"), ("report", "PLAN.md"), ("report", MEMORY_SVG)]
     if has_pipeline_picture(plan):
         out.append(("report", PIPELINE_SVG))
     if rendered is not None:
         return out + list(rendered)
-    for target, (module, attr) in RENDERERS.items():
-        if target in plan.targets:
-            out += [(target, name) for name in getattr(importlib.import_module(module), attr)(plan)]
+    for target in registry.targets():
+        if target.name in plan.targets:
+            out += [(target.name, name) for name in target.render(plan)]
     return out
 
 
 def _targets(plan: Plan, rendered: Sequence[tuple[str, str]] | None) -> dict[str, Any]:
     files = txt.table(["target", "file"], [[t, txt.code(f)] for t, f in target_files(plan, rendered)], "ll")
-    fw = plan.provenance.get("frameworks", {})
+    fw = plan.provenance.frameworks
     frameworks = txt.table(["framework", "version"], [[k, txt.code(fw[k])] for k in sorted(fw)], "ll")
     return {"names": ", ".join(plan.targets) or "(none)", "files": files, "frameworks": frameworks,
             "notes": [" ".join(n.split()) for n in plan.notes],
-            "cost_model_version": str(plan.provenance.get("cost_model_version", ""))}
+            "cost_model_version": str(plan.provenance.cost_model_version)}
 
 
 def provenance_header(plan: Plan) -> str:
     """``# Generated by dtc from SPEC -- do not edit; run: dtc compile SPEC``: one line whatever the path
     holds (``printable``), and the command shell-quoted for pasting."""
-    spec = display_path(str(plan.provenance.get("spec_path", "")))
+    spec = display_path(str(plan.provenance.spec_path))
     return f"# Generated by dtc from {printable(spec)} -- do not edit; run: {shell_command('dtc', 'compile', spec)}"

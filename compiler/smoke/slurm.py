@@ -31,11 +31,11 @@ from pathlib import Path
 from compiler.smoke import launch as L
 from compiler.smoke.report import TargetResult
 from compiler.smoke.scale import SmokeSetup
+from compiler.targets import registry
 
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                           "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
-SCRIPTS = {"fsdp": "train_fsdp.sbatch", "deepspeed": "train_deepspeed.sbatch", "megatron": "train_megatron.sbatch"}
 _DROP = re.compile(r"^--(gpus(-per-node|-per-task|-per-socket)?|gres=gpu.*|exclusive|requeue|no-requeue)\b")
 
 
@@ -185,11 +185,13 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup
-    if target not in T.ENTRY:
+    entry = T.hooks(target).entry
+    launch = registry.get(target).slurm
+    if entry is None or launch is None:
         return TargetResult(target, "skipped", reason=(
             "--slurm runs the fsdp and deepspeed targets: the sbatch script passes the smoke overrides through "
             "the environment, and pretrain_gpt.py reads no DTC_SMOKE_* variables"))
-    script = ctx.generated_dir / SCRIPTS[target]
+    script = ctx.generated_dir / launch.script
     if not script.is_file():
         return TargetResult(target, "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
     out_dir = ctx.workdir / "slurm"
@@ -199,7 +201,7 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
                           cpus_per_task=cpus, time_limit_s=ctx.timeout_s, output_dir=out_dir)
     job_script = out_dir / script.name
     job_script.write_text(text)
-    if target == "deepspeed":
+    if T.hooks(target).jit_extensions:
         L.clear_stale_locks(L.extensions_dir())
     run_id = uuid.uuid4().hex
     env = smoke_env(setup, ctx.generated_dir, T.rank_env(ctx, target), target)
@@ -236,7 +238,7 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     elif not result.loss_fell:
         result.reason = "the loss did not fall on the learnable synthetic task"
     elif not summary:
-        result.reason = f"{T.ENTRY[target]} printed no {T.SUMMARY_KEY[target]} line"
+        result.reason = f"{entry} printed no {T.hooks(target).summary_key} line"
     else:
         result.status = "passed"
     return result
@@ -260,17 +262,17 @@ _MEGATRON_DIR_LINE = re.compile(r"^MEGATRON_DIR=.*$", re.M)
 _NTASKS_PER_NODE = re.compile(r"^#SBATCH --ntasks-per-node=\d+$", re.M)
 STAND_IN = '''\
 # dtc smoke: Megatron-LM's pretrain_gpt.py for this job is the smoke worker (the same providers,
-# megatron.training.pretrain from the installed megatron-core; compiler/smoke/megatron_pretrain.py).
+# megatron.training.pretrain from the installed megatron-core; compiler/targets/megatron/pretrain.py).
 import runpy
 
-runpy.run_module("compiler.smoke.megatron_pretrain", run_name="__main__", alter_sys=True)
+runpy.run_module("compiler.targets.megatron.pretrain", run_name="__main__", alter_sys=True)
 '''
 
 
 def megatron_job_files(ctx, run, job_dir: Path) -> tuple[Path, Path]:
     """(the artifact folder the job sources, the MEGATRON_DIR it runs pretrain_gpt.py from): the
     smoke's arguments as a megatron_args.sh of the same form, and the worker as pretrain_gpt.py."""
-    from compiler.smoke.megatron import ARGS_FILE
+    from compiler.targets.megatron.smoke import ARGS_FILE
 
     artifacts, megatron_dir = job_dir / "artifacts", job_dir / "megatron-lm"
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -290,7 +292,7 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     """Submit train_megatron.sbatch: its #SBATCH lines fitted to the local node (one task per rank,
     overcommitted onto the node's cores), MEGATRON_DIR pointed at the smoke worker, sourcing the
     smoke's megatron_args.sh; reported from Megatron's own log lines like a local launch."""
-    from compiler.smoke import megatron as M
+    from compiler.targets.megatron import smoke as M
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup

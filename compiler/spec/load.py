@@ -89,10 +89,10 @@ class SourceMap:
         return col + max(1, len(rest))
 
     def diagnostic(self, loc: Path_, summary: str, hint: str = "", *, detail: str = "",
-                   prefer_key: bool = False) -> Diagnostic:
+                   prefer_key: bool = False, code: str = "") -> Diagnostic:
         where = self.locate(loc, prefer_key=prefer_key)
         return Diagnostic(summary=summary, location=where, hint=hint, detail=detail,
-                          source_line=self.line(where.line) if where.line else None)
+                          source_line=self.line(where.line) if where.line else None, code=code)
 
     def error(self, loc: Path_, summary: str, hint: str = "", **kw: Any) -> SpecError:
         return SpecError(self.diagnostic(loc, summary, hint, **kw))
@@ -212,6 +212,22 @@ def load_spec_text(text: str, path: str = "<spec>", *, sha256: str | None = None
     except ValidationError as exc:
         raise SpecError(validation_diagnostics(exc, data, source)) from None
     return LoadedSpec(spec=spec, source=source, sha256=sha256)
+
+
+def load_spec_data(data: dict[str, Any], path: str = "<data>") -> LoadedSpec:
+    """A spec given as data (the mapping its YAML would parse to), validated exactly like a file; a
+    SpecError names the field (there is no line to point at). What code that builds a Problem uses
+    instead of writing YAML (compiler.problem.problem_from_data)."""
+    import hashlib
+    import json
+
+    source = SourceMap(path=path, text="")
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_diagnostics(exc, data, source)) from None
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+    return LoadedSpec(spec=spec, source=source, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 # --------------------------------------------------------------------------- YAML

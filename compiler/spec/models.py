@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from compiler import units
+from compiler.targets import registry as target_registry
+
+if TYPE_CHECKING:
+    from compiler.split import PipelineSplit
 
 # ---------------------------------------------------------------------------- unit types
 
@@ -311,6 +315,49 @@ class BudgetSpec(_Strict):
 # ---------------------------------------------------------------------------- layout
 
 
+class PipelineSplitSpec(_Strict):
+    """One of Megatron's pipeline split mechanisms (compiler/split.py); give exactly one of them."""
+
+    account: list[Literal["embedding", "loss"]] | None = Field(
+        None, min_length=1, max_length=2, description="Count the embedding and/or the loss as one layer each "
+        "(--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split).")
+    first: PosInt | None = Field(None, description="Layers on the first pipeline stage "
+                                                   "(--decoder-first-pipeline-num-layers).")
+    last: PosInt | None = Field(None, description="Layers on the last pipeline stage (--decoder-last-pipeline-num-layers).")
+    layout: str | None = Field(None, max_length=10_000, description="An explicit --pipeline-model-parallel-layout, "
+                               "e.g. 'Et|(tt|)*62,tL': E embedding, t a decoder layer, L the loss, | between chunks.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PipelineSplitSpec":
+        given = [k for k in ("account", "first", "layout") if getattr(self, k) is not None] + \
+            (["last"] if self.last is not None and self.first is None else [])
+        if len(given) != 1 or (self.last is not None and self.first is None and "account" in given):
+            raise PydanticCustomError(
+                "dtc_rule", "pipeline_split takes exactly one mechanism: account, first/last or layout",
+                {"field": given[-1] if given else "layout", "value": ", ".join(given) or "none",
+                 "hint": "e.g. {account: [embedding, loss]}, {first: 7, last: 7} or {layout: 'Et|(tt|)*62,tL'}"})
+        if self.layout is not None:
+            from compiler.split import SplitError, parse_layout_string
+
+            try:
+                parse_layout_string(self.layout)
+            except SplitError as exc:
+                raise PydanticCustomError("dtc_rule", "{why}", {"why": str(exc), "field": "layout",
+                                                                 "value": self.layout,
+                                                                 "hint": "E first, L last, t per decoder layer, | "
+                                                                         "between chunks"}) from None
+        return self
+
+    def to_split(self) -> "PipelineSplit":
+        from compiler.split import PipelineSplit, parse_layout_string
+
+        if self.account is not None:
+            return PipelineSplit("account", embedding="embedding" in self.account, loss="loss" in self.account)
+        if self.layout is not None:
+            return PipelineSplit("layout", chunks=parse_layout_string(self.layout))
+        return PipelineSplit("uneven", first=self.first or 0, last=self.last or 0)
+
+
 class LayoutSpec(_Strict):
     """Optional pins; whatever is absent is searched by the solver."""
 
@@ -335,6 +382,19 @@ class LayoutSpec(_Strict):
     sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (with tp > 1).")
     offload_optimizer: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where optimizer states live.")
     offload_params: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where parameters live (ZeRO-3 only).")
+    pipeline_split: Literal["even"] | PipelineSplitSpec | None = Field(
+        None, description="How Megatron splits the layers over the pipeline stages (default: the most balanced split "
+                          "Megatron can build); 'even', or one mechanism: account, first/last or layout.")
+
+    def split(self) -> "PipelineSplit | None":
+        """The pinned split mechanism (compiler.split), or None."""
+        if self.pipeline_split is None:
+            return None
+        if self.pipeline_split == "even":
+            from compiler.split import PipelineSplit
+
+            return PipelineSplit()
+        return self.pipeline_split.to_split()
 
 
 # ---------------------------------------------------------------------------- search
@@ -401,8 +461,8 @@ class SlurmSpec(_Strict):
         return self
 
 
-TargetName = Literal["deepspeed", "fsdp", "megatron", "slurm"]
-ALL_TARGETS: tuple[str, ...] = ("deepspeed", "fsdp", "megatron", "slurm")
+ALL_TARGETS: tuple[str, ...] = target_registry.names()  # compiler/targets/registry.py
+TargetName = Literal[ALL_TARGETS]  # type: ignore[valid-type]
 
 
 class Spec(_Strict):
@@ -418,7 +478,7 @@ class Spec(_Strict):
     search: SearchSpec = Field(default_factory=SearchSpec, description="Solver settings.")
     targets: list[TargetName] = Field(
         default_factory=lambda: list(ALL_TARGETS), min_length=1,
-        description="Artifacts to emit: deepspeed, fsdp, megatron, slurm.")
+        description=f"Artifacts to emit: {', '.join(ALL_TARGETS)}.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM settings for the sbatch scripts.")
 
     @model_validator(mode="after")
@@ -426,10 +486,12 @@ class Spec(_Strict):
         if len(set(self.targets)) != len(self.targets):
             raise PydanticCustomError("dtc_rule", "targets must not repeat",
                                       {"field": "targets", "value": self.targets, "hint": "list each target once"})
-        if self.targets == ["slurm"]:
+        launched = [t.name for t in target_registry.targets() if t.slurm is not None]
+        launchers = [t for t in self.targets if target_registry.get(t).launches_others]
+        if launchers and not set(self.targets) & set(launched):
             raise PydanticCustomError(
                 "dtc_rule", "slurm needs a framework target to launch",
-                {"field": "targets", "value": self.targets, "hint": "add deepspeed, fsdp or megatron"})
+                {"field": "targets", "value": self.targets, "hint": f"add {', '.join(launched[:-1])} or {launched[-1]}"})
         return self
 
 

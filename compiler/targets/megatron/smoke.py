@@ -12,8 +12,8 @@
    Transformer Engine, expert-TP > 1, Megatron-FSDP) is a skipped *part*: its degree or
    feature is mapped to what runs, and the rest of the layout still runs. Every other
    argument is the artifact's.
-3. ``torchrun -m compiler.smoke.megatron_pretrain`` runs them: megatron.training.pretrain with
-   pretrain_gpt.py's providers (compiler/smoke/megatron_pretrain.py). Each rank first checks the
+3. ``torchrun -m compiler.targets.megatron.pretrain`` runs them: megatron.training.pretrain with
+   pretrain_gpt.py's providers (compiler/targets/megatron/pretrain.py). Each rank first checks the
    artifact's *unscaled* arguments with Megatron's own parser, validate_args and
    TransformerConfig at the plan's world size, so a defect the scale-down would hide (a global batch the real dp does not
    divide, a layer split Megatron rejects) fails with Megatron's own message.
@@ -41,7 +41,7 @@ from compiler.smoke.report import RankMeasure, TargetResult
 from compiler.smoke.scale import Change, SmokeSetup, smoke_ep
 
 ARGS_FILE = "megatron_args.sh"
-WORKER_MODULE = "compiler.smoke.megatron_pretrain"
+WORKER_MODULE = "compiler.targets.megatron.pretrain"
 PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
 PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
 PLAN_CONNECTIONS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONNECTIONS"  # the artifact's own, for that check
@@ -121,7 +121,7 @@ def join_flags(flags: list[tuple[str, list[str]]]) -> list[str]:
 # ------------------------------------------------------------------------------------------- scaling
 def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
     """flag -> the smoke's value (None: drop the flag) for every flag the scale-down rewrites."""
-    from compiler.render.megatron import moe_layer_pattern
+    from compiler.targets.megatron.render import moe_layer_pattern
 
     d, s = setup.degrees, setup.shape
     values: dict[str, Any] = {
@@ -394,6 +394,11 @@ def worker_argv(ctx, run: MegatronArgs, log_dir: Path) -> list[str]:
     return torchrun_argv(ctx.setup.world_size, log_dir) + ["-m", WORKER_MODULE] + run.args
 
 
+def run_megatron(ctx, target: str = "megatron", *, slurm: bool = False) -> TargetResult:
+    """The target's smoke hook (compiler.targets.base.SmokeHooks, ``complete``)."""
+    return run_megatron_smoke(ctx, slurm=slurm)
+
+
 def run_megatron_smoke(ctx, *, slurm: bool = False, extra_args: tuple[str, ...] = ()) -> TargetResult:
     """Run the generated megatron_args.sh through Megatron-LM's training loop on the smoke world."""
     from compiler.smoke import targets as T
@@ -456,7 +461,7 @@ def describe(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None
         result.notes.append(f"experts run for real: ep={run.layout.ep}, {setup.shape.moe.num_experts} experts "
                             f"(the setup's ep -> 1 is the dense fsdp/deepspeed reference models')")
     if setup.device == "cpu":
-        result.notes.append("CPU: megatron-core runs through compiler/smoke/megatron_cpu.py (the CUDA-to-CPU "
+        result.notes.append("CPU: megatron-core runs through compiler/targets/megatron/cpu.py (the CUDA-to-CPU "
                             "layer of the smoke worker processes); Megatron's memory lines report each "
                             "process's resident set there")
     result.model_shape = setup.shape.to_dict()

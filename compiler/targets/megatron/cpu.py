@@ -1,7 +1,7 @@
 """The CUDA-to-CPU layer that lets megatron-core 0.19.2's own training loop run on CPU with gloo.
 
 Loaded only inside ``dtc smoke --target megatron`` worker processes on a machine without GPUs
-(``compiler/smoke/megatron_pretrain.py`` calls ``install()`` before importing Megatron); it is
+(``compiler/targets/megatron/pretrain.py`` calls ``install()`` before importing Megatron); it is
 never part of a generated artifact, and on GPUs nothing here is used. In those processes "cuda"
 is the CPU: every bridge below makes one CUDA-only call site answer with its CPU equivalent,
 nothing else changes (the math, the schedules, the collectives, the optimizer, checkpointing are

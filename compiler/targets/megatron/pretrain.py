@@ -1,7 +1,7 @@
 """The smoke worker for the Megatron target: Megatron-LM's pretrain_gpt.py, wired as it is wired.
 
 Run by ``dtc smoke --target megatron`` under torchrun (``torchrun ... -m
-compiler.smoke.megatron_pretrain MEGATRON_ARGS...``), one process per rank, with the generated
+compiler.targets.megatron.pretrain MEGATRON_ARGS...``), one process per rank, with the generated
 megatron_args.sh's arguments (scaled down, plus the CPU path's flags; see compiler/smoke/megatron.py).
 
 What runs is megatron-core 0.19.2's own ``megatron.training.pretrain``: argument parsing and
@@ -15,7 +15,7 @@ ModelOpt, distillation, packed sequences; an artifact asking for those fails wit
 artifact's --data-path), ``forward_step`` (get_batch, the model call, loss_func) and
 ``get_embedding_ranks``.
 
-Without GPUs, ``compiler.smoke.megatron_cpu.install()`` runs first (the CUDA-to-CPU layer); with
+Without GPUs, ``compiler.targets.megatron.cpu.install()`` runs first (the CUDA-to-CPU layer); with
 GPUs nothing is bridged. After training, each rank prints one ``dtc_megatron_rank`` JSON line:
 its parameter, gradient-buffer and optimizer-state bytes, the peak bytes autograd saved for
 backward (measured with the generated trainers' own counter, templates/common/_saved_activations),
@@ -36,15 +36,15 @@ _PROGRAM_START_TIME = time.time()
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    from compiler.smoke import megatron_cpu
+    from compiler.targets.megatron import cpu as megatron_cpu
 
     megatron_cpu.install()
 else:
-    from compiler.smoke.megatron_cpu import python_shims
+    from compiler.targets.megatron.cpu import python_shims
 
     python_shims()
 
-from compiler.smoke.megatron import (  # noqa: E402 - the runner's names, one home
+from compiler.targets.megatron.smoke import (  # noqa: E402 - the runner's names, one home
     PLAN_ARGS_ENV, PLAN_CONFIG_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, UNSET)
 
 UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "heterogeneous_layers_config_path",
@@ -312,7 +312,7 @@ def measure() -> dict[str, Any]:
 
 
 def _bridged() -> bool:
-    from compiler.smoke import megatron_cpu
+    from compiler.targets.megatron import cpu as megatron_cpu
 
     return megatron_cpu.installed()
 
