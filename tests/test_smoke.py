@@ -323,13 +323,6 @@ def test_report_text_json_and_ok():
     assert not report.ok  # nothing ran
 
 
-def test_cli_options_frozen():
-    from compiler.commands.smoke import smoke_command
-
-    names = sorted(o for p in smoke_command.params for o in p.opts)
-    assert names == ["--json", "--slurm", "--steps", "--target", "--timeout", "generated_dir"]
-
-
 def test_cli_refuses_before_launch(tmp_path):
     from helpers import run_cli
 

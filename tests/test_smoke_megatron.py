@@ -268,7 +268,9 @@ def test_broken_argument_fails_with_megatrons_message(gen, tmp_path, case):
     text = args.read_text()
     assert old in text
     args.write_text(text.replace(old, new))
-    t = run_smoke(folder, target="megatron", timeout_s=300, write_json=False).targets[0]
+    report = run_smoke(folder, target="megatron", timeout_s=300, write_json=False, allow_edited=True)
+    assert any("megatron_args.sh" in w for w in report.warnings), report.warnings  # the edit is named
+    t = report.targets[0]
     assert t.status == "failed"
     assert t.error and message in t.error, t.error
     assert t.error.startswith("megatron_args.sh: error:") and "Traceback" not in t.error

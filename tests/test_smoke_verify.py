@@ -94,3 +94,23 @@ def test_plan_json_that_is_not_a_plan(case: str, folder: Path) -> None:
         result = run_cli(["diff", *args], exit_code=None)
         assert result.exit_code in (1, 2), (result.exit_code, result.stderr, result.exception)
         assert "Traceback" not in result.stderr and "INTERNAL ERROR" not in result.stderr
+
+
+def test_allow_edited_runs_the_edit_with_a_warning_per_file(folder: Path) -> None:
+    """--allow-edited (issue #16: "refusing or warning"): the preflight returns one warning per edited file and
+    per disagreement with plan.json instead of refusing; without it the same folder is refused."""
+    from compiler.errors import SmokeError
+    from compiler.plan import Plan
+    from compiler.smoke import preflight, verify_generated
+
+    plan = Plan.from_json((folder / "plan.json").read_text())
+    config = folder / "fsdp_config.py"
+    config.write_text(re.sub(r"^TP = 1$", "TP = 3", config.read_text(), flags=re.M))
+    with pytest.raises(SmokeError):
+        verify_generated(folder, plan)
+    warnings = verify_generated(folder, plan, allow_edited=True)
+    assert warnings == ["edited after dtc wrote it (run anyway, --allow-edited): fsdp_config.py"], warnings
+    with pytest.raises(SmokeError, match="disagree with plan.json"):
+        preflight(folder, plan, ["fsdp"])
+    found = preflight(folder, plan, ["fsdp"], allow_edited=True)
+    assert any("fsdp_config.py: TP is 3, the plan says 1" in w for w in found), found

@@ -29,7 +29,10 @@ SMOKE_TARGETS = [t.name for t in registry.targets() if t.smoke is not None]
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(10, 86400), default=600, show_default=True,
               help="Seconds per target before every process of the launch is ended.")
-def smoke_command(generated_dir: Path, target: str, steps: int, slurm: bool, as_json: bool, timeout_s: float) -> None:
+@click.option("--allow-edited", is_flag=True,
+              help="Run a folder edited after dtc wrote it (refused otherwise); every edit is a warning in the report.")
+def smoke_command(generated_dir: Path, target: str, steps: int, slurm: bool, as_json: bool, timeout_s: float,
+                  allow_edited: bool) -> None:
     """Run GENERATED_DIR's training scripts for real on a scaled-down world.
 
     Same ZeRO stage / sharding, precision, recompute, micro-batch and accumulation as the plan; a
@@ -46,7 +49,7 @@ def smoke_command(generated_dir: Path, target: str, steps: int, slurm: bool, as_
             click.echo(line, err=True)
 
     report = run_smoke(generated_dir, target=target, steps=steps, slurm=slurm, timeout_s=timeout_s,
-                       on_line=progress)
+                       on_line=progress, allow_edited=allow_edited)
     if as_json:
         click.echo(report.to_json(), nl=False)
     else:

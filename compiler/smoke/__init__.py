@@ -85,12 +85,15 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
     return [requested], True
 
 
-def verify_generated(generated_dir: Path, plan: Plan) -> None:
+def verify_generated(generated_dir: Path, plan: Plan, *, allow_edited: bool = False) -> list[str]:
     """Run only what dtc generated (issue #16): every file must match MANIFEST.sha256 (no edits, no
-    extra files, no symbolic links)."""
+    extra files, no symbolic links). ``allow_edited``: run an edited folder anyway (to test a hand
+    edit), returning the warnings the report must carry instead of refusing."""
     from compiler.artifacts import MANIFEST, hand_edited_files
 
     edited = hand_edited_files(generated_dir)
+    if edited and allow_edited:
+        return [f"edited after dtc wrote it (run anyway, --allow-edited): {rel}" for rel in edited]
     if edited:
         what = "has no MANIFEST.sha256" if MANIFEST in edited or not (generated_dir / MANIFEST).is_file() \
             else "was changed after dtc wrote it"
@@ -98,24 +101,30 @@ def verify_generated(generated_dir: Path, plan: Plan) -> None:
             summary=f"{generated_dir} {what}; smoke runs only what dtc generated",
             location=Location(str(generated_dir)),
             detail="changed, unknown or missing files:\n" + "\n".join(f"  {rel}" for rel in edited),
-            hint="move the edits into the spec and recompile (dtc compile --force), then smoke the new folder"))
+            hint="move the edits into the spec and recompile (dtc compile --force), then smoke the new folder; "
+                 "or pass --allow-edited to run the edited files (each edit is listed in the report)"))
+    return []
 
 
-def verify_artifacts_match_plan(generated_dir: Path, plan: Plan) -> None:
+def verify_artifacts_match_plan(generated_dir: Path, plan: Plan, *, allow_edited: bool = False) -> list[str]:
     """The degrees and batch in the artifacts must be plan.json's: smoke replaces the degrees with its
-    own, so an edited ``TP = 3`` would otherwise "pass"."""
+    own, so an edited ``TP = 3`` would otherwise "pass". ``allow_edited``: warnings instead (the edited
+    files then reach their framework as they are, which reports what it makes of them)."""
     from compiler.artifacts import read_artifacts
     from compiler.render.invariants import invariant_problems
 
     problems = invariant_problems(plan, dict(read_artifacts(generated_dir).files))
+    if problems and allow_edited:
+        return [f"disagrees with plan.json (run anyway, --allow-edited): {p}" for p in problems]
     if problems:
         raise SmokeError(Diagnostic(
             summary="the artifacts disagree with plan.json; smoke would test a layout they do not run",
             location=Location(str(generated_dir / "plan.json")), detail="\n".join(problems),
             hint="recompile the spec instead of editing generated files"))
+    return []
 
 
-def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
+def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str], *, allow_edited: bool = False) -> list[str]:
     """Fail fast, before any launch, on a plan the layout rules reject (the same codes and messages as
     `dtc validate`, `dtc plan` and `dtc estimate`) and on artifacts that contradict the plan."""
     from compiler import rules
@@ -124,12 +133,13 @@ def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
     if bad:
         where = Location(str(generated_dir / "plan.json"))
         raise SmokeError([Diagnostic(summary=r.message, location=where, hint=r.fix, code=r.code) for r in bad])
-    verify_artifacts_match_plan(generated_dir, plan)
+    warnings = verify_artifacts_match_plan(generated_dir, plan, allow_edited=allow_edited)
 
     for name in targets:  # each target's own checks of its files (Target.smoke.preflight)
         hook = registry.get(name).smoke
         if hook is not None and hook.preflight is not None:
             load(hook.preflight)(generated_dir, plan)
+    return warnings
 
 
 def machine_world() -> tuple[str, int, int]:
@@ -149,26 +159,28 @@ def machine_world() -> tuple[str, int, int]:
 
 def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DEFAULT_STEPS, slurm: bool = False,
               timeout_s: float = DEFAULT_TIMEOUT_S, write_json: bool = True,
-              on_line: Callable[[str], None] | None = None) -> SmokeReport:
+              on_line: Callable[[str], None] | None = None, allow_edited: bool = False) -> SmokeReport:
     """Run the requested targets of a generated folder and return the report (also written to
-    ``smoke.json`` in the folder)."""
+    ``smoke.json`` in the folder). ``allow_edited``: run a folder edited after dtc wrote it, with every
+    edit and disagreement with plan.json listed as a warning (refused otherwise)."""
     from compiler.smoke import targets as T
 
     generated_dir = Path(generated_dir).resolve()
     plan, plan_text = load_plan(generated_dir)
     names, explicit = resolve_targets(generated_dir, target)
-    verify_generated(generated_dir, plan)
-    preflight(generated_dir, plan, names)
-    device, ranks, _ = machine_world()
+    warnings = verify_generated(generated_dir, plan, allow_edited=allow_edited)
+    warnings += preflight(generated_dir, plan, names, allow_edited=allow_edited)
+    device, ranks, gpus = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
-                         plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
+                         plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit,
+                         warnings=warnings)
     workdir = Path(tempfile.mkdtemp(prefix="dtc-smoke-"))
     try:
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
                            timeout_s=timeout_s, on_line=on_line)
         for name in names:
-            report.targets.append(_run_target(ctx, name, slurm=slurm))
+            report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
     finally:
         if os.environ.get("DTC_SMOKE_KEEP") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
@@ -177,7 +189,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     return report
 
 
-def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
+def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
     from compiler.smoke import targets as T
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape

@@ -109,6 +109,7 @@ class SmokeReport:
     setup: dict[str, Any]
     targets: list[TargetResult] = field(default_factory=list)
     explicit: bool = False  # targets were named (not "all")
+    warnings: list[str] = field(default_factory=list)  # edits run with --allow-edited, each named
 
     @property
     def ok(self) -> bool:
@@ -134,6 +135,7 @@ class SmokeReport:
             "counts": self.counts(),
             "setup": self.setup,
             "targets": [t.to_dict() for t in self.targets],
+            "warnings": list(self.warnings),
         }
 
     def to_json(self) -> str:
@@ -232,6 +234,7 @@ def format_target(t: TargetResult) -> list[str]:
 def format_report(report: SmokeReport) -> str:
     lines = [f"dtc smoke {report.generated_dir} (plan {report.plan_name}, layout {report.plan_layout})"]
     lines += format_setup(report.setup)
+    lines += [f"  warning: {w}" for w in report.warnings]
     for t in report.targets:
         lines += format_target(t)
     c = report.counts()
