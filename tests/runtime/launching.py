@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "compiler" / "runtime"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-STEP = re.compile(r"^(?:\[default\d+\]:)?step (\d+)/(\d+) loss (\S+)")
+STEP = re.compile(r"^(?:\[default\d+\]:)?(?:\[ds_train\] )?step (\d+)/(\d+) loss (\S+)")
 
 
 @dataclass
@@ -69,7 +69,9 @@ def launch(folder: Path, entry: str, args: list[str], *, nproc: int, stop_after:
         for line in proc.stdout:
             run.lines.append(line.rstrip("\n"))
             m = STEP.match(line)
-            if stop_after is not None and run.signalled_after is None and m and int(m.group(1)) == stop_after:
+            # SIGUSR1 while step `stop_after` runs (sent when the step before it is reported): the
+            # trainers check for it at the end of each step, save and exit
+            if stop_after is not None and run.signalled_after is None and m and int(m.group(1)) == stop_after - 1:
                 for pid in _children(proc.pid):  # torchrun's workers (torchrun itself would die of USR1)
                     os.kill(pid, signal.SIGUSR1)
                 run.signalled_after = stop_after
