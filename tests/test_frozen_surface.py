@@ -30,6 +30,7 @@ EXPECTED_OPTIONS = {
     "diff": ["--base", "--format", "--unified"],
     "schema": [],
     "catalog": ["--json"],
+    "data": [],
 }
 
 

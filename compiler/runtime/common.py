@@ -59,6 +59,9 @@ def add_common_args(p: argparse.ArgumentParser, default_config: Path) -> None:
     p.add_argument("--fresh-data", action="store_true",
                    help="synthetic: new sequences every step (default: one fixed global batch, repeated)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dump-logits", default=None, metavar="FILE",
+                   help="before training, save the first micro-batch's tokens and logits (rank 0) to FILE "
+                        "(torch.save), to check an initialisation against a reference")
 
 
 def defaults_from_env(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +176,10 @@ def checkpoint_root(cfg: RunConfig) -> Path | None:
 
 def should_save(ckpt: CheckpointConfig, step: int) -> bool:
     return ckpt.dir is not None and ckpt.interval_steps > 0 and step % ckpt.interval_steps == 0
+
+
+def dump_logits(path: str | Path, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+    torch.save({"tokens": tokens.detach().cpu(), "logits": logits.detach().float().cpu()}, path)
 
 
 def print_json(record: dict[str, Any]) -> None:

@@ -540,6 +540,14 @@ def main(argv=None) -> int:
         + (f"; resumed from step {resumed_from}" if resumed_from is not None else "")
         + (f"; {init_note}" if init_note else ""))
 
+    if args.dump_logits:
+        if pipelined:
+            raise ConfigError("--dump-logits needs a config without a pipeline section")
+        x, _ = C.step_batch(samples, consumed, dp_rank, micro, device)
+        with torch.no_grad():
+            logits = engine(x)
+        if rank == 0:
+            C.dump_logits(args.dump_logits, x, logits)
     losses, loss_steps, lrs, times, saved_at = [], [], [], [], []
     step, stopped = start_step, False
     with M.SAVED.hooks():

@@ -228,6 +228,14 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
               f"device {device.type}" + (f"; resumed from step {resumed_from}" if resumed_from is not None else "")
               + (f"; {init_note}" if init_note else ""), flush=True)
 
+    if args.dump_logits:
+        if pipe is not None:
+            raise ConfigError("--dump-logits needs pp=1 (one module computing the logits)")
+        x, _ = C.step_batch(samples, consumed, dp_index, b.micro_batch, device)
+        with torch.no_grad():
+            logits = parts[0](x)
+        if rank == 0:
+            C.dump_logits(args.dump_logits, x, logits)
     losses, loss_steps, times, grad_bytes, saved_at = [], [], [], 0, []
     step, stopped = start_step, False
     with M.SAVED.hooks():
