@@ -55,10 +55,10 @@ def test_rope_table_is_the_closed_form_rotation():
     for pos in range(5):
         for i in range(d // 2):
             angle = pos * theta ** (-2 * i / d)
-            a, b = x[0, pos, 0, i], x[0, pos, 0, i + d // 2]  # rotate-half: channel i pairs with i + d/2
-            assert out[0, pos, 0, i].item() == pytest.approx((a * math.cos(angle) - b * math.sin(angle)).item(), abs=1e-5)
-            assert out[0, pos, 0, i + d // 2].item() == pytest.approx((b * math.cos(angle) + a * math.sin(angle)).item(),
-                                                                       abs=1e-5)
+            a, b = x[0, pos, 0, i].item(), x[0, pos, 0, i + d // 2].item()  # rotate-half: i pairs with i + d/2
+            c, s = math.cos(angle), math.sin(angle)
+            assert out[0, pos, 0, i].item() == pytest.approx(a * c - b * s, abs=1e-5)
+            assert out[0, pos, 0, i + d // 2].item() == pytest.approx(b * c + a * s, abs=1e-5)
 
 
 @pytest.mark.parametrize("scaling", [None, SCALING], ids=["theta-500k", "llama3-scaling"])
@@ -100,7 +100,8 @@ def test_megatron_init_and_weight_decay_rule():
 
 def test_hf_names():
     assert hf_name("layers.3.attention.wq.weight") == "model.layers.3.self_attn.q_proj.weight"
-    assert hf_name("layers.3._checkpoint_wrapped_module.feed_forward.w1.weight") == "model.layers.3.mlp.gate_proj.weight"
+    wrapped = "layers.3._checkpoint_wrapped_module.feed_forward.w1.weight"
+    assert hf_name(wrapped) == "model.layers.3.mlp.gate_proj.weight"
     assert hf_name("layers.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
     assert hf_name("output.weight") == "lm_head.weight"
     assert hf_name("tok_embeddings.weight") == "model.embed_tokens.weight"
