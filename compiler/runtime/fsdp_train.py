@@ -207,8 +207,14 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
         loaded = sum(hf.load_hf_weights(part.named_parameters(remove_duplicate=False), checkpoint)["loaded"]
                      for part in parts)
         init_note = f"initialised from {checkpoint.folder} ({loaded} tensors on this rank's stages)"
+    tied = None
+    if par.pp > 1 and cfg.model.tied_embeddings:  # decided from the config: sharding rebinds the weights
+        tied = P.TiedEmbeddings(parts, mesh)
+        tied.sync_weights()
     sac_counted = M.count_sac_caches(parts)
     params = [p for part in parts for p in part.parameters()]
+    # the gradient norm counts a tied embedding once (Megatron: param_is_not_shared)
+    norm_params = [p for p in params if tied is None or tied.embedding is not None or p is not tied.head]
     optimizers = build_optimizers(cfg, parts)
 
     root = C.checkpoint_root(cfg)
@@ -261,7 +267,9 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
                         micro_loss = cross_entropy(parts[0](x), y) / b.grad_accum
                         scaler.scale_loss(micro_loss).backward()
                     local += micro_loss.detach().float()
-            take, norm = scaler.unscale_(params, P.grad_norm(params, pp_group))
+            if tied is not None:
+                tied.sync_grads()
+            take, norm = scaler.unscale_(params, P.grad_norm(norm_params, pp_group))
             if take:
                 P.clip_grads(params, cfg.optimizer.grad_clip, norm)
                 for opt in optimizers:

@@ -273,6 +273,64 @@ def build_pipeline(model: nn.Module, mesh, par: ParallelConfig, *, device: torch
     return Pipeline(schedule, modules, has_first=0 in stage_ids, has_last=n_stages - 1 in stage_ids)
 
 
+class TiedEmbeddings:
+    """Tied input/output embeddings across pipeline stages, as Megatron-LM keeps them (its
+    "embedding group"): the last stage holds its own copy of the head, set from the first stage's
+    embedding at the start (``sync_weights``) and given the sum of both gradients after every
+    backward (``sync_grads``), so the two copies stay equal. The sums run over a group of the first
+    and the last pipeline rank of each (dp, cp, tp) coordinate; their shards line up because both
+    copies have the same shape and placements."""
+
+    def __init__(self, parts, mesh):
+        self.embedding = next((p.tok_embeddings.weight for p in parts if getattr(p, "tok_embeddings", None)
+                               is not None), None)
+        self.head = next((p.output.weight for p in parts if getattr(p, "output", None) is not None), None)
+        ranks = mesh.mesh  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
+        me = dist.get_rank()
+        self.group = None
+        for idx in torch.cartesian_prod(*[torch.arange(n) for n in ranks.shape[1:]]).reshape(-1, ranks.ndim - 1):
+            pair = [int(ranks[(0, *idx.tolist())]), int(ranks[(-1, *idx.tolist())])]
+            group = dist.new_group(pair)  # every rank creates every group, in the same order
+            if me in pair:
+                self.group = group
+
+    def _reduce(self, *tensors) -> torch.Tensor:
+        present = [t for t in tensors if t is not None]
+        total = present[0].clone()
+        for t in present[1:]:
+            total += t
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        if self.group is None:
+            return
+        if self.embedding is not None and self.head is not None:
+            return  # one rank holds both ends (pp x vpp stages on one rank): nothing to send
+        first = _local(self.embedding) if self.embedding is not None else None
+        last = torch.zeros_like(_local(self.head)) if self.head is not None else None
+        total = self._reduce(first, last)
+        if self.head is not None:
+            _local(self.head).copy_(total)
+
+    @torch.no_grad()
+    def sync_grads(self) -> None:
+        if self.group is None:
+            return
+        grads = [_local(w.grad) for w in (self.embedding, self.head) if w is not None and w.grad is not None]
+        if not grads:
+            return
+        total = self._reduce(*grads)
+        for weight in (self.embedding, self.head):
+            if weight is not None and weight.grad is not None:
+                _local(weight.grad).copy_(total)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def cp_context(mesh, par: ParallelConfig, modules, inputs, targets):
     """Context parallel shards inputs, targets and each module's rotary table along the sequence."""
     if par.cp == 1:

@@ -40,16 +40,22 @@ PREEMPTION = {
     "fsdp-hsdp": ("fsdp_train.py", {"dp_replicate": 2, "dp_shard": 2, "zero_stage": 3}, 4, None),
     "fsdp-tp2-x-fsdp2-sp": ("fsdp_train.py", {"tp": 2, "dp_shard": 2, "zero_stage": 3, "sequence_parallel": True},
                             4, None),
+    "fsdp-pp2-stages-1+3": ("fsdp_train.py", {"pp": 2, "zero_stage": 3, "stage_layers": [[0], [1, 2, 3]]}, 2, None),
     "deepspeed-zero1": ("deepspeed_train.py", {}, 2, 1),
     "deepspeed-zero2": ("deepspeed_train.py", {}, 2, 2),
     "deepspeed-zero3": ("deepspeed_train.py", {}, 2, 3),
+    "deepspeed-pipeline-stages-1+3": ("deepspeed_train.py", {"pp": 2, "stage_layers": [[0], [1, 2, 3]]}, 2, "pipe"),
 }
 
 
 @pytest.mark.parametrize("name", list(PREEMPTION))
 def test_sigusr1_saves_and_the_next_job_continues_exactly(tmp_path, name):
     entry, parallel, nproc, zero = PREEMPTION[name]
-    ds = None if zero is None else {**DS_BASE, "zero_optimization": {"stage": zero}}
+    ds = None
+    if zero == "pipe":
+        ds = {**DS_BASE, "train_batch_size": 4, "zero_optimization": {"stage": 1}, "pipeline": {"stages": 2}}
+    elif zero is not None:
+        ds = {**DS_BASE, "zero_optimization": {"stage": zero}}
     key = "dtc_deepspeed_summary" if ds else "dtc_fsdp_summary"
     install_runtime(tmp_path)
     write_config(tmp_path, parallel=parallel, ds=ds)
@@ -65,6 +71,30 @@ def test_sigusr1_saves_and_the_next_job_continues_exactly(tmp_path, name):
     diffs = [abs(a - b) for a, b in zip(full.summary["losses"][3:], second.summary["losses"], strict=True)]
     assert max(diffs) <= 1e-6, (full.summary["losses"], first.summary["losses"], second.summary["losses"])
     assert full.summary["losses"][-1] < full.summary["losses"][0]
+    if "stage_layers" in parallel:  # the pipeline ran the configured split, not its own
+        assert full.summary["stage_layers"] == parallel["stage_layers"]
+
+
+GPT_MODEL = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4, "num_kv_heads": 4,
+             "vocab_size": 128, "seq_len": 32, "mlp": "gelu", "norm": "layernorm", "position": "learned",
+             "max_position_embeddings": 32, "linear_bias": True, "tied_embeddings": True}
+
+
+def test_gpt_style_layouts_compute_the_same_losses(tmp_path):
+    """Learned positions, biases and tied embeddings: TP2 with sequence parallel and PP2 (the tied
+    head kept in sync across the stages, counted once in the gradient norm) train exactly as one
+    process does."""
+    install_runtime(tmp_path)
+    losses = {}
+    for name, parallel, nproc in (("tp1", {"zero_stage": 3}, 1),
+                                  ("tp2-sp", {"tp": 2, "zero_stage": 3, "sequence_parallel": True}, 2),
+                                  ("pp2-tied", {"pp": 2, "zero_stage": 3}, 2)):
+        write_config(tmp_path, parallel=parallel, model=GPT_MODEL, steps=5, checkpoint={"dir": None})
+        run = launch(tmp_path, "fsdp_train.py", [], nproc=nproc)
+        assert run.returncode == 0 and run.summary, run.text[-4000:]
+        losses[name] = run.summary["losses"]
+    for name in ("tp2-sp", "pp2-tied"):
+        assert max(abs(a - b) for a, b in zip(losses["tp1"], losses[name], strict=True)) < 1e-5, losses
 
 
 # ------------------------------------------------------------------------------------------- a real corpus
@@ -88,7 +118,8 @@ def corpus(tmp_path_factory):
             f.write("\n")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train([str(folder / "corpus.txt")], trainers.BpeTrainer(vocab_size=96, special_tokens=["<unk>", "<|endoftext|>"]))
+    trainer = trainers.BpeTrainer(vocab_size=96, special_tokens=["<unk>", "<|endoftext|>"])
+    tok.train([str(folder / "corpus.txt")], trainer)
     (folder / "tok").mkdir()
     tok.save(str(folder / "tok" / "tokenizer.json"))
     result = run_cli(["data", "prepare", str(folder / "corpus.txt"), "--tokenizer", str(folder / "tok"),
