@@ -2,7 +2,8 @@
 
 Everything that varies per plan is here, as data; the trainers are fixed code. Relative paths
 (dataset prefixes, the checkpoint folder, ``init``) are relative to the config file's folder, so a
-generated folder works from any current directory.
+generated folder works from any current directory. This module imports only the standard library,
+so dtc itself (without torch) builds and checks the same ``RunConfig`` the trainers read.
 """
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .data import DataSource
-from .model import ModelConfig
 from .schedule import LRSchedule
 
 CONFIG_VERSION = 1
@@ -24,6 +23,88 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class ConfigError(ValueError):
     """The run configuration is malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's frequency scaling (``rope_type: llama3`` in Hugging Face configs)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture; every field is read from the generated config (never guessed here)."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    mlp: str = "swiglu"  # swiglu | gelu
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    norm_eps: float = 1e-5
+    position: str = "rope"  # rope | learned
+    max_position_embeddings: int = 0  # learned positions: the table size (>= seq_len)
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tied_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v biases (Qwen)
+    linear_bias: bool = False  # biases on every linear and norm (GPT)
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.num_attention_heads % self.num_kv_heads:
+            problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                            f"num_kv_heads ({self.num_kv_heads})")
+        if self.mlp not in ("swiglu", "gelu"):
+            problems.append(f"mlp must be swiglu or gelu, got {self.mlp!r}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            problems.append(f"norm must be rmsnorm or layernorm, got {self.norm!r}")
+        if self.position not in ("rope", "learned"):
+            problems.append(f"position must be rope or learned, got {self.position!r}")
+        if self.position == "rope" and self.kv_channels % 2:
+            problems.append(f"rotary positions need an even head dimension, got {self.kv_channels}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def position_table(self) -> int:
+        return max(self.max_position_embeddings, self.seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model field(s): {', '.join(unknown)}")
+        values = dict(data)
+        if values.get("rope_scaling") is not None:
+            values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """One dataset of a blend: a prefix (PREFIX.bin / PREFIX.idx) and its weight."""
+
+    prefix: str
+    weight: float = 1.0
+
 
 
 @dataclass(frozen=True)
@@ -281,12 +362,10 @@ def scaled_model(model: ModelConfig, *, layers: int | None = None, hidden: int |
     if seq_len is not None and model.position == "learned":
         values["max_position_embeddings"] = seq_len
     if values.get("rope_scaling") is not None:
-        from .model import RopeScaling
-
         values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
     return ModelConfig(**values)
 
 
-__all__ = ["RunConfig", "ParallelConfig", "BatchConfig", "OptimizerConfig", "DataConfig", "CheckpointConfig",
+__all__ = ["ModelConfig", "RopeScaling", "DataSource", "RunConfig", "ParallelConfig", "BatchConfig", "OptimizerConfig", "DataConfig", "CheckpointConfig",
            "ConfigError", "load_run_config", "run_config_from_dict", "dump_run_config", "scaled_model",
            "CONFIG_VERSION"]

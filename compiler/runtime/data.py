@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from .config import DataSource
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -247,14 +248,6 @@ class StrideSamples:
         start = int(rng.integers(0, self.vocab_size))
         stride = int(rng.integers(1, 4))
         return (start + stride * np.arange(self.seq_len + 1, dtype=np.int64)) % self.vocab_size
-
-
-@dataclass(frozen=True)
-class DataSource:
-    """One dataset of a blend: a prefix (PREFIX.bin / PREFIX.idx) and its weight."""
-
-    prefix: str
-    weight: float = 1.0
 
 
 def open_samples(sources: Sequence[DataSource], seq_len: int, seed: int, *, vocab_size: int | None = None,

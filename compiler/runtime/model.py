@@ -23,85 +23,13 @@ states, a stage without ``output`` returns them.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3.1's frequency scaling (``rope_type: llama3`` in Hugging Face configs)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture; every field is read from the generated config (never guessed here)."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    seq_len: int
-    head_dim: int = 0  # 0: hidden_size // num_attention_heads
-    mlp: str = "swiglu"  # swiglu | gelu
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
-    norm_eps: float = 1e-5
-    position: str = "rope"  # rope | learned
-    max_position_embeddings: int = 0  # learned positions: the table size (>= seq_len)
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    tied_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v biases (Qwen)
-    linear_bias: bool = False  # biases on every linear and norm (GPT)
-    init_std: float = 0.02
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.num_attention_heads % self.num_kv_heads:
-            problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                            f"num_kv_heads ({self.num_kv_heads})")
-        if self.mlp not in ("swiglu", "gelu"):
-            problems.append(f"mlp must be swiglu or gelu, got {self.mlp!r}")
-        if self.norm not in ("rmsnorm", "layernorm"):
-            problems.append(f"norm must be rmsnorm or layernorm, got {self.norm!r}")
-        if self.position not in ("rope", "learned"):
-            problems.append(f"position must be rope or learned, got {self.position!r}")
-        if self.position == "rope" and self.kv_channels % 2:
-            problems.append(f"rotary positions need an even head dimension, got {self.kv_channels}")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    @property
-    def kv_channels(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def position_table(self) -> int:
-        return max(self.max_position_embeddings, self.seq_len)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown model field(s): {', '.join(unknown)}")
-        values = dict(data)
-        if values.get("rope_scaling") is not None:
-            values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
-        return cls(**values)
+from .config import ModelConfig, RopeScaling
 
 
 # ------------------------------------------------------------------------------------------- rotary
