@@ -366,6 +366,6 @@ def scaled_model(model: ModelConfig, *, layers: int | None = None, hidden: int |
     return ModelConfig(**values)
 
 
-__all__ = ["ModelConfig", "RopeScaling", "DataSource", "RunConfig", "ParallelConfig", "BatchConfig", "OptimizerConfig", "DataConfig", "CheckpointConfig",
-           "ConfigError", "load_run_config", "run_config_from_dict", "dump_run_config", "scaled_model",
-           "CONFIG_VERSION"]
+__all__ = ["ModelConfig", "RopeScaling", "DataSource", "RunConfig", "ParallelConfig", "BatchConfig",
+           "OptimizerConfig", "DataConfig", "CheckpointConfig", "ConfigError", "load_run_config",
+           "run_config_from_dict", "dump_run_config", "scaled_model", "CONFIG_VERSION"]
