@@ -455,7 +455,8 @@ def load_recipes() -> tuple[TrainingRecipe, ...]:
             else None,
             source=_str(ctx, raw["source"], "source")))
     bounds = [r.max_params for r in out]
-    if bounds[-1] is not None or any(b is None for b in bounds[:-1]) or bounds[:-1] != sorted(bounds[:-1]):
+    inner = [b for b in bounds[:-1] if b is not None]
+    if bounds[-1] is not None or len(inner) != len(bounds) - 1 or inner != sorted(inner):
         raise ValueError(f"compiler/data/{RECIPES_FILE}: bands must rise in max_params and end with max_params: null")
     return tuple(out)
 

@@ -77,7 +77,7 @@ def defaults_from_env(parser: argparse.ArgumentParser) -> None:
             value: object = raw.lower() in ("1", "true", "yes", "on")
         else:
             try:
-                value = action.type(raw) if action.type else raw
+                value = action.type(raw) if callable(action.type) else raw
             except ValueError:
                 parser.error(f"{var}={raw!r} is not a valid {action.dest}")
             if action.choices and value not in action.choices:
@@ -88,9 +88,8 @@ def defaults_from_env(parser: argparse.ArgumentParser) -> None:
 def apply_args(cfg: RunConfig, args: argparse.Namespace, parallel_overrides: dict[str, int]) -> RunConfig:
     """The config with the command line's changes (a smoke run scales everything down)."""
     par = cfg.parallel
-    for axis, value in parallel_overrides.items():
-        if value is not None:
-            par = replace(par, **{axis: value})
+    changes: dict[str, Any] = {axis: value for axis, value in parallel_overrides.items() if value is not None}
+    par = replace(par, **changes)
     if par.pp == 1:
         par = replace(par, vpp=1)
     if par.pp * par.vpp != cfg.parallel.pp * cfg.parallel.vpp or args.layers is not None:

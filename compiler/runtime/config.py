@@ -261,6 +261,13 @@ class RunConfig:
     def global_batch(self) -> int:
         return self.batch.micro_batch * self.batch.grad_accum * self.parallel.dp
 
+    @property
+    def init_path(self) -> Path:
+        path = self.path(self.init)
+        if path is None:
+            raise ConfigError("no init checkpoint configured")
+        return path
+
     def path(self, value: str | None) -> Path | None:
         if value is None:
             return None

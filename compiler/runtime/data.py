@@ -71,7 +71,8 @@ class IndexedDatasetWriter:
         array = np.asarray(tokens)
         if array.ndim != 1:
             raise ValueError("a document is a 1-D sequence of token ids")
-        if array.size and (array.min() < 0 or array.max() > np.iinfo(self.dtype).max):
+        limit = int(np.iinfo(self.dtype.type).max) if self.dtype.kind in "iu" else 2 ** 53  # type: ignore[type-var]
+        if array.size and (array.min() < 0 or array.max() > limit):
             raise ValueError(f"token ids outside {self.dtype} ({array.min()}..{array.max()})")
         self._bin.write(array.astype(self.dtype, copy=False).tobytes(order="C"))
         self.lengths.append(int(array.size))

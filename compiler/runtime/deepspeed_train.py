@@ -384,7 +384,7 @@ class Memory:
 def load_pretrained(model: nn.Module, cfg: RunConfig, zero3: bool, pipelined: bool) -> str:
     from . import hf
 
-    checkpoint = hf.HFCheckpoint(cfg.path(cfg.init))
+    checkpoint = hf.HFCheckpoint(cfg.init_path)
     mismatches = hf.config_mismatches(cfg.model, checkpoint.config)
     if mismatches:
         raise ConfigError(f"{checkpoint.folder}: config.json does not match the model: " + "; ".join(mismatches))
@@ -444,7 +444,7 @@ def main(argv=None) -> int:
 
     on_cpu = get_accelerator().device_name() == "cpu"
     if on_cpu:  # the shared-memory allreduce op is JIT-compiled at process-group init; gloo needs none
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)  # noqa: B010
     C.single_process_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     try:
@@ -468,6 +468,9 @@ def main(argv=None) -> int:
         check_ds_config(ds, world, ds_path)
         tp = ds.get("tensor_parallel", {}).get("autotp_size", 1) or 1
         stages = ds["pipeline"]["stages"] if "pipeline" in ds else 1
+        if world % (tp * stages):
+            raise ConfigError(f"{world} processes do not split into autotp_size {tp} x pipeline stages {stages}; "
+                              f"launch a multiple of {tp * stages}")
         par = cfg.parallel
         par = replace(par, tp=tp, pp=stages, vpp=1, dp_shard=world // (tp * stages), dp_replicate=1, cp=1,
                       stage_layers=par.stage_layers if stages == par.pp and par.vpp == 1 else None)

@@ -157,7 +157,7 @@ def load_checkpoint(found: ckpt.Found, cfg: RunConfig, parts, optimizers, scaler
 # ------------------------------------------------------------------------------------------- training
 def build_optimizers(cfg: RunConfig, parts) -> list[torch.optim.Optimizer]:
     o = cfg.optimizer
-    out = []
+    out: list[torch.optim.Optimizer] = []
     for part in parts:
         groups = weight_decay_groups(part.named_parameters(), o.weight_decay)
         if o.name == "sgd":
@@ -200,7 +200,7 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
     if cfg.init:
         from . import hf
 
-        checkpoint = hf.HFCheckpoint(cfg.path(cfg.init))
+        checkpoint = hf.HFCheckpoint(cfg.init_path)
         mismatches = hf.config_mismatches(cfg.model, checkpoint.config)
         if mismatches:
             raise ConfigError(f"{checkpoint.folder}: config.json does not match the model: " + "; ".join(mismatches))

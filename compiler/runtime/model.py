@@ -101,6 +101,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
         v = self.wv(x).view(bs, seq, -1, self.head_dim)
         if self.use_rope:
+            assert freqs_cis is not None, "a rotary model needs its table"
             q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         if self.checkpoint_core is not None:  # selective recompute of the attention core (DeepSpeed)
             out = self.checkpoint_core(core_attention, q, k, v)
@@ -226,8 +227,9 @@ def init_module_weights(root: nn.Module, cfg: ModelConfig, gather: Callable[[lis
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = out_std if name.rsplit(".", 1)[-1] in ("wo", "w2") else cfg.init_std
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if isinstance(bias, torch.Tensor):
+                    nn.init.zeros_(bias)
             else:
                 module.reset_parameters()
 
@@ -246,7 +248,8 @@ def weight_decay_groups(named_params, weight_decay: float) -> list[dict[str, Any
     """Megatron-LM's rule (megatron/core/optimizer ``_get_param_groups``: no decay where
     ``name.endswith('.bias') or len(param.shape) == 1``): matrices and embeddings decay, norms and
     biases do not. Returns torch optimizer parameter groups (empty groups left out)."""
-    decay, no_decay = [], []
+    decay: list[torch.Tensor] = []
+    no_decay: list[torch.Tensor] = []
     seen: set[int] = set()
     for name, p in named_params:
         if not p.requires_grad or id(p) in seen:

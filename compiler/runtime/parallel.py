@@ -67,7 +67,7 @@ def dp_coordinate(mesh, par: ParallelConfig) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------------- tensor parallel
-def block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+def block_tp_plan(block: Any, sequence_parallel: bool) -> dict[str, Any]:
     """torchtitan's Llama block plan: q/k/v and w1/w3 column-wise, wo and w2 row-wise; with sequence
     parallel the norms run on sequence shards and attention/MLP inputs are all-gathered."""
     from torch.distributed.tensor import Replicate, Shard
@@ -102,7 +102,7 @@ def _is_tied(model: nn.Module) -> bool:
     return emb is not None and out is not None and emb.weight is out.weight
 
 
-def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool) -> nn.Module:
+def apply_tp(model: Any, tp_mesh, sequence_parallel: bool) -> nn.Module:
     """Tensor (and sequence) parallel: embeddings row-wise, output column-wise with a replicated
     result (the loss sees full logits). Learned positions are added to the full sequence before it
     is scattered (``Transformer.sequence_scatter``)."""
@@ -155,7 +155,7 @@ def _sac_policy():
     return policy
 
 
-def apply_ac(model: nn.Module, mode: str) -> nn.Module:
+def apply_ac(model: Any, mode: str) -> nn.Module:
     """Wrap each block: ``full`` recomputes the whole block, ``selective`` only cheap ops."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
@@ -173,7 +173,7 @@ def apply_ac(model: nn.Module, mode: str) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------------------- FSDP2
-def apply_fsdp(model: nn.Module, mesh, par: ParallelConfig, param_dtype: str, reduce_dtype: str) -> nn.Module:
+def apply_fsdp(model: Any, mesh, par: ParallelConfig, param_dtype: str, reduce_dtype: str) -> nn.Module:
     """``fully_shard`` each block, then the root (embeddings, final norm, output)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -211,10 +211,10 @@ def set_grad_sync(modules, is_last_microbatch: bool, par: ParallelConfig) -> Non
 
 
 # ------------------------------------------------------------------------------------------- pipeline
-def split_stage(model: nn.Module, layers: list[int], first: bool, last: bool) -> nn.Module:
+def split_stage(model: Any, layers: list[int], first: bool, last: bool) -> nn.Module:
     """A shallow copy of ``model`` holding only ``layers`` (keys keep their global index, so the
     state-dict names are the model's); embeddings on the first stage, norm and output on the last."""
-    part = copy.copy(model)
+    part: Any = copy.copy(model)
     part._modules = dict(model._modules)
     part._parameters = dict(model._parameters)
     part._buffers = dict(model._buffers)
@@ -249,7 +249,7 @@ class Pipeline:
         return None
 
 
-def build_pipeline(model: nn.Module, mesh, par: ParallelConfig, *, device: torch.device, loss_fn: Callable,
+def build_pipeline(model: Any, mesh, par: ParallelConfig, *, device: torch.device, loss_fn: Callable,
                    n_microbatches: int, param_dtype: str, reduce_dtype: str) -> Pipeline:
     """pp x vpp stages (rank r holds stages r, r + pp, ...) with the configured layer lists, each
     parallelized with TP/AC/FSDP and wrapped in the planned schedule."""
@@ -259,14 +259,15 @@ def build_pipeline(model: nn.Module, mesh, par: ParallelConfig, *, device: torch
     rank, n_stages = pp_mesh.get_local_rank(), par.pp * par.vpp
     layer_lists = par.stages(len(model.layers))
     stage_ids = [rank + v * par.pp for v in range(par.vpp)]
-    stages, modules = [], []
+    stages: list[Any] = []
+    modules: list[nn.Module] = []
     for sid in stage_ids:
         part = split_stage(model, layer_lists[sid], sid == 0, sid == n_stages - 1)
         part = parallelize(part, mesh, par, param_dtype, reduce_dtype)
         modules.append(part)
         stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
     if par.schedule == "interleaved_1f1b":
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        schedule: Any = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
     else:
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[par.schedule]
         schedule = cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
