@@ -1,0 +1,50 @@
+"""compiler/smoke/preempt.py: signalling the trainers of a real torchrun launch, and the verdict."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from launching import install_runtime
+from test_runtime_trainers import write_config
+
+from compiler.smoke import launch as L
+from compiler.smoke.preempt import MARK_ENV, Signaller, compare, new_mark
+
+
+def _summary(steps, losses, **extra):
+    return {"loss_steps": steps, "losses": losses, **extra}
+
+
+def test_compare_verdicts():
+    ref = _summary([1, 2, 3, 4, 5, 6], [6.0, 5.0, 4.0, 3.0, 2.0, 1.0])
+    stopped = _summary([1, 2, 3], [6.0, 5.0, 4.0], stopped_by_signal=True, last_step=3)
+    ok = compare(ref, stopped, _summary([4, 5, 6], [3.0, 2.0, 1.0 + 1e-7], resumed_from_step=3), at=3)
+    assert ok.losses_match and ok.resumed_from_step == 3 and ok.compared_steps == [4, 5, 6]
+    bad = compare(ref, stopped, _summary([4, 5, 6], [3.0, 2.1, 1.0], resumed_from_step=3), at=3)
+    assert not bad.losses_match and "differ by up to 0.1" in bad.reason
+    fresh = compare(ref, stopped, _summary([1, 2, 3, 4, 5, 6], ref["losses"], resumed_from_step=None), at=3)
+    assert not fresh.losses_match and "resumed from step None" in fresh.reason
+    late = compare(ref, {**stopped, "last_step": 4}, _summary([5, 6], [2.0, 1.0], resumed_from_step=4), at=3)
+    assert late.losses_match and "acted on after step 4" in late.reason
+    never = compare(ref, {**stopped, "stopped_by_signal": False}, ref, at=3)
+    assert not never.losses_match
+
+
+@pytest.mark.slow
+def test_signaller_stops_a_torchrun_launch_after_the_step(tmp_path):
+    install_runtime(tmp_path)
+    write_config(tmp_path, parallel={"dp_shard": 2, "zero_stage": 3}, steps=8)
+    mark = new_mark()
+    signaller = Signaller(mark, 3, ("fsdp_train.py",))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    spec = L.LaunchSpec(argv=[str(torchrun), "--standalone", "--nproc-per-node=2", "--log-dir", str(tmp_path / "logs"),
+                              "--redirects=3", "--tee=3", str(tmp_path / "dtc_runtime" / "fsdp_train.py")],
+                        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+                             MARK_ENV: mark}, cwd=tmp_path, log_dir=tmp_path / "logs", timeout_s=300)
+    result = L.run_launch(spec, on_line=signaller)
+    assert result.ok, result.error_tail
+    assert signaller.sent and len(signaller.sent_to) == 2  # the two trainers, not torchrun
+    text = "\n".join(result.lines)
+    assert "stop signal: stopped after step 3" in text and "step 4/8" not in text
+    assert (tmp_path / "ckpt" / "step_000000003" / "COMPLETE").is_file()
