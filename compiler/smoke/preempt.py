@@ -11,7 +11,10 @@
 ``compare`` then reports ``{"resumed_from_step": K, "losses_match": true}`` when the resumed run's
 losses for steps K+1.. equal the reference's within ``tolerance``. Signals go to the trainer
 processes only (found by a marker in their environment and the entry script on their command
-line): torchrun itself dies of SIGUSR1 and would take its workers with it.
+line): torchrun itself dies of SIGUSR1 and would take its workers with it. The signalled launch
+must see the step lines as they are printed: without torchrun's ``--tee`` (which tails the per-rank
+log files late, after a fast CPU run has already passed step K), the workers writing straight to
+the launcher's pipe.
 """
 from __future__ import annotations
 

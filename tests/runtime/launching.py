@@ -55,7 +55,8 @@ def _children(pid: int) -> list[int]:
 
 
 def launch(folder: Path, entry: str, args: list[str], *, nproc: int, stop_after: int | None = None,
-           timeout: float = 400, summary_key: str = "dtc_fsdp_summary", extra_env: dict | None = None) -> Run:
+           timeout: float = 400, summary_key: str = "dtc_fsdp_summary", extra_env: dict | None = None,
+           on_line=None) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DTC_SMOKE_")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
                PYTHONWARNINGS="ignore", **(extra_env or {}))
@@ -68,6 +69,8 @@ def launch(folder: Path, entry: str, args: list[str], *, nproc: int, stop_after:
     try:
         for line in proc.stdout:
             run.lines.append(line.rstrip("\n"))
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
             m = STEP.match(line)
             # SIGUSR1 while step `stop_after` runs (sent when the step before it is reported): the
             # trainers check for it at the end of each step, save and exit
