@@ -190,3 +190,20 @@ def test_a_transformers_checkpoint_loads_into_the_trainers(tmp_path, name):
     diff = (reference - dumped["logits"]).abs().max().item()
     print(f"{name}: max |logit difference| vs transformers {diff:.2e}")
     assert diff < 1e-4
+
+
+def test_a_checkpoint_resumes_on_another_layout(tmp_path):
+    """torch.distributed.checkpoint reshards, and the data position is the run's sample count: a job
+    stopped under ZeRO-3 over 2 ranks continues as HSDP 2 x 2 with half the micro-batch (the same
+    global batch) and computes the uninterrupted run's losses."""
+    install_runtime(tmp_path)
+    write_config(tmp_path, parallel={"dp_shard": 2, "zero_stage": 3})
+    full = launch(tmp_path, "fsdp_train.py", ["--no-resume", "--no-save-at-end", "--checkpoint-dir",
+                                              str(tmp_path / "x")], nproc=2)
+    stopped = launch(tmp_path, "fsdp_train.py", [], nproc=2, stop_after=3)
+    assert stopped.summary["last_step"] == 3, stopped.text[-3000:]
+    write_config(tmp_path, parallel={"dp_replicate": 2, "dp_shard": 2, "zero_stage": 3}, batch=(1, 2))
+    resumed = launch(tmp_path, "fsdp_train.py", [], nproc=4)
+    assert resumed.returncode == 0 and resumed.summary["resumed_from_step"] == 3, resumed.text[-3000:]
+    diffs = [abs(a - b) for a, b in zip(full.summary["losses"][3:], resumed.summary["losses"], strict=True)]
+    assert max(diffs) <= 1e-6
