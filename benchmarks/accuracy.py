@@ -286,7 +286,7 @@ def evaluate_row(row: dict, catalog: Catalog, *, proxies: bool = False) -> RowRe
                            tokens=10**12, precision=precision, num_gpus=n)
     layout = layout_of(row, gpu_spec, problem)
     problem = replace(problem, global_batch=layout.global_batch)
-    est = evaluate(problem, layout, gpu=option, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+    est = evaluate(problem, layout, gpu=option, pipeline_events=False, check_memory=False)
     if isinstance(est, Rejection):
         raise Skip(f"rejected: {est.code}")
     assert isinstance(est, Estimate)

@@ -10,6 +10,12 @@ with the spec that caused it (also saved to --save-failures, if given).
 
     python benchmarks/fuzz.py 100000                 # ~15 min on one core
     python benchmarks/fuzz.py 2000 --compile --seed 7
+    python benchmarks/fuzz.py --hostile              # tests/cases/hostile as real processes: CPU-s, RSS
+    python benchmarks/fuzz.py --race 100             # 100 pairs of concurrent `dtc compile` into one folder
+
+``--hostile`` compiles every spec of tests/cases/hostile (input dimensions at dtc's caps, issue
+#16) as a real process under the same limits as the tests (RLIMIT_CPU, RLIMIT_AS) and prints
+each one's own CPU seconds and peak RSS (from wait4).
 
 Exit status 1 when any failure was found, 0 otherwise.
 """
@@ -57,14 +63,47 @@ def compile_check(data: bytes, counts: dict[str, int], failures: list[str]) -> N
     counts["max_compile_ms"] = max(counts["max_compile_ms"], int((time.perf_counter() - start) * 1000))
 
 
+def hostile() -> int:
+    """Every tests/cases/hostile spec as a real, limited process; 1 if one broke a limit."""
+    import tempfile
+
+    bad = 0
+    print(f"{'case':32} {'exit':>5} {'CPU-s':>7} {'RSS MB':>7}  (limits {fz.CASE_CPU_S:.0f} CPU-s, "
+          f"{fz.CASE_RSS_MB:.0f} MB)")
+    for spec in fz.hostile_cases():
+        with tempfile.TemporaryDirectory(prefix="dtc-hostile-") as tmp:
+            got = fz.run_limited([sys.executable, "-m", "compiler", "compile", str(spec), "--out", "out"], Path(tmp))
+        over = got.code not in (0, 2) or got.cpu_s >= fz.CASE_CPU_S or got.rss_mb >= fz.CASE_RSS_MB
+        bad += over
+        shown = got.code if got.code is not None else f"sig{got.signal}"
+        print(f"{spec.stem:32} {shown!s:>5} {got.cpu_s:7.2f} {got.rss_mb:7.0f}{'  OVER' if over else ''}")
+    return 1 if bad else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("n", type=int, help="specs to generate")
+    parser.add_argument("n", type=int, nargs="?", default=0, help="specs to generate")
+    parser.add_argument("--hostile", action="store_true", help="run tests/cases/hostile as limited processes")
+    parser.add_argument("--race", type=int, default=0, metavar="PAIRS",
+                        help="start PAIRS pairs of concurrent `dtc compile` of one spec into one folder")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a random seed)")
     parser.add_argument("--compile", action="store_true", help="also solve and render every valid spec")
     parser.add_argument("--bytes-share", type=float, default=0.4, help="share of byte-level mutations")
     parser.add_argument("--save-failures", type=Path, default=None, help="write failing specs into this folder")
     args = parser.parse_args()
+    if args.hostile:
+        return hostile()
+    if args.race:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="dtc-race-") as tmp:
+            got = fz.race_pairs(Path(tmp), args.race, seed=args.seed or 0)
+        print(got.line())
+        for problem in got.problems[:20]:
+            print(f"\n--- {problem}")
+        return 1 if got.problems else 0
+    if args.n < 1:
+        parser.error("give a number of specs to generate, or --hostile")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     bases = fz.base_specs()
     stats = fz.Stats()

@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.errors import DtcError  # noqa: E402
 from compiler.estimate import Estimate  # noqa: E402
-from compiler.frameworks import unsupported_reasons  # noqa: E402
 from compiler.layout import Layout  # noqa: E402
 from compiler.problem import lower  # noqa: E402
 from compiler.solver import feasibility as F  # noqa: E402
@@ -160,15 +159,13 @@ def compare(r: dict) -> dict:
     out["published"] = pub.describe() if isinstance(pub, Layout) else f"({pub})"
     in_space = None
     if isinstance(pub, Layout):
-        est = evaluate(problem, pub, allow_uneven_stages=True, pipeline_events=False)
+        est = evaluate(problem, pub, pipeline_events=False)
         if isinstance(est, Estimate):
             out["pred_pub"] = est.tokens_per_s_per_gpu
             out["pred_pub_mfu"] = est.mfu
         else:
             out["pub_rejected"] = f"{est.code}: {est.message}"
-        bad = F.check_structure(problem, pub)
-        if bad is None and unsupported_reasons(problem, pub):
-            bad = F.check_framework(problem, pub)
+        bad = F.check_structure(problem, pub) or F.check_framework(problem, pub)
         in_space = None if bad is None else f"{bad.code}: {bad.message}"
     out["not_in_space"] = in_space
     try:

@@ -78,7 +78,7 @@ def estimate_case(case: Case) -> Estimate:
     problem = make_problem(preset.shape, option, seq_len=case.seq_len, global_batch=case.global_batch,
                            tokens=int(case.tokens), precision=case.precision, num_gpus=layout.world_size,
                            name=case.name)
-    est = evaluate(problem, layout, gpu=option, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+    est = evaluate(problem, layout, gpu=option, pipeline_events=False, check_memory=False)
     assert isinstance(est, Estimate), est
     return est
 

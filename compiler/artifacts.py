@@ -21,18 +21,34 @@ Guarantees, precisely (tests/test_atomic_write.py):
   ``renameat2(RENAME_EXCHANGE)`` is unsupported (non-Linux, some network file
   systems) the swap is two renames, and a kill between them leaves the old set in
   ``.dtc-old-<name>-<pid>``, which the next write puts back before doing anything.
+- One writer at a time (issue #16): a writer holds an exclusive ``flock`` on the
+  parent folder from its first look at leftovers to its last removal, so a second
+  ``dtc compile`` of the same spec waits (at most LOCK_WAIT_S) instead of deleting the
+  first one's live staging folder; each run ends with a complete folder. On a file
+  system without locks nothing is cleaned up (leftovers stay; the swap is still atomic).
+- Only what is provably dtc's is deleted (issue #16): a leftover ``.dtc-tmp-*`` /
+  ``.dtc-old-*`` entry is removed only if it is a real folder that is empty, carries
+  the staging mark (STAGING_MARK, written first into every staging folder and removed
+  just before the swap), or is a complete generated folder (its files match its
+  manifest). A file, a symbolic link or a folder of someone else's with such a name is
+  left alone; inside ``out_dir`` every entry counts (``.dtc-*`` names, ``*.obtained``,
+  symbolic links, dangling or not, FIFOs), so a folder holding one is "edited by hand".
 - ``out_dir`` itself is never a symbolic link: dtc refuses to replace one (and so
-  never writes into the folder it points to).
+  never writes into the folder it points to), and no symbolic link inside it is
+  followed when it is read (``read_artifacts``, ``foreign_entries``).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import glob
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping
@@ -42,6 +58,8 @@ from compiler.errors import ArtifactError, Diagnostic, Location
 MANIFEST = "MANIFEST.sha256"
 _TMP_PREFIX = ".dtc-tmp-"
 _OLD_PREFIX = ".dtc-old-"
+STAGING_MARK = ".dtc-staging"  # in a staging folder while it fills: the proof that dtc made it
+LOCK_WAIT_S = 120.0  # how long a second writer into the same folder waits for the first
 
 
 @dataclass(frozen=True)
@@ -79,37 +97,81 @@ def _sha(text: str) -> str:
 EXTRA_FILES = frozenset({"smoke.json"})
 
 
+def _entries(out_dir: Path) -> list[tuple[str, str]]:
+    """(relative POSIX path, kind) of everything under ``out_dir``, never following a symbolic link:
+    kind is "file" (regular), "link" (a symbolic link, dangling or not) or "other" (FIFO, socket,
+    device). Folders are walked, not listed."""
+    found: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(out_dir, followlinks=False):
+        base = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            path = base / name
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                continue
+            kind = "file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "other"
+            found.append((path.relative_to(out_dir).as_posix(), kind))
+    return sorted(found)
+
+
+def read_regular_file(path: Path) -> bytes | None:
+    """A regular file's bytes, opened without following a symbolic link (None if it is not one now)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        return f.read()
+
+
 def read_artifacts(out_dir: Path) -> ArtifactSet:
-    """Every regular file under ``out_dir`` (relative POSIX paths), skipping dtc's temp folders.
+    """Every regular file under ``out_dir`` (relative POSIX paths), except EXTRA_FILES.
 
     Files are decoded from their exact bytes (no newline translation), so a file whose line
-    endings were changed by hand reads as changed.
+    endings were changed by hand reads as changed. A symbolic link is never followed (its
+    target could be anything, e.g. ../../.git/config): links, FIFOs and the like are listed by
+    ``foreign_entries`` instead.
     """
     files: dict[str, str] = {}
-    if not out_dir.is_dir():
+    if out_dir.is_symlink() or not out_dir.is_dir():
         return ArtifactSet({})
-    for path in sorted(out_dir.rglob("*")):
-        rel = path.relative_to(out_dir).as_posix()
-        if (path.is_file() and not rel.startswith((_TMP_PREFIX, _OLD_PREFIX)) and not rel.endswith(".obtained")
-                and rel not in EXTRA_FILES):
-            files[rel] = path.read_bytes().decode("utf-8", errors="replace")
+    for rel, kind in _entries(out_dir):
+        if kind == "file" and rel not in EXTRA_FILES:
+            data = read_regular_file(out_dir / rel)
+            if data is not None:
+                files[rel] = data.decode("utf-8", errors="replace")
     return ArtifactSet(files)
 
 
-def hand_edited_files(out_dir: Path) -> list[str]:
-    """Files in a generated folder that differ from its manifest (or all files, if it has none)."""
-    current = read_artifacts(out_dir)
-    if not current.files:
+def foreign_entries(out_dir: Path) -> list[str]:
+    """Entries of a generated folder that are not regular files (symbolic links, dangling or not,
+    FIFOs, sockets, devices): dtc never writes one, never follows or reads one."""
+    if out_dir.is_symlink() or not out_dir.is_dir():
         return []
+    return [rel for rel, kind in _entries(out_dir) if kind != "file"]
+
+
+def hand_edited_files(out_dir: Path) -> list[str]:
+    """Files in a generated folder that differ from its manifest (or all files, if it has none),
+    with every entry that is not a regular file."""
+    current = read_artifacts(out_dir)
+    foreign = foreign_entries(out_dir)
+    if not current.files:
+        return foreign
     if MANIFEST not in current:
-        return sorted(current.files)
+        return sorted(set(current.files) | set(foreign))
     expected: dict[str, str] = {}
     for line in current[MANIFEST].splitlines():
         digest, _, rel = line.partition("  ")
         expected[rel] = digest
     changed = [rel for rel, text in current.files.items() if rel != MANIFEST and expected.get(rel) != _sha(text)]
     changed += [rel for rel in expected if rel not in current]
-    return sorted(set(changed))
+    return sorted(set(changed) | set(foreign))
 
 
 def write_artifacts(artifacts: ArtifactSet, out_dir: Path, *, force: bool = False) -> None:
@@ -131,7 +193,14 @@ def write_artifacts(artifacts: ArtifactSet, out_dir: Path, *, force: bool = Fals
 def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
-    _clean_leftovers(parent, out_dir.name)
+    with _writer_lock(parent) as locked:
+        if locked:
+            _clean_leftovers(parent, out_dir.name)
+        _write_locked(artifacts, out_dir, force=force)
+
+
+def _write_locked(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
+    parent = out_dir.parent
     if out_dir.is_symlink():
         raise ArtifactError(Diagnostic(
             summary=f"{out_dir} is a symbolic link; refusing to replace it",
@@ -151,6 +220,8 @@ def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
                 hint="move your edits into the spec, or pass --force to overwrite"))
     staged = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{out_dir.name}-", dir=parent))
     try:
+        with open(staged / STAGING_MARK, "w", encoding="utf-8") as f:  # first: the folder is provably dtc's
+            f.write("a staging folder of dtc compile; safe to delete\n")
         for rel, text in artifacts.with_manifest().files.items():
             target = staged / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -164,12 +235,46 @@ def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
             kept = out_dir / rel
             if kept.is_file() and not kept.is_symlink() and rel not in artifacts.files:
                 shutil.copy2(kept, staged / rel)
+        os.remove(staged / STAGING_MARK)  # from here on the folder is a complete set (its manifest proves it)
         os.chmod(staged, 0o755)
         _fsync_dir(staged, strict=True)
         _swap_in(staged, out_dir)
         _fsync_dir(parent, strict=False)  # the swap is done: the new folder is in place either way
     finally:
         _remove(staged)
+
+
+@contextlib.contextmanager
+def _writer_lock(parent: Path):
+    """An exclusive flock on ``parent`` while this process writes into it (yields False where the
+    file system has no locks). A second writer waits up to LOCK_WAIT_S, then gives up with exit 2."""
+    import fcntl
+
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        locked = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ArtifactError(Diagnostic(
+                        summary=f"another dtc is writing into {parent}; gave up after {LOCK_WAIT_S:.0f} s",
+                        location=Location(str(parent)),
+                        hint="wait for the other dtc compile to finish, then run this one again")) from None
+                time.sleep(0.02)
+            except OSError:  # no locks on this file system: write without one, clean nothing up
+                break
+        yield locked
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _swap_in(staged: Path, out_dir: Path) -> None:
@@ -220,16 +325,33 @@ def _leftovers(parent: Path, prefix: str, name: str) -> list[Path]:
     return sorted(found)
 
 
+def is_dtc_leftover(path: Path) -> bool:
+    """Provably dtc's own: a real folder that is empty, carries the staging mark, or is a complete
+    generated folder (every file matches its manifest, nothing else in it). Anything else with a
+    ``.dtc-*`` name (a file, a symbolic link, a folder of someone else's) is left alone."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    entries = _entries(path)
+    if not entries:
+        return True
+    if (STAGING_MARK, "file") in entries:
+        return True
+    return (MANIFEST, "file") in entries and not hand_edited_files(path)
+
+
 def _clean_leftovers(parent: Path, name: str) -> None:
-    """Undo what a killed earlier run left next to ``name``: put back an old folder, drop staging."""
+    """Undo what a killed earlier run left next to ``name``: put back an old folder, drop staging.
+
+    Called only under the writer lock, so no live run's staging folder can be among them."""
     target = parent / name
     if not target.exists() and not target.is_symlink():
-        olds = _leftovers(parent, _OLD_PREFIX, name)
+        olds = [p for p in _leftovers(parent, _OLD_PREFIX, name) if p.is_dir() and not p.is_symlink()]
         if olds:  # killed between the two renames of the fallback swap: the old folder is complete
             os.rename(olds[-1], target)
     for prefix in (_TMP_PREFIX, _OLD_PREFIX):
         for path in _leftovers(parent, prefix, name):
-            _remove(path)
+            if is_dtc_leftover(path):
+                _remove(path)
 
 
 def _remove(path: Path) -> None:

@@ -6,6 +6,7 @@ reported as INTERNAL ERROR with exit code 3, never as a bare traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -14,7 +15,7 @@ import traceback
 
 import click
 
-from compiler.errors import EXIT_CODES_HELP, DtcError, ExitCode
+from compiler.errors import EXIT_CODES_HELP, Diagnostic, DtcError, ExitCode, Location, printable
 
 # name -> (module, attribute) of every subcommand, in --help order. Modules are imported
 # only when their command runs, so `dtc validate` never pays for torch or the solver.
@@ -45,6 +46,10 @@ class DtcGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
     def invoke(self, ctx: click.Context):
+        with printable_output():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except DtcError as exc:
@@ -55,15 +60,56 @@ class DtcGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # the reader went away (dtc ... | head): nothing left to tell
+            ctx.exit(int(ExitCode.USER_ERROR))
+        except OSError as exc:  # the file system refused (a name too long, no permission, no space): not a bug
+            click.echo(os_error(exc).render(), err=True)
+            ctx.exit(int(ExitCode.USER_ERROR))
         except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug
             ctx.exit(report_internal_error(exc))
+
+
+class _PrintableStream:
+    """A text stream whose writes go through ``printable`` (line breaks kept): whatever a command
+    echoes (a spec's file name, a value, a rank's log line, a generated file's diff), no ESC, CR,
+    NUL or U+202E from it reaches the terminal or a PR comment as itself."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 - any text stream
+        self._stream = stream
+
+    def write(self, text):  # noqa: ANN001, ANN201 - the stream protocol
+        return self._stream.write(printable(text, keep_newlines=True) if isinstance(text, str) else text)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - flush, isatty, encoding, buffer, ...
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def printable_output():
+    """sys.stdout and sys.stderr through ``printable`` while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PrintableStream(sys.stdout), _PrintableStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def os_error(exc: OSError) -> DtcError:
+    """An OSError the pipeline did not expect, as a user error naming the path and the reason."""
+    where = exc.filename if isinstance(exc.filename, (str, bytes)) else None
+    shown = os.fsdecode(where) if where is not None else ""
+    return DtcError(Diagnostic(summary=f"cannot use {shown}: {exc.strerror or exc}" if shown
+                               else f"file system error: {exc.strerror or exc}",
+                               location=Location(shown) if shown else None,
+                               hint="check the path (each name at most 255 bytes), permissions and free space"))
 
 
 def report_internal_error(exc: BaseException) -> int:
     fd, path = tempfile.mkstemp(prefix="dtc-internal-error-", suffix=".log")
     with os.fdopen(fd, "w") as f:
         traceback.print_exception(exc, file=f)
-    click.echo(f"INTERNAL ERROR: {type(exc).__name__}: {exc}\n"
+    click.echo(f"INTERNAL ERROR: {type(exc).__name__}: {printable(exc)}\n"
                f"This is a bug in dtc; please report it with the traceback saved to {path}", err=True)
     return int(ExitCode.INTERNAL_ERROR)
 

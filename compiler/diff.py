@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from compiler.artifacts import MANIFEST, ArtifactSet
 from compiler.diff_files import FileChange, KeyChange, compare_file, explain_plan_json, file_changes, key_changes
-from compiler.plan import Plan
+from compiler.plan import BudgetSection, Plan
 from compiler.units import format_bytes, format_count, format_money, format_seconds
 
 # Warning thresholds (relative changes unless noted).
@@ -200,11 +200,11 @@ def _pct(old: float | None, new: float | None) -> str:
     return f"{rel * 100:+.1f}%"
 
 
-def _budget_text(b: Any) -> str:
-    parts = [f"max {format_money(b['max_cost_usd'])}"] if b.get("max_cost_usd") is not None else []
-    if b.get("deadline_s") is not None:
-        parts.append(f"deadline {format_seconds(b['deadline_s'])}")
-    return ", ".join(parts + [str(b.get("objective", ""))])
+def _budget_text(b: BudgetSection) -> str:
+    parts = [f"max {format_money(b.max_cost_usd)}"] if b.max_cost_usd is not None else []
+    if b.deadline_s is not None:
+        parts.append(f"deadline {format_seconds(b.deadline_s)}")
+    return ", ".join(parts + [b.objective])
 
 
 def _memory_value(p: Plan) -> tuple[int, int]:
@@ -215,19 +215,19 @@ def _facts(p: Plan) -> dict[str, tuple[str, Any, str, float | None]]:
     """Summary key -> (label, raw value compared and kept in JSON, text, number whose change is shown in %)."""
     e, c, t, m = p.estimate, p.cluster, p.training, p.model
     total, usable = _memory_value(p)
-    nodes = f"{c['num_nodes']} node{'s' if c['num_nodes'] != 1 else ''}"
+    nodes = f"{c.num_nodes} node{'s' if c.num_nodes != 1 else ''}"
     return {
-        "model": ("model", [m["name"], m["params_total"]], f"{m['name']} ({format_count(m['params_total'])} params)",
-                  m["params_total"]),
-        "tokens": ("tokens", t["tokens"], format_count(t["tokens"]), t["tokens"]),
-        "gpus": ("GPUs", [c["num_gpus"], c["gpu"], c["num_nodes"]], f"{c['num_gpus']} x {c['gpu']} ({nodes})",
-                 c["num_gpus"]),
-        "budget": ("budget", [p.budget.get("max_cost_usd"), p.budget.get("deadline_s"), p.budget.get("objective")],
-                   _budget_text(p.budget), p.budget.get("max_cost_usd")),
+        "model": ("model", [m.name, m.params_total], f"{m.name} ({format_count(m.params_total)} params)",
+                  m.params_total),
+        "tokens": ("tokens", t.tokens, format_count(t.tokens), t.tokens),
+        "gpus": ("GPUs", [c.num_gpus, c.gpu, c.num_nodes], f"{c.num_gpus} x {c.gpu} ({nodes})",
+                 c.num_gpus),
+        "budget": ("budget", [p.budget.max_cost_usd, p.budget.deadline_s, p.budget.objective],
+                   _budget_text(p.budget), p.budget.max_cost_usd),
         "targets": ("targets", list(p.targets), ", ".join(p.targets), None),
         "layout": ("layout", p.layout.describe(), p.layout.describe(), None),
-        "global_batch": ("global batch", [t["global_batch"], t["seq_len"]],
-                         f"{t['global_batch']:,} x {t['seq_len']:,} tokens", t["global_batch"] * t["seq_len"]),
+        "global_batch": ("global batch", [t.global_batch, t.seq_len],
+                         f"{t.global_batch:,} x {t.seq_len:,} tokens", t.global_batch * t.seq_len),
         "memory": ("memory/GPU", [total, usable], f"{format_bytes(total)} of {format_bytes(usable)}", total),
         "step_time": ("step time", e.step_time_s, format_seconds(e.step_time_s), e.step_time_s),
         "throughput": ("tokens/s/GPU", e.tokens_per_s_per_gpu, f"{e.tokens_per_s_per_gpu:,.0f}",
@@ -285,7 +285,7 @@ def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list
                        f"({total / 2**30:.1f} of {usable / 2**30:.1f} GiB per GPU)")
         if _near_budget(b) and not (a is not None and _near_budget(a)):
             out.append(f"cost is {'now ' if a is not None else ''}within {BUDGET_MARGIN:.0%} of the budget "
-                       f"({format_money(b.estimate.cost_usd)} of {format_money(b.budget['max_cost_usd'])})")
+                       f"({format_money(b.estimate.cost_usd)} of {format_money(b.budget.max_cost_usd)})")
     if a is None or b is None:
         return out
     ea, eb = a.estimate, b.estimate
@@ -304,7 +304,7 @@ def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list
             gone = sorted(p for p in old.artifacts.files if p not in new.artifacts.files and p != MANIFEST)
             what = f": {', '.join(gone)} no longer generated" if gone else ""
             out.append(f"target {target} dropped{what}")
-    ga, gb = a.training["global_batch"], b.training["global_batch"]
+    ga, gb = a.training.global_batch, b.training.global_batch
     if ga != gb:
         out.append(f"global batch {ga:,} -> {gb:,} sequences: this changes the training itself "
                    f"(learning-rate schedule, convergence), not only its speed")
@@ -312,7 +312,7 @@ def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list
 
 
 def _near_budget(p: Plan) -> bool:
-    limit = p.budget.get("max_cost_usd")
+    limit = p.budget.max_cost_usd
     return limit is not None and p.estimate.cost_usd >= (1 - BUDGET_MARGIN) * limit
 
 

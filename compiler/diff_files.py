@@ -79,10 +79,13 @@ def compare_file(path: str, old: str | None, new: str | None, *, context: int = 
     unified = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff)
     keys: tuple[KeyChange, ...] = ()
     if action == "change":
-        if kind == "plan":
-            keys = key_changes(_plan_settings(old), _plan_settings(new))
-        else:
-            keys = key_changes(parse_keys(kind, old), parse_keys(kind, new))
+        try:
+            if kind == "plan":
+                keys = key_changes(_plan_settings(old), _plan_settings(new))
+            else:
+                keys = key_changes(parse_keys(kind, old), parse_keys(kind, new))
+        except (RecursionError, MemoryError):  # a file nested beyond parsing (hand-made): lines only
+            keys = ()
     return FileChange(path, action, kind, keys, added, removed, unified)
 
 
@@ -90,8 +93,11 @@ def explain_plan_json(f: FileChange, old: ArtifactSet, new: ArtifactSet) -> File
     """plan.json changed but no setting and no summary row did: list what did (e.g. the spec's hash)."""
     if f.kind != "plan" or f.action != "change" or f.key_changes:
         return f
-    keys = key_changes(_plan_settings(old[f.path], exclude=PLAN_DERIVED_SECTIONS),
-                       _plan_settings(new[f.path], exclude=PLAN_DERIVED_SECTIONS))
+    try:
+        keys = key_changes(_plan_settings(old[f.path], exclude=PLAN_DERIVED_SECTIONS),
+                           _plan_settings(new[f.path], exclude=PLAN_DERIVED_SECTIONS))
+    except (RecursionError, MemoryError):
+        return f
     return dataclasses.replace(f, key_changes=keys)
 
 
@@ -108,7 +114,7 @@ def _plan_settings(text: str, *, exclude: Sequence[str] = ()) -> dict[str, str] 
     """plan.json flattened: the setting sections, or (with ``exclude``) everything else but those."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -146,7 +152,7 @@ def parse_keys(kind: str, text: str | None) -> dict[str, str] | None:
     if kind == "json":
         try:
             return flatten_json(json.loads(text))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if kind in ("shell", "sbatch"):
         return shell_keys(text)
@@ -189,7 +195,7 @@ def python_keys(text: str) -> dict[str, str] | None:
     """Module-level literal constants: ``TP = 8`` -> {"TP": "8"}; dicts are flattened (``MODEL.num_layers``)."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     out: dict[str, str] = {}
     for node in tree.body:

@@ -35,6 +35,48 @@ EXIT_CODES_HELP = (
 )
 
 
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` safe to show on a terminal or in generated Markdown: every character a terminal or a
+    viewer would act on instead of showing is escaped, visibly: C0 and C1 controls (ESC starts colour,
+    cursor and OSC 52 clipboard sequences; CR overwrites the line; BEL, NUL), DEL, bidirectional
+    overrides and isolates (U+202E), zero-width and other format characters, line and paragraph
+    separators, and lone surrogates (a file name that is not UTF-8). The one function every echo of
+    user text goes through (issue #16): Diagnostic.render, and the CLI's stdout/stderr while a
+    command runs. ``\n``, ``\r``, ``\t`` and other C0 controls become ``\\n``, ``\\r``, ``\\t``,
+    ``\\x1b``; everything else ``\\u202e`` (JSON's own escape, so JSON output stays JSON; astral
+    characters as a surrogate pair). ``keep_newlines``: text of several lines keeps its line breaks."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch.isprintable() or (keep_newlines and ch == "\n"):
+            out.append(ch)
+        elif ch in _C0_NAMES:
+            out.append(_C0_NAMES[ch])
+        elif code < 0x20:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+    return "".join(out)
+
+
+_C0_NAMES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shell_command(*words: str) -> str:
+    """A command for a person to paste, every word shell-quoted (``shlex.quote``), shown printable:
+    check's "Run:" line, the provenance header of every generated file, hints (issue #16: a spec
+    named ``a;touch pwned;.yaml`` made "Run: dtc compile specs/a;touch pwned;.yaml")."""
+    import shlex
+
+    return " ".join(shlex.quote(printable(word)) for word in words)
+
+
 @dataclass(frozen=True)
 class Location:
     """A place in a source file; line and column are 1-based."""
@@ -45,11 +87,12 @@ class Location:
     end_column: int | None = None
 
     def __str__(self) -> str:
+        path = printable(self.path)
         if self.line is None:
-            return self.path
+            return path
         if self.column is None:
-            return f"{self.path}:{self.line}"
-        return f"{self.path}:{self.line}:{self.column}"
+            return f"{path}:{self.line}"
+        return f"{path}:{self.line}:{self.column}"
 
 
 @dataclass(frozen=True)
@@ -60,10 +103,12 @@ class Diagnostic:
     hint: str = ""
     severity: str = "error"
     source_line: str | None = None
+    code: str = ""  # a layout rule's reason code (compiler.rules), shown as error[code]
 
     def render(self) -> str:
         head = f"{self.location}: " if self.location else ""
-        lines = [f"{head}{self.severity}: {self.summary}"]
+        kind = f"{self.severity}[{self.code}]" if self.code else self.severity
+        lines = [f"{head}{kind}: {printable(self.summary)}"]
         loc = self.location
         if loc is not None and loc.line is not None and self.source_line is not None:
             gutter = str(loc.line)
@@ -73,10 +118,10 @@ class Diagnostic:
             lines.append(f"{gutter} | {text}")
             if column is not None:
                 lines.append(f"{pad} | {' ' * (column - 1)}{'^' * width}")
-        for extra in self.detail.splitlines():
-            lines.append(f"  {extra}" if extra else "")
+        for extra in self.detail.rstrip("\n").split("\n") if self.detail else ():
+            lines.append(f"  {printable(extra)}" if extra else "")
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {printable(self.hint)}")
         return "\n".join(lines)
 
 

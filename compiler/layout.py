@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Any, Literal
+
+from compiler.split import PipelineSplit
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -45,20 +47,20 @@ class Layout:
     sequence_parallel: bool = False
     offload_optimizer: Offload = "none"
     offload_params: Offload = "none"
+    # Megatron's split mechanism (compiler.split); None: the default for the model's layer count
+    # (compiler.split.default_split). Plans always record the resolved one.
+    split: PipelineSplit | None = None
 
     def __post_init__(self) -> None:
+        # internal invariants only: what a user can get wrong (zero 0 with dp_shard > 1, virtual stages without the
+        # interleaved schedule, ep not dividing dp x cp, ...) is a layout rule in compiler.rules, checked with a
+        # reason code before a Layout is built from user input (spec pins, dtc estimate, plan.json)
         for axis in ("tp", "pp", "cp", "ep", "dp_replicate", "dp_shard", "vpp", "micro_batch", "grad_accum",
                      "gpus_per_node"):
             value = getattr(self, axis)
             assert isinstance(value, int) and value >= 1, f"Layout.{axis} must be a positive int, got {value!r}"
         assert self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0-3, got {self.zero_stage}"
-        assert self.zero_stage > 0 or self.dp_shard == 1, "zero_stage 0 replicates: dp_shard must be 1"
-        assert self.vpp == 1 or (self.pp > 1 and self.schedule == "interleaved_1f1b"), \
-            "virtual stages need pp > 1 and the interleaved schedule"
-        assert self.schedule != "interleaved_1f1b" or self.vpp > 1, "interleaved_1f1b needs vpp > 1"
-        assert not self.sequence_parallel or self.tp > 1, "sequence parallel needs tp > 1"
-        assert self.offload_params == "none" or self.zero_stage == 3, "parameter offload needs ZeRO-3"
-        assert (self.dp * self.cp) % self.ep == 0, "ep must divide dp x cp"
+        assert self.split is None or isinstance(self.split, PipelineSplit), f"split: {self.split!r}"
 
     @property
     def dp(self) -> int:
@@ -141,7 +143,10 @@ class Layout:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Layout":
+    def from_dict(cls, d: dict[str, Any]) -> "Layout":
+        d = dict(d)
+        if isinstance(d.get("split"), dict):
+            d["split"] = PipelineSplit(**d["split"])
         return cls(**d)
 
     def with_(self, **changes) -> "Layout":

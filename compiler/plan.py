@@ -3,33 +3,39 @@
 Renderers read only the Plan (never the Spec). ``plan.json`` is written next to
 every set of artifacts; ``Plan.from_json(plan.to_json())`` is the identity, and
 ``solve`` returns plans that already went through that round trip, so rendering
-from memory and from disk gives the same bytes. Floats are rounded to 4
-significant digits (memory stays in integer bytes) so that a change in the 6th
-digit of the cost model does not churn every golden file.
+from memory and from disk gives the same bytes. The cost model's outputs (the
+estimates and the search's figures) are rounded to 4 significant digits (memory
+stays in integer bytes) so that a change in the 6th digit of the cost model does
+not churn every golden file; what the spec said (hyperparameters, time limits,
+prices, bandwidths) is kept exactly, because artifacts pass it on (an adam_beta2 of
+0.99999 rounded to 1.0 is an error in torch).
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import json
+import types
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pydantic import BaseModel
 
 from compiler.estimate import Estimate
 from compiler.layout import Layout
+from compiler.model import ModelShape
+from compiler.spec.models import SlurmSpec
 from compiler.units import round_sig
 
-PLAN_SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from compiler.split import LayerSplit
+
+PLAN_SCHEMA_VERSION = 2  # 2: typed sections, layout.split (Megatron's pipeline split); 1 costed another split
+ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
-# The framework releases every artifact is written for (and validated against in tests).
-FRAMEWORK_VERSIONS: Mapping[str, str] = {
-    "deepspeed": "0.19.8",
-    "megatron-core": "0.19.2",
-    "torch": "2.13.0",
-    "slurm": "22.05",
-}
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,87 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class ClosestMiss:
+    """An infeasible spec's near miss: the layout, why it fails, what would make it fit, how far off it is."""
+
+    layout: str  # its tag
+    description: str
+    code: str
+    message: str
+    fix: str
+    over_by: float  # how far over the limit, relative (0.1 = 10% over)
+
+
+@dataclass(frozen=True)
 class SearchSummary:
     num_considered: int  # layouts in the space after pins
     num_evaluated: int  # fully costed (the rest were pruned by bounds or rejected early)
     num_feasible: int
     num_pruned_by_bound: int
     rejections_by_code: Mapping[str, int]
-    closest_misses: tuple[Mapping[str, Any], ...] = ()  # for infeasible specs: layout tag, code, message, fix
+    closest_misses: tuple[ClosestMiss, ...] = ()  # for infeasible specs
+
+
+@dataclass(frozen=True)
+class Provenance:
+    spec_path: str  # as the user gave it (an absolute path is reduced to its file name)
+    spec_sha256: str
+    cost_model_version: str
+    frameworks: Mapping[str, str]  # package -> the release the artifacts are written for
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str  # preset name, "custom", or "derived from 70B"
+    shape: ModelShape
+    params_total: int
+    params_active: int
+    params_embedding: int  # embedding + output layer
+    is_moe: bool
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    tokens: int
+    seq_len: int
+    global_batch: int  # sequences actually trained per step
+    requested_global_batch: int
+    batch_note: str  # how a token batch was converted
+    tokens_per_step: int
+    num_steps: int
+    precision: str
+    optimizer: str
+    learning_rate: float
+    min_learning_rate: float
+    warmup_tokens: int
+    weight_decay: float
+    grad_clip: float
+    adam_beta1: float
+    adam_beta2: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    gpu: str  # catalog name
+    display_name: str
+    generation: str
+    gpus_per_node: int
+    num_gpus: int
+    num_nodes: int
+    hbm_bytes: int
+    peak_flops: float  # for the training precision
+    intra_node_bandwidth_bytes_per_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    price_per_gpu_hour_usd: float
+    memory_headroom: float  # fraction of HBM kept free on top of the modelled items (search.memory_headroom)
+
+
+@dataclass(frozen=True)
+class BudgetSection:
+    max_cost_usd: float | None
+    deadline_s: float | None
+    objective: str
 
 
 @dataclass(frozen=True)
@@ -55,13 +135,13 @@ class Plan:
     schema_version: int
     name: str
     description: str
-    provenance: Mapping[str, Any]  # spec_path, spec_sha256, cost_model_version, frameworks
-    model: Mapping[str, Any]  # name, shape (ModelShape dict), params_total, params_active, params_embedding
-    training: Mapping[str, Any]  # tokens, seq_len, global_batch, batch_note, precision, optimizer, hyper
-    cluster: Mapping[str, Any]  # gpu, display_name, generation, gpus_per_node, num_gpus, num_nodes, hbm_bytes, ...
-    budget: Mapping[str, Any]  # max_cost_usd, deadline_s, objective
+    provenance: Provenance
+    model: ModelSection
+    training: TrainingSection
+    cluster: ClusterSection
+    budget: BudgetSection
     targets: tuple[str, ...]
-    slurm: Mapping[str, Any]
+    slurm: SlurmSpec  # the spec's validated slurm section (compiler.spec.models: one list of its fields)
     layout: Layout
     estimate: Estimate
     alternatives: tuple[Candidate, ...]
@@ -70,30 +150,74 @@ class Plan:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        return _round(_to_data(self))
+        return plan_data(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        """The plan of ``data`` (plan.json), type-checked field by field; ValueError says what is wrong where."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"plan.json must hold an object, got {type(data).__name__}")
         version = data.get("schema_version")
         if version != PLAN_SCHEMA_VERSION:
             raise ValueError(f"plan.json schema_version {version!r} is not {PLAN_SCHEMA_VERSION}; recompile the spec")
-        return _from_data(cls, data)
+        return _from_data(cls, data, "plan")
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        """The plan in ``text``; ValueError (with what is wrong) for anything that is not one: not JSON,
+        NaN or Infinity, not an object (``[]``, ``null``), nested too deeply, fields of the wrong type."""
+        def no_constant(name: str) -> Any:
+            raise ValueError(f"plan.json holds {name}, which is not a number in JSON")
+
+        try:
+            data = json.loads(text, parse_constant=no_constant)
+        except RecursionError:
+            raise ValueError("plan.json nests too deeply") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"plan.json must hold a JSON object, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except ValueError:
+            raise
+        except (KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"plan.json does not have the fields of a plan ({type(exc).__name__}: {exc})") from None
+
+    def layer_split(self) -> "LayerSplit":
+        """The decoder layers of every pipeline (virtual) stage: Megatron's split of the plan's layout
+        (compiler.split), the split the plan is costed with and every target renders."""
+        from compiler.split import layer_split
+
+        lay = self.layout
+        return layer_split(self.model.shape.num_layers, lay.pp, lay.vpp, lay.split)
 
     def normalized(self) -> "Plan":
         """The plan as it will read back from plan.json (rounded)."""
         return Plan.from_dict(self.to_dict())
 
 
+def plan_data(obj: Any) -> Any:
+    """``obj`` (a plan or any of its parts) as plan.json holds it: plain data, the cost model's outputs
+    (estimates, alternatives, search figures) rounded to 4 significant digits; what the spec gave (time
+    limits, hyperparameters, prices) exact."""
+    data = _to_data(obj)
+    if isinstance(obj, Plan):
+        return {k: _round(v) if k in ESTIMATED_SECTIONS else v for k, v in data.items()}
+    return _round(data)
+
+
+def as_in_plan(obj: Any) -> Any:
+    """``obj`` (a dataclass of the plan, e.g. an Estimate) as it reads back from plan.json (rounded)."""
+    return _from_data(type(obj), plan_data(obj), type(obj).__name__)
+
+
 def _to_data(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
     if isinstance(obj, Mapping):
         return {str(k): _to_data(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -112,26 +236,73 @@ def _round(obj: Any) -> Any:
 
 
 @functools.cache
-def _field_types(tp: type) -> tuple[tuple[str, Any], ...]:
+def _field_types(tp: type) -> tuple[tuple[str, Any, bool], ...]:
     hints = typing.get_type_hints(tp)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(tp))
+    return tuple((f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(tp))
 
 
-def _from_data(tp: Any, data: Any) -> Any:
+def _exact_section(where: str) -> bool:
+    """Whether the plan.json path ``where`` lies in a section kept exact (not an estimated one)."""
+    parts = where.split(".")
+    return len(parts) > 1 and parts[0] == "plan" and parts[1].split("[")[0] not in ESTIMATED_SECTIONS
+
+
+def _from_data(tp: Any, data: Any, where: str) -> Any:
+    """``data`` as a value of type ``tp``, checked; ``where`` is its path in plan.json (for the error)."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        return tp(**{name: _from_data(hint, data[name]) for name, hint in _field_types(tp) if name in data})
+        if not isinstance(data, Mapping):
+            raise ValueError(f"plan.json: {where} must be an object, got {data!r}"[:300])
+        missing = [name for name, _, required in _field_types(tp) if required and name not in data]
+        if missing:
+            raise ValueError(f"plan.json: {where} lacks {', '.join(missing)}")
+        values = {name: _from_data(hint, data[name], f"{where}.{name}") for name, hint, _ in _field_types(tp)
+                  if name in data}
+        try:
+            return tp(**values)
+        except (AssertionError, TypeError) as exc:  # a Layout's own invariants
+            raise ValueError(f"plan.json: {where}: {exc}") from None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp.model_validate(data)  # pydantic's ValidationError is a ValueError
     if origin is tuple:
         args = typing.get_args(tp)
+        if not isinstance(data, (list, tuple)):
+            raise ValueError(f"plan.json: {where} must be a list, got {data!r}"[:300])
         inner = args[0] if args else Any
-        return tuple(_from_data(inner, v) for v in data)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return tuple(_from_data(inner, v, f"{where}[{i}]") for i, v in enumerate(data))
+    if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if data is None:
             return None
-        return _from_data(args[0], data) if len(args) == 1 else data
-    if tp is float and isinstance(data, int) and not isinstance(data, bool):
-        return round_sig(float(data), 4)  # an int in a float field: round as to_dict rounds floats
+        return _from_data(args[0], data, where) if len(args) == 1 else data
+    if origin is typing.Literal:
+        if data not in typing.get_args(tp):
+            raise ValueError(f"plan.json: {where} must be one of {', '.join(map(str, typing.get_args(tp)))}, "
+                             f"got {data!r}"[:300])
+        return data
+    if origin is not None and origin in (Mapping, dict, collections.abc.Mapping):
+        if not isinstance(data, Mapping):
+            raise ValueError(f"plan.json: {where} must be an object, got {data!r}"[:300])
+        return dict(data)
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise ValueError(f"plan.json: {where} must be true or false, got {data!r}"[:300])
+        return data
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise ValueError(f"plan.json: {where} must be an integer, got {data!r}"[:300])
+        return data
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise ValueError(f"plan.json: {where} must be a number, got {data!r}"[:300])
+        if isinstance(data, int) and not _exact_section(where):
+            return round_sig(float(data), 4)  # an int in an estimated float field: round as to_dict rounds floats
+        return float(data) if isinstance(data, int) else data
+    if tp is str:
+        if not isinstance(data, str):
+            raise ValueError(f"plan.json: {where} must be a string, got {data!r}"[:300])
+        return data
     return data
 
 
@@ -142,67 +313,45 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
     The sections below are everything renderers may use; they never see the Problem or Spec.
     """
     from compiler.problem import Problem  # local: plan.py stays importable without the spec layer
+    from compiler.targets import registry
 
     assert isinstance(problem, Problem)
+    if layout.split is None:  # the plan records the split it is costed with (and every target renders)
+        from compiler.split import layer_split
+
+        layout = layout.with_(split=layer_split(problem.shape.num_layers, layout.pp, layout.vpp).split)
     option = next(o for o in problem.gpu_options if o.name == layout.gpu)
     pc = problem.params
     plan = Plan(
         schema_version=PLAN_SCHEMA_VERSION,
         name=problem.name,
         description=problem.description,
-        provenance={
-            "spec_path": problem.spec_path,
-            "spec_sha256": problem.spec_sha256,
-            "cost_model_version": COST_MODEL_VERSION,
-            "frameworks": dict(FRAMEWORK_VERSIONS),
-        },
-        model={
-            "name": problem.model_name,
-            "shape": problem.shape.to_dict(),
-            "params_total": pc.total,
-            "params_active": pc.active,
-            "params_embedding": pc.embedding + pc.output,
-            "is_moe": problem.shape.is_moe,
-        },
-        training={
-            "tokens": problem.tokens,
-            "seq_len": problem.seq_len,
-            "global_batch": layout.global_batch,  # sequences actually trained per step
-            "requested_global_batch": problem.global_batch,
-            "batch_note": problem.batch_note,
-            "tokens_per_step": layout.global_batch * problem.seq_len,
-            "num_steps": -(-problem.tokens // (layout.global_batch * problem.seq_len)),
-            "precision": problem.precision,
-            "optimizer": problem.optimizer,
-            "learning_rate": problem.hyper.learning_rate,
-            "min_learning_rate": problem.hyper.min_learning_rate,
-            "warmup_tokens": problem.hyper.warmup_tokens,
-            "weight_decay": problem.hyper.weight_decay,
-            "grad_clip": problem.hyper.grad_clip,
-            "adam_beta1": problem.hyper.adam_beta1,
-            "adam_beta2": problem.hyper.adam_beta2,
-            "seed": problem.hyper.seed,
-        },
-        cluster={
-            "gpu": option.name,
-            "display_name": option.spec.display_name,
-            "generation": option.spec.generation,
-            "gpus_per_node": layout.gpus_per_node,
-            "num_gpus": layout.world_size,
-            "num_nodes": layout.num_nodes,
-            "hbm_bytes": option.spec.hbm_bytes,
-            "peak_flops": option.spec.peak_flops_for(problem.precision),
-            "intra_node_bandwidth_bytes_per_s": option.intra_node_bandwidth_bytes_per_s,
-            "inter_node_bandwidth_bytes_per_s": option.inter_node_bandwidth_bytes_per_s,
-            "price_per_gpu_hour_usd": option.price_per_gpu_hour_usd,
-        },
-        budget={
-            "max_cost_usd": problem.max_cost_usd,
-            "deadline_s": problem.deadline_s,
-            "objective": problem.objective,
-        },
+        provenance=Provenance(spec_path=problem.spec_path, spec_sha256=problem.spec_sha256,
+                              cost_model_version=COST_MODEL_VERSION, frameworks=dict(registry.framework_versions())),
+        model=ModelSection(name=problem.model_name, shape=problem.shape, params_total=pc.total,
+                           params_active=pc.active, params_embedding=pc.embedding + pc.output,
+                           is_moe=problem.shape.is_moe),
+        training=TrainingSection(
+            tokens=problem.tokens, seq_len=problem.seq_len,
+            global_batch=layout.global_batch,  # sequences actually trained per step
+            requested_global_batch=problem.global_batch, batch_note=problem.batch_note,
+            tokens_per_step=layout.global_batch * problem.seq_len,
+            num_steps=-(-problem.tokens // (layout.global_batch * problem.seq_len)),
+            precision=problem.precision, optimizer=problem.optimizer, learning_rate=problem.hyper.learning_rate,
+            min_learning_rate=problem.hyper.min_learning_rate, warmup_tokens=problem.hyper.warmup_tokens,
+            weight_decay=problem.hyper.weight_decay, grad_clip=problem.hyper.grad_clip,
+            adam_beta1=problem.hyper.adam_beta1, adam_beta2=problem.hyper.adam_beta2, seed=problem.hyper.seed),
+        cluster=ClusterSection(
+            gpu=option.name, display_name=option.spec.display_name, generation=option.spec.generation,
+            gpus_per_node=layout.gpus_per_node, num_gpus=layout.world_size, num_nodes=layout.num_nodes,
+            hbm_bytes=option.spec.hbm_bytes, peak_flops=option.spec.peak_flops_for(problem.precision),
+            intra_node_bandwidth_bytes_per_s=option.intra_node_bandwidth_bytes_per_s,
+            inter_node_bandwidth_bytes_per_s=option.inter_node_bandwidth_bytes_per_s,
+            price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom),
+        budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
+                             objective=problem.objective),
         targets=tuple(problem.targets),
-        slurm=dict(problem.slurm),
+        slurm=problem.slurm,
         layout=layout,
         estimate=estimate,
         alternatives=alternatives,

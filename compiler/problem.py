@@ -8,15 +8,22 @@ spec line that caused them, all at once.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog
 from compiler.errors import Diagnostic, SpecError
+from compiler.arith import divisors
 from compiler.model import ModelShape, MoEShape, ParamCount, count_params, derive_dense_shape
+from compiler.rules import some
+from compiler.split import PipelineSplit
 from compiler.spec.load import LoadedSpec, SourceMap
-from compiler.spec.models import Spec, parse_global_batch
+from compiler.spec.models import SlurmSpec, Spec, parse_global_batch
 from compiler import units
+
+if TYPE_CHECKING:
+    from compiler.rules import Facts
 
 MAX_GLOBAL_BATCH = 10_000_000  # sequences per optimizer step, the bound of every other count
 DEFAULT_MAX_GPUS = 16_384  # Llama 3 405B's cluster size; the search upper bound when the spec gives none
@@ -55,6 +62,7 @@ class Pins:
     sequence_parallel: bool | None = None
     offload_optimizer: str | None = None
     offload_params: str | None = None
+    split: PipelineSplit | None = None  # Megatron's split mechanism (compiler.split)
 
 
 @dataclass(frozen=True)
@@ -98,12 +106,19 @@ class Problem:
     allow_cross_node_tp: bool
     top_k: int
     targets: tuple[str, ...]
-    slurm: dict[str, Any] = field(default_factory=dict)  # the validated slurm section, plain data
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)  # the validated slurm section
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
 
     @property
     def num_params(self) -> int:
         return self.params.total
+
+    @functools.cached_property
+    def facts(self) -> "Facts":
+        """What the layout rules (compiler.rules) know about this problem."""
+        from compiler.rules import Facts
+
+        return Facts.of(self)
 
     @property
     def tokens_per_step(self) -> int:
@@ -122,15 +137,16 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     shape, model_name = _resolve_model(spec, src, catalog, diags)
     options = _resolve_gpus(spec, src, catalog, diags)
     kind, n = _batch(spec, src, diags)
+    seq = spec.training.sequence_length
+    seqs = max(1, round(n / seq)) if kind == "tokens" else n
     if shape is not None:
         _check_shape(shape, src, diags)
-        _check_pins(spec, shape, options, src, diags)
+        _check_positions(shape, spec.training.sequence_length, src, diags)
+        _check_pins(spec, shape, options, seqs, src, diags)
     if diags:
         raise SpecError(diags)
     assert shape is not None
-    seq = spec.training.sequence_length
     if kind == "tokens":
-        seqs = max(1, round(n / seq))
         note = (f"{units.format_count(n)} tokens / {seq} tokens per sequence = {seqs} sequences"
                 + ("" if seqs * seq == n else f" ({units.format_count(seqs * seq)} tokens, rounded)"))
     else:
@@ -167,13 +183,20 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
                   schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel,
                   dp=l.data_parallel, dp_shard=l.data_parallel_shard, zero_stage=l.zero_stage,
                   micro_batch=l.micro_batch_size, recompute=l.recompute, sequence_parallel=l.sequence_parallel,
-                  offload_optimizer=l.offload_optimizer, offload_params=l.offload_params),
+                  offload_optimizer=l.offload_optimizer, offload_params=l.offload_params, split=l.split()),
         memory_headroom=spec.search.memory_headroom,
         allow_cross_node_tp=spec.search.allow_cross_node_tp,
         top_k=spec.search.top_k,
         targets=tuple(spec.targets),
-        slurm=spec.slurm.model_dump(mode="json"),
+        slurm=spec.slurm,
     )
+
+
+def problem_from_data(data: dict[str, Any], *, path: str = "<data>", catalog: Catalog | None = None) -> Problem:
+    """The Problem of a spec given as data (no YAML): validated and lowered exactly as a spec file is."""
+    from compiler.spec.load import load_spec_data
+
+    return lower(load_spec_data(data, path), catalog=catalog)
 
 
 def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Diagnostic]
@@ -227,11 +250,22 @@ def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Dia
     return ModelShape(**{k: v for k, v in merged.items() if v is not None}), name
 
 
+def _check_positions(s: ModelShape, seq_len: int, src: SourceMap, diags: list[Diagnostic]) -> None:
+    """A learned position table must cover the sequence (issue #16: a 128-row table with sequence
+    4096 was accepted; plan.json said 128 and megatron_args.sh 4096)."""
+    if s.position == "learned" and 0 < s.max_position_embeddings < seq_len:
+        diags.append(src.diagnostic(("model", "max_position_embeddings"),
+                                    f"model.max_position_embeddings must cover training.sequence_length ({seq_len}) "
+                                    f"with learned positions, got {s.max_position_embeddings}",
+                                    f"raise max_position_embeddings to {seq_len}, shorten the sequence, or use "
+                                    "position: rope"))
+
+
 def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None:
     if s.num_attention_heads % s.num_kv_heads:
         diags.append(src.diagnostic(("model", "num_kv_heads"),
                                     f"num_kv_heads must divide num_attention_heads ({s.num_attention_heads}), got {s.num_kv_heads}",
-                                    f"use one of {_some(_divisors(s.num_attention_heads))}"))
+                                    f"use one of {some(divisors(s.num_attention_heads))}"))
     if s.mla is None and not s.head_dim and s.hidden_size % s.num_attention_heads:
         diags.append(src.diagnostic(("model", "hidden_size"),
                                     f"hidden_size must be divisible by num_attention_heads ({s.num_attention_heads}), got {s.hidden_size}",
@@ -245,75 +279,39 @@ def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None
                                     "lower first_dense_layers"))
 
 
-def _check_pins(spec: Spec, s: ModelShape, options: list[GpuOption], src: SourceMap,
+def _check_pins(spec: Spec, shape: ModelShape, options: list[GpuOption], seqs: int, src: SourceMap,
                 diags: list[Diagnostic]) -> None:
-    l = spec.layout
-    if l.tensor_parallel is not None:
-        tp = l.tensor_parallel
-        for what, n in (("num_attention_heads", s.num_attention_heads), ("num_kv_heads", s.num_kv_heads)):
-            if n % tp:
-                ok = [d for d in _divisors(s.num_kv_heads) if s.num_attention_heads % d == 0]
-                diags.append(src.diagnostic(("layout", "tensor_parallel"),
-                                            f"tensor_parallel must divide {what} ({n}), got {tp}",
-                                            f"use one of {_some(ok)}"))
-                break
-        gpn = max((o.gpus_per_node for o in options), default=8)
-        if options and tp > gpn and not spec.search.allow_cross_node_tp:
-            diags.append(src.diagnostic(("layout", "tensor_parallel"),
-                                        f"tensor_parallel must not exceed gpus_per_node ({gpn}), got {tp}",
-                                        "tensor parallel groups stay inside a node; set search.allow_cross_node_tp: true to allow it"))
-    if l.pipeline_parallel is not None:
-        pp, vpp = l.pipeline_parallel, l.virtual_pipeline_stages or 1
-        if pp * vpp > s.num_layers:
-            diags.append(src.diagnostic(("layout", "pipeline_parallel"),
-                                        f"pipeline_parallel x virtual stages must not exceed num_layers ({s.num_layers}), got {pp * vpp}",
-                                        "lower pipeline_parallel"))
-    if l.virtual_pipeline_stages and l.virtual_pipeline_stages > 1:
-        if l.pipeline_parallel == 1:
-            diags.append(src.diagnostic(("layout", "virtual_pipeline_stages"),
-                                        f"virtual_pipeline_stages needs pipeline_parallel > 1, got {l.virtual_pipeline_stages}",
-                                        "remove virtual_pipeline_stages or raise pipeline_parallel"))
-        if l.pipeline_schedule in ("gpipe", "1f1b"):
-            diags.append(src.diagnostic(("layout", "pipeline_schedule"),
-                                        f"virtual stages run only with interleaved_1f1b, got {l.pipeline_schedule}",
-                                        "set pipeline_schedule: interleaved_1f1b"))
-    if l.expert_parallel is not None and l.expert_parallel > 1:
-        if s.moe is None:
-            diags.append(src.diagnostic(("layout", "expert_parallel"),
-                                        f"expert_parallel needs an MoE model, got {l.expert_parallel}",
-                                        "remove expert_parallel, or add model.moe"))
-        elif s.moe.num_experts % l.expert_parallel:
-            diags.append(src.diagnostic(("layout", "expert_parallel"),
-                                        f"expert_parallel must divide num_experts ({s.moe.num_experts}), got {l.expert_parallel}",
-                                        f"use one of {_some(_divisors(s.moe.num_experts))}"))
-    if l.context_parallel is not None and spec.training.sequence_length % (2 * l.context_parallel) and l.context_parallel > 1:
-        diags.append(src.diagnostic(("layout", "context_parallel"),
-                                    f"context_parallel x 2 must divide sequence_length ({spec.training.sequence_length}), got {l.context_parallel}",
-                                    "causal load balancing splits each sequence into 2 x cp chunks"))
-    if l.sequence_parallel and l.tensor_parallel == 1:
-        diags.append(src.diagnostic(("layout", "sequence_parallel"), "sequence_parallel needs tensor_parallel > 1, got true",
-                                    "remove sequence_parallel or raise tensor_parallel"))
-    if l.offload_params not in (None, "none") and l.zero_stage not in (None, 3):
-        diags.append(src.diagnostic(("layout", "offload_params"),
-                                    f"offload_params needs zero_stage 3, got zero_stage {l.zero_stage}",
-                                    "set zero_stage: 3"))
-    if l.data_parallel_shard is not None:
-        if l.zero_stage == 0 and l.data_parallel_shard > 1:
-            diags.append(src.diagnostic(("layout", "data_parallel_shard"),
-                                        f"zero_stage 0 does not shard, got data_parallel_shard {l.data_parallel_shard}",
-                                        "remove data_parallel_shard or raise zero_stage"))
-        if l.data_parallel is not None and l.data_parallel % l.data_parallel_shard:
-            diags.append(src.diagnostic(("layout", "data_parallel_shard"),
-                                        f"data_parallel_shard must divide data_parallel ({l.data_parallel}), got {l.data_parallel_shard}",
-                                        "the replicate degree is data_parallel / data_parallel_shard"))
-    fixed = [l.tensor_parallel, l.pipeline_parallel, l.context_parallel, l.data_parallel]
-    n = spec.cluster.num_gpus
-    if n is not None and all(x is not None for x in fixed):
-        prod = l.tensor_parallel * l.pipeline_parallel * l.context_parallel * l.data_parallel
-        if prod != n:
-            diags.append(src.diagnostic(("layout",),
-                                        f"tensor x pipeline x context x data parallel must equal num_gpus ({n}), got {prod}",
-                                        "change one degree, or remove data_parallel so it is derived", prefer_key=True))
+    """Every layout rule (compiler.rules) the pinned knobs already break, at the pinned field's line."""
+    from compiler.arith import GpuCounts, batch_range
+    from compiler.rules import (FRAMEWORK_UNSUPPORTED, GPU_COUNT_NOT_ALLOWED, PRECISION_UNSUPPORTED, SPEC_KEYS, Facts,
+                                Knobs, gpu_facts, violations)
+
+    l, t, c = spec.layout, spec.training, spec.cluster
+    knobs = Knobs(tp=l.tensor_parallel, pp=l.pipeline_parallel, vpp=l.virtual_pipeline_stages,
+                  schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel, dp=l.data_parallel,
+                  dp_shard=l.data_parallel_shard, zero_stage=l.zero_stage, micro_batch=l.micro_batch_size,
+                  recompute=l.recompute, sequence_parallel=l.sequence_parallel, offload_optimizer=l.offload_optimizer,
+                  offload_params=l.offload_params, split=l.split())
+    min_gpus, max_gpus = c.num_gpus or c.min_gpus or 1, c.num_gpus or c.max_gpus or DEFAULT_MAX_GPUS
+    gpus = {o.name: gpu_facts(o, t.precision, GpuCounts(min_gpus, max_gpus, o.gpus_per_node, c.num_gpus))
+            for o in options}
+    facts = Facts(shape=shape, seq_len=t.sequence_length, precision=t.precision, targets=tuple(spec.targets),
+                  gpus=gpus, allow_cross_node_tp=spec.search.allow_cross_node_tp,
+                  batch=batch_range(seqs, t.global_batch_tolerance))
+    found = violations(facts, knobs)
+    if any(r.code != FRAMEWORK_UNSUPPORTED for r in found):  # the layout itself first, then what targets can run
+        found = [r for r in found if r.code != FRAMEWORK_UNSUPPORTED]
+    # the rules about one GPU: a violation only when every GPU option breaks it
+    for code in (PRECISION_UNSUPPORTED, GPU_COUNT_NOT_ALLOWED):
+        per_option = [violations(facts, knobs.with_(gpu=o.name), codes=(code,)) for o in options]
+        if per_option and all(per_option):
+            found.append(per_option[0][0])
+    for r in found:
+        where = r.details.get("field", "")
+        key = SPEC_KEYS.get(where)
+        loc: tuple[str, ...] = ("training", "precision") if where == "precision" else ("cluster", "gpu") \
+            if where == "gpu" else ("layout", key) if key and getattr(l, key) is not None else ("layout",)
+        diags.append(src.diagnostic(loc, r.message, r.fix, code=r.code, prefer_key=loc == ("layout",)))
 
 
 def _resolve_gpus(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Diagnostic]) -> list[GpuOption]:
@@ -408,22 +406,3 @@ def _portable(path: str) -> str:
     if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
         return PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
     return path
-
-
-def _divisors(n: int) -> list[int]:
-    """Divisors of ``n`` in ascending order (O(sqrt n): shape fields go up to 10M)."""
-    low, high = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            low.append(d)
-            if d * d != n:
-                high.append(n // d)
-        d += 1
-    return low + high[::-1]
-
-
-def _some(values: list[int], limit: int = 12) -> str:
-    """'1, 2, 4, 8' -- or the first ``limit`` and a count of the rest, for hints."""
-    shown = ", ".join(map(str, values[:limit]))
-    return shown if len(values) <= limit else f"{shown}, ... ({len(values)} in all)"

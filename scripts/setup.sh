@@ -3,8 +3,10 @@
 #   - a virtualenv at .venv (or $VENV) with torch 2.13.0 (the CPU wheel, installed FIRST so that
 #     nothing later pulls a CUDA build), deepspeed 0.19.8 (DS_BUILD_OPS=0: ops JIT-compile on
 #     demand), dtc itself (editable) with its [smoke,data,test] extras (data: tokenizers,
-#     sentencepiece, tiktoken, pyarrow for `dtc data prepare`; test: transformers), and megatron-core 0.19.2 for
-#     validating Megatron arguments with Megatron's own parser;
+#     sentencepiece, tiktoken, pyarrow for `dtc data prepare`; test: transformers), and
+#     megatron-core 0.19.2 (with triton and psutil) for validating Megatron arguments with
+#     Megatron's own parser and for `dtc smoke --target megatron` (Megatron-LM's own training
+#     loop on CPU);
 #   - system packages: slurm-wlm + munge (a real one-node SLURM for sbatch tests) and shellcheck.
 # Usage: bash scripts/setup.sh
 set -euo pipefail

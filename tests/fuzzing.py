@@ -467,6 +467,155 @@ def fuzz_specs(draw: st.DrawFn, bases: list[tuple[str, Any]], *, byte_level: boo
     return data
 
 
+# --------------------------------------------------------------------------- real processes, with limits
+
+HOSTILE_CASES = REPO / "tests/cases/hostile"  # specs that once cost minutes or gigabytes (issue #16)
+CASE_CPU_S = 10.0  # CPU seconds per case (RLIMIT_CPU: the kernel ends a runaway, however loaded the machine)
+CASE_RSS_MB = 500.0  # the child's own peak RSS (wait4's ru_maxrss)
+CASE_AS_BYTES = 1 << 30  # RLIMIT_AS: address space
+CASE_WALL_S = 60.0  # a backstop for a child that sleeps or blocks (CPU time does not grow then)
+
+
+@dataclass
+class Limited:
+    """What one limited child did: exit code (None: ended by a limit), stderr, seconds, its own usage."""
+
+    code: int | None
+    stderr: str
+    wall_s: float
+    cpu_s: float
+    rss_mb: float
+    signal: int | None = None
+
+
+def run_limited(args: list[str], cwd: Path, *, cpu_s: float = CASE_CPU_S, wall_s: float = CASE_WALL_S,
+                address_space: int = CASE_AS_BYTES, stdin: Any = None) -> Limited:
+    """Run ``args`` under RLIMIT_CPU and RLIMIT_AS; CPU seconds and peak RSS are the child's own
+    (``wait4``), not the machine's, so the figures hold whatever else runs alongside."""
+    import os
+    import resource
+    import subprocess
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        whole = max(1, math.ceil(cpu_s))
+        resource.setrlimit(resource.RLIMIT_CPU, (whole, whole + 1))
+
+    err_path = cwd / f"stderr-{os.getpid()}-{time.monotonic_ns()}.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(err_path, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, stdin=stdin,
+                                preexec_fn=limits, env=env)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > wall_s:
+                proc.kill()
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        code = os.waitstatus_to_exitcode(status)
+        proc.returncode = code  # reaped here; keep Popen from waiting again
+        elapsed = time.perf_counter() - start
+    text = err_path.read_text(errors="replace")
+    err_path.unlink()
+    signal = -code if code < 0 else None
+    return Limited(None if signal else code, text, elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+                   signal)
+
+
+def hostile_cases() -> list[Path]:
+    return sorted(HOSTILE_CASES.glob("*.yaml"))
+
+
+# --------------------------------------------------------------------------- concurrent compiles
+
+RACE_NAME = "race"
+
+
+def race_spec(partition: str) -> str:
+    return (f"name: {RACE_NAME}\nmodel: {{preset: llama2-7b}}\n"
+            "training: {tokens: 100B, sequence_length: 4096, global_batch: 1024}\n"
+            "cluster: {gpu: h100-sxm, num_gpus: 8}\nbudget: {objective: throughput}\n"
+            f"slurm: {{partition: {partition}, time_limit: 2h}}\n")
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() or p.is_symlink()}
+
+
+@dataclass
+class RaceFigures:
+    pairs: int = 0
+    runs: int = 0
+    exit_0: int = 0
+    clean_errors: int = 0  # exit 2 with an error that says what happened
+    complete: int = 0  # pairs that ended with a complete folder (one of the known sets, manifest matching)
+    problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"concurrent compiles: {self.pairs} pairs ({self.runs} real processes writing one folder at once): "
+                f"{self.exit_0} exit 0, {self.clean_errors} clean errors, {self.complete} complete folders, "
+                f"{len(self.problems)} partial or broken")
+
+
+def race_pairs(root: Path, pairs: int, *, seed: int = 0, figures: RaceFigures | None = None) -> RaceFigures:
+    """``pairs`` times, two real ``dtc compile --out OUT`` of one spec name started together (the same
+    spec, or two versions of it; into a new folder or over an existing one). Every run must exit 0,
+    or 2 with a clean error; the folder must end as one complete set, and no staging folder may stay."""
+    import os
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(seed)
+    figures = figures or RaceFigures()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    refs: dict[str, dict[str, bytes]] = {}
+    for part in ("pa", "pb"):
+        spec = root / f"{part}.yaml"
+        spec.write_text(race_spec(part))
+        ref = root / f"ref-{part}"
+        subprocess.run([sys.executable, "-m", "compiler", "compile", str(spec), "--out", str(ref)], env=env,
+                       check=True, capture_output=True, timeout=300)
+        refs[part] = folder_bytes(ref / RACE_NAME)
+    for i in range(pairs):
+        out = root / f"out-{i}"
+        if i % 2:  # over an existing folder
+            subprocess.run([sys.executable, "-m", "compiler", "compile", str(root / "pa.yaml"), "--out", str(out)],
+                           env=env, check=True, capture_output=True, timeout=300)
+        specs = ["pa", "pa"] if i % 4 < 2 else ["pa", "pb"]
+        procs = []
+        for j, part in enumerate(specs):
+            if j:
+                time.sleep(rng.uniform(0, 0.005))
+            procs.append(subprocess.Popen([sys.executable, "-m", "compiler", "compile", str(root / f"{part}.yaml"),
+                                           "--out", str(out)], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+        figures.pairs += 1
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            figures.runs += 1
+            if proc.returncode == 0:
+                figures.exit_0 += 1
+            elif proc.returncode == 2 and "error:" in err and "Traceback" not in err:
+                figures.clean_errors += 1
+            else:
+                figures.problems.append(f"pair {i}: exit {proc.returncode}: {err[-2000:]}")
+        state = folder_bytes(out / RACE_NAME) if (out / RACE_NAME).is_dir() else {}
+        if state in (refs["pa"], refs["pb"]):
+            figures.complete += 1
+        else:
+            figures.problems.append(f"pair {i}: {out / RACE_NAME} is not a complete set: {sorted(state)}")
+        left = sorted(p.name for p in out.iterdir() if p.name.startswith((".dtc-tmp-", ".dtc-old-")))
+        if left:
+            figures.problems.append(f"pair {i}: left {left}")
+    return figures
+
+
 # --------------------------------------------------------------------------- oracle
 
 
@@ -497,7 +646,7 @@ class FuzzFailure(AssertionError):
 def check_diagnostics(exc: Any, path: str) -> None:
     """Every diagnostic: located at path:line, with a one-line summary, and the error renders."""
     text = exc.render()
-    assert isinstance(text, str) and "error:" in text, text
+    assert isinstance(text, str) and re.search(r"error(\[\w+\])?:", text), text
     assert exc.diagnostics, "SpecError without diagnostics"
     for d in exc.diagnostics:
         assert d.summary and d.summary.strip(), f"empty summary in {text!r}"

@@ -42,3 +42,12 @@ def run_dtc(args: list[str], *, cwd: Path = REPO, timeout: float = 120) -> subpr
     """Run `python -m compiler ...` as a real process (exit codes, no traceback on stderr)."""
     return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def refresh_manifest(folder: Path) -> None:
+    """Rewrite MANIFEST.sha256 to match the folder's files, as someone who edits a generated folder on
+    purpose would (the manifest is a guard against mistakes, not a signature)."""
+    from compiler.artifacts import MANIFEST, ArtifactSet, read_artifacts
+
+    files = {rel: text for rel, text in read_artifacts(folder).files.items() if rel != MANIFEST}
+    (folder / MANIFEST).write_text(ArtifactSet(files).with_manifest()[MANIFEST], encoding="utf-8")

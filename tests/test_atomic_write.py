@@ -126,7 +126,7 @@ class _HalfWriter:
 def _targets() -> list[tuple[str, Any, str]]:
     """(label, object, attribute) of every operation write_artifacts performs."""
     return [("open", artifacts_mod, "open"), ("write", artifacts_mod, "open"), ("fsync", os, "fsync"),
-            ("chmod", os, "chmod"), ("rename", os, "rename"),
+            ("chmod", os, "chmod"), ("rename", os, "rename"), ("remove-mark", os, "remove"),
             ("mkdtemp", artifacts_mod.tempfile, "mkdtemp"), ("exchange", artifacts_mod, "_rename_exchange")]
 
 
@@ -180,7 +180,8 @@ def test_failure_at_every_step_leaves_old_or_new(exchange: bool, sets, tmp_path:
 
     counts = count_calls(monkeypatch, lambda: write_artifacts(new, out))
     write_artifacts(old, out)
-    assert counts.get("open", 0) == len(new.files) + 1 and counts.get("fsync", 0) >= len(new.files) + 1, counts
+    # opens: every file, the manifest and the staging mark
+    assert counts.get("open", 0) == len(new.files) + 2 and counts.get("fsync", 0) >= len(new.files) + 1, counts
     tried = 0
     for label, obj, attr in _targets():
         for k in range(1, counts.get(label, 0) + 1):
@@ -227,7 +228,8 @@ def test_kill_between_the_two_renames_is_repaired(sets, tmp_path: Path) -> None:
     old_bytes = snapshot(out)
     staged = tmp_path / f".dtc-tmp-{NAME}-abc123"
     shutil.copytree(out, staged)
-    (staged / "plan.json").write_text("half")  # a staging folder the kill interrupted
+    (staged / "plan.json").write_text("half")  # a staging folder the kill interrupted (still marked)
+    (staged / artifacts_mod.STAGING_MARK).write_text("")
     os.rename(out, tmp_path / f".dtc-old-{NAME}-4242")
     write_artifacts(new, out)  # not --force: the restored folder matches its manifest
     assert snapshot(out) == expected_bytes(new)
@@ -407,3 +409,109 @@ def test_two_specs_with_one_name_in_one_run_are_refused(tmp_path: Path) -> None:
     result = run_cli(["compile", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"), "--out", str(tmp_path / "out")],
                      exit_code=None)
     assert result.exit_code == 2 and NAME in result.stderr, (result.exit_code, result.stderr)
+
+
+# --------------------------------------------------------------------------- issue #16: one writer, only dtc's own
+
+
+def test_names_like_dtc_leftovers_are_never_deleted_unless_provably_dtc(sets, tmp_path: Path) -> None:
+    """Hand-made entries named like dtc's staging/old folders survive a write; provably dtc's go."""
+    old, new = sets
+    out = tmp_path / NAME
+    write_artifacts(old, out)
+    mine = tmp_path / f".dtc-tmp-{NAME}-abcd1234"  # a folder of someone else's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    old_mine = tmp_path / f".dtc-old-{NAME}-4242"
+    old_mine.mkdir()
+    (old_mine / "thesis.tex").write_text("years of work\n")
+    a_file = tmp_path / f".dtc-tmp-{NAME}-file1"
+    a_file.write_text("a file\n")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep\n")
+    link = tmp_path / f".dtc-old-{NAME}-link1"
+    link.symlink_to(target)
+    dangling = tmp_path / f".dtc-tmp-{NAME}-dangle1"
+    dangling.symlink_to(tmp_path / "nowhere")
+    # and what dtc's own runs leave: an empty staging folder, a marked one, a complete replaced folder
+    empty = tmp_path / f".dtc-tmp-{NAME}-empty111"
+    empty.mkdir()
+    marked = tmp_path / f".dtc-tmp-{NAME}-marked11"
+    marked.mkdir()
+    (marked / artifacts_mod.STAGING_MARK).write_text("")
+    (marked / "plan.json").write_text("half")
+    complete = tmp_path / f".dtc-tmp-{NAME}-complete"
+    shutil.copytree(out, complete)
+    write_artifacts(new, out)
+    assert snapshot(out) == expected_bytes(new)
+    assert (mine / "notes.txt").read_text() == "mine\n" and (old_mine / "thesis.tex").exists()
+    assert a_file.read_text() == "a file\n" and link.is_symlink() and (target / "keep.txt").exists()
+    assert dangling.is_symlink()
+    assert not empty.exists() and not marked.exists() and not complete.exists()
+
+
+HAND_ADDED: dict[str, Callable[[Path], None]] = {
+    "dtc-tmp-file": lambda d: (d / ".dtc-tmp-x-abc").write_text("mine\n"),
+    "dtc-old-folder": lambda d: ((d / ".dtc-old-x-1").mkdir(), (d / ".dtc-old-x-1" / "a").write_text("mine\n")),
+    "obtained": lambda d: (d / "plan.json.obtained").write_text("mine\n"),
+    "dangling-link": lambda d: (d / "link").symlink_to(d / "nowhere"),
+    "link-to-file": lambda d: (d / "passwd").symlink_to("/etc/passwd"),
+    "fifo": lambda d: os.mkfifo(d / "pipe"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(HAND_ADDED))
+def test_hand_added_entries_in_the_output_folder_are_not_deleted_silently(entry: str, sets, tmp_path: Path) -> None:
+    """Inside OUT/<name>/ every entry counts: dtc-like names, *.obtained, links and FIFOs make it
+    a hand-edited folder (exit 2, named) instead of disappearing with the next write."""
+    old, new = sets
+    out = tmp_path / NAME
+    write_artifacts(old, out)
+    HAND_ADDED[entry](out)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ArtifactError, match="edited by hand") as err:
+        write_artifacts(new, out)
+    added = sorted(set(before) - {rel for rel in expected_bytes(old)})
+    assert added and all(f"  {name}" in err.value.render() for name in added), err.value.render()
+    assert sorted(p.name for p in out.iterdir()) == before
+    write_artifacts(new, out, force=True)  # --force replaces the folder with exactly the new set
+    assert snapshot(out) == expected_bytes(new) and not any(p.is_symlink() for p in out.iterdir())
+
+
+_HOLD_LOCK = ("import fcntl, os, sys, time\n"
+              "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "print('locked', flush=True)\n"
+              "time.sleep(float(sys.argv[2]))\n")
+
+
+def test_a_second_writer_waits_for_the_first(sets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another process writes into the folder (holds the lock), a write waits; it never cleans
+    up that process's staging folder, and gives up with a clean error after LOCK_WAIT_S."""
+    old, new = sets
+    out = tmp_path / NAME
+    write_artifacts(old, out)
+    live = tmp_path / f".dtc-tmp-{NAME}-live1234"  # the other writer's staging folder, half written
+    live.mkdir()
+    (live / artifacts_mod.STAGING_MARK).write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path), "30"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(artifacts_mod, "LOCK_WAIT_S", 0.3)
+        with pytest.raises(ArtifactError, match="another dtc is writing"):
+            write_artifacts(new, out)
+        assert live.exists() and snapshot(out) == expected_bytes(old)
+    finally:
+        holder.kill()
+        holder.wait()
+    start = time.perf_counter()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path), "0.5"], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    monkeypatch.setattr(artifacts_mod, "LOCK_WAIT_S", 60.0)
+    write_artifacts(new, out)  # waits for the holder, then writes (and cleans the dead run's staging)
+    holder.wait()
+    assert time.perf_counter() - start >= 0.4
+    assert snapshot(out) == expected_bytes(new) and leftovers(tmp_path) == []

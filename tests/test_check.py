@@ -67,7 +67,35 @@ def test_summary_line_variants():
     assert summary_line([ok], [], Path("generated")) == "Check: 1 spec, 1 up to date."
     assert summary_line([ok, stale, failed], ["generated/old/"], Path("out")) == (
         "Check: 3 specs, 1 up to date, 1 stale (2 files), 1 failed, 1 orphaned folder. "
-        "Run: dtc compile --out out specs/b.yaml; rm -r generated/old/")
+        "Run: dtc compile --out out specs/b.yaml; rm -r -- generated/old/")
+
+
+HOSTILE_NAMES = ["specs/a;touch pwned;.yaml", "specs/$(touch pwned).yaml", "specs/`touch pwned`.yaml",
+                 "specs/a b.yaml", "specs/'q'.yaml", "specs/-rf.yaml", "specs/new\nline.yaml", "specs/~.yaml",
+                 "specs/a&&touch pwned.yaml", "specs/\x1b[31mred.yaml"]
+
+
+def test_run_line_is_shell_quoted(tmp_path: Path):
+    """Issue #16 item 6: `Run: dtc compile specs/a;touch pwned;.yaml; rm -r generated/x ~/` ran commands
+    when pasted. Pasted into bash (dtc and rm stubbed to print their arguments), the line now passes
+    every name as one argument and runs nothing else."""
+    import subprocess
+
+    stale = [SpecCheck(name, missing=["x"]) for name in HOSTILE_NAMES]
+    orphans = ["generated/x;touch pwned/", "generated/y ~/", "generated/$(touch pwned)/"]
+    line = summary_line(stale, orphans, Path("out dir;touch pwned"))
+    run = line.split(" Run: ", 1)[1]
+    assert "\x1b" not in run and "\n" not in run
+    stubs = ("dtc() { printf 'dtc'; printf ' <%s>' \"$@\"; echo; }\n"
+             "rm() { printf 'rm'; printf ' <%s>' \"$@\"; echo; }\n")
+    result = subprocess.run(["bash", "-c", stubs + run], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "pwned").exists()
+    from compiler.errors import printable
+
+    dtc_line, rm_line = result.stdout.splitlines()
+    assert dtc_line == "dtc <compile> <--out> <out dir;touch pwned> " + " ".join(f"<{printable(n)}>" for n in HOSTILE_NAMES)
+    assert rm_line == "rm <-r> <--> " + " ".join(f"<{o}>" for o in orphans)
 
 
 # --------------------------------------------------------------------------- the command
@@ -129,7 +157,7 @@ def test_check_orphaned_and_missing_folders(project: Path, monkeypatch: pytest.M
     (project / "generated" / "old-run" / "plan.json").write_text("{}\n")
     result = run_cli(["check"], exit_code=1)
     assert "generated/old-run/: orphaned folder (no spec in specs/ is named old-run)" in result.stdout
-    assert result.stdout.endswith("Check: 2 specs, 2 up to date, 1 orphaned folder. Run: rm -r generated/old-run/\n")
+    assert result.stdout.endswith("Check: 2 specs, 2 up to date, 1 orphaned folder. Run: rm -r -- generated/old-run/\n")
     # naming specs checks only those: the stray folder is not reported
     assert run_cli(["check", "specs/a.yaml"], exit_code=0)
     shutil.rmtree(folders["b"])
@@ -189,3 +217,26 @@ def test_ci_workflow_and_pre_commit_hook():
     doc = (REPO / "docs" / "review.md").read_text()
     for needle in ("dtc check", "dtc diff --base", ".github/workflows/dtc.yml", "id: dtc-check", "--format markdown"):
         assert needle in doc, needle
+
+
+def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #16 item 5: a committed generated/X/PLAN.md -> ../../.git/config made `dtc check` and
+    `dtc diff --unified` print the checkout's credentials. A link is reported, never read."""
+    folders = _compile_all(project, monkeypatch)
+    git = project / ".git"
+    git.mkdir()
+    (git / "config").write_text("[http]\n\textraheader = AUTHORIZATION: basic SECRET-TOKEN\n")
+    folder = next(iter(folders.values()))
+    (folder / "PLAN.md").unlink()
+    (folder / "PLAN.md").symlink_to("../../.git/config")
+    (folder / "notes.md").symlink_to("../../.git/config")
+    result = run_cli(["check"], exit_code=1)
+    assert "SECRET-TOKEN" not in result.stdout + result.stderr
+    assert "PLAN.md: a symbolic link or other non-regular file; not followed or read" in result.stdout
+    assert "- notes.md (orphaned" in result.stdout
+    for args in (["diff", "--unified", str(folder), "specs/a.yaml"], ["diff", "--unified", "specs/a.yaml", str(folder)],
+                 ["diff", "--format", "markdown", "--unified", str(folder), "specs/a.yaml"]):
+        result = run_cli(args, exit_code=None)
+        assert result.exit_code in (1, 2) and "SECRET-TOKEN" not in result.stdout + result.stderr, args
+    result = run_cli(["compile", "specs/a.yaml", "specs/b.yaml"], exit_code=2)  # a hand-edited folder
+    assert "SECRET-TOKEN" not in result.stdout + result.stderr and "notes.md" in result.stderr

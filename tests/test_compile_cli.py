@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.invariants import check_invariants, megatron_flags
+from compiler.render.invariants import check_invariants
+from compiler.targets.megatron.render import megatron_flags
 from helpers import REPO, run_cli
 
 SPEC = "specs/7b.yaml"
@@ -81,7 +82,7 @@ def test_invariants_hold_and_catch_disagreement(compiled) -> None:
 def test_megatron_flag_parser(compiled) -> None:
     _, plan, files = compiled
     flags = megatron_flags(files["megatron_args.sh"])
-    assert flags["--global-batch-size"] == str(plan.training["global_batch"])
+    assert flags["--global-batch-size"] == str(plan.training.global_batch)
     assert flags["--bf16"] is True
 
 

@@ -57,7 +57,7 @@ def _artifacts(plan, **extra: str) -> ArtifactSet:
         "megatron_args.sh": "MEGATRON_ARGS=(\n"
                             f"  --tensor-model-parallel-size {lay.tp}\n"
                             + ("  --use-distributed-optimizer\n" if lay.zero_stage else "") + ")\n",
-        "train.sbatch": f"#!/bin/bash\n#SBATCH --partition={plan.slurm.get('partition') or 'gpu'}\n"
+        "train.sbatch": f"#!/bin/bash\n#SBATCH --partition={plan.slurm.partition or 'gpu'}\n"
                         f"#SBATCH --nodes={lay.num_nodes}\nexport NCCL_IB_TIMEOUT=22\n"
                         f"srun torchrun --nnodes {lay.num_nodes} --nproc-per-node 8 train.py\n",
         "PLAN.md": f"# {plan.name}\n\n{lay.describe()}\n",
@@ -166,7 +166,7 @@ def test_layout_change_summary_and_key_changes():
 
 def test_plan_json_lists_setting_changes_only():
     old = _plan(dp_shard=8, zero_stage=1)
-    new = dataclasses.replace(old, slurm={**old.slurm, "partition": "batch"})
+    new = dataclasses.replace(old, slurm=old.slurm.model_copy(update={"partition": "batch"}))
     d = _diff(old, new)
     assert not d.plan_changed
     plan_json = next(f for f in d.files if f.path == "plan.json")
@@ -208,7 +208,7 @@ def test_no_warning_below_thresholds(old_est, new_est):
 def test_plan_json_change_explained_when_nothing_else_changed():
     """A comment-only spec edit changes only plan.json's provenance: say so rather than nothing."""
     old = _plan(dp_shard=8, zero_stage=1)
-    new = dataclasses.replace(old, provenance={**old.provenance, "spec_sha256": "beef"})
+    new = dataclasses.replace(old, provenance=dataclasses.replace(old.provenance, spec_sha256="beef"))
     d = _diff(old, new)
     (plan_json,) = [f for f in d.files if f.action != "same"]
     assert [(k.key, k.new) for k in plan_json.key_changes] == [("provenance.spec_sha256", '"beef"')]
@@ -216,8 +216,8 @@ def test_plan_json_change_explained_when_nothing_else_changed():
 
 def test_budget_warning_and_input_only_change():
     plan = _with(_plan(dp_shard=8, zero_stage=1), cost_usd=96_000.0)
-    old = dataclasses.replace(plan, budget={**plan.budget, "max_cost_usd": 200_000.0})
-    new = dataclasses.replace(plan, budget={**plan.budget, "max_cost_usd": 100_000.0})
+    old = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=200_000.0))
+    new = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=100_000.0))
     d = _diff(old, new)
     assert d.warnings == ("cost is now within 5% of the budget ($96.00K of $100.00K)",)
     assert not d.plan_changed  # only an input row changed
@@ -230,7 +230,7 @@ def test_budget_warning_and_input_only_change():
 def test_target_dropped_and_global_batch_warnings():
     old = _plan(dp_shard=8, zero_stage=1)
     new = dataclasses.replace(old, targets=tuple(t for t in old.targets if t != "fsdp"),
-                              training={**old.training, "global_batch": 32})
+                              training=dataclasses.replace(old.training, global_batch=32))
     old_files = _artifacts(old, **{"fsdp_config.py": "TP = 1\n"})
     d = diff_sides(Side("a", old, old_files), Side("b", new, _artifacts(new)))
     assert "target fsdp dropped: fsdp_config.py no longer generated" in d.warnings
@@ -496,3 +496,35 @@ def test_base_shows_generated_folders_changed_without_their_spec(git_repo: Path)
     result = _dtc(git_repo, "diff", "--base", "HEAD")
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("specs/other.yaml (HEAD -> working tree)") and "generated/" not in result.stdout
+
+
+QUOTED_NAMES = ["spéc.yaml", 'quo"te.yaml', "new\nline.yaml", "back\\slash.yaml", "tab\there.yaml", "ünïcode-é.yml"]
+
+
+def test_base_sees_specs_whose_names_git_quotes(git_repo: Path):
+    """Issue #16 item 7: git quotes names with non-ASCII bytes, quotes, backslashes, tabs or newlines in
+    its line output ("specs/sp\\303\\251c.yaml"), so --base read "0 specs changed" while they had.
+    Paths are read with -z now: committed-then-changed and untracked specs alike."""
+    old = (CASES / "pinned_tp" / "old.yaml").read_bytes()
+    new = (CASES / "pinned_tp" / "new.yaml").read_bytes()
+    committed, untracked = QUOTED_NAMES[:3], QUOTED_NAMES[3:]
+    for name in committed:
+        (git_repo / "specs" / name).write_bytes(old)
+    _git(git_repo, "add", "-A")
+    _git(git_repo, "commit", "-q", "-m", "odd names")
+    for name in committed:
+        (git_repo / "specs" / name).write_bytes(new)
+    for name in untracked:
+        (git_repo / "specs" / name).write_bytes(new)
+    result = _dtc(git_repo, "diff", "--base", "HEAD", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    titles = [d["title"] for d in data["diffs"]]
+    assert len(titles) == len(QUOTED_NAMES), titles
+    from compiler.errors import printable
+
+    for name in committed:  # titles are shown printable: one line, no control characters
+        assert any(t.startswith(f"specs/{printable(name)} (HEAD -> working tree)") for t in titles), (name, titles)
+    text = _dtc(git_repo, "diff", "--base", "HEAD")
+    assert f"Diff: {len(QUOTED_NAMES)} specs changed" in text.stdout, text.stdout[-500:]
+    assert "specs/new\\nline.yaml" in text.stdout  # shown escaped, one line

@@ -23,8 +23,8 @@ EXPECTED_OPTIONS = {
     "compile": ["--check", "--force", "--json", "--out", "--target"],
     "plan": ["--json", "--top"],
     "estimate": ["--cp", "--dp", "--dp-shard", "--ep", "--gpu", "--json", "--micro-batch", "--offload-optimizer",
-                 "--offload-params", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
-                 "--zero"],
+                 "--offload-params", "--plan", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
+                 "--zero"],  # --plan: re-cost a compiled plan.json (issue #14)
     "smoke": ["--json", "--slurm", "--steps", "--target", "--timeout"],
     "check": ["--generated", "--json", "--specs-dir"],
     "diff": ["--base", "--format", "--unified"],

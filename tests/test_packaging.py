@@ -32,10 +32,14 @@ def test_wheel_contains_templates_and_data(wheel_venv: Path) -> None:
     out = subprocess.run([str(wheel_venv / "bin/python"), "-c",
                           "import importlib.resources as r; root = r.files('compiler'); "
                           "print(sorted(p.name for p in (root / 'templates').iterdir())); "
-                          "print(sorted(p.name for p in (root / 'data').iterdir()))"],
+                          "print(sorted(p.name for p in (root / 'data').iterdir())); "
+                          "from compiler.targets import registry; "
+                          "print({t.name: sorted(p.name for p in (root / 'targets' / t.name / t.templates).iterdir()) "
+                          "for t in registry.targets() if t.templates})"],
                          capture_output=True, text=True, cwd="/", check=True)
     assert "gpus.yaml" in out.stdout and "models.yaml" in out.stdout
-    assert "slurm" in out.stdout and "deepspeed" in out.stdout
+    assert "report" in out.stdout and "common" in out.stdout
+    assert "ds_train.py.j2" in out.stdout and "torchrun.sbatch.j2" in out.stdout and "megatron_args.sh.j2" in out.stdout
 
 
 def test_wheel_dtc_compiles_byte_identically(wheel_venv: Path, tmp_path: Path) -> None:

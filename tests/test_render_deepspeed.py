@@ -21,8 +21,8 @@ import pytest
 
 from compiler.errors import RenderError
 from compiler.plan import Plan
-from compiler.render.deepspeed import (NVME_PATH, deepspeed_context, deepspeed_dp_size, deepspeed_notes,
-                                       lr_schedule_steps, render_deepspeed)
+from compiler.targets.deepspeed.render import (NVME_PATH, deepspeed_context, deepspeed_dp_size, deepspeed_notes,
+                                       ds_train_context, lr_schedule_steps, render_deepspeed)
 from plan_fixtures import layout_for, plan_for, problem_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ training:
 cluster:
   gpu: h100-sxm
   num_gpus: {num_gpus}
-""")
+""" + ("targets: [megatron]\n" if precision == "fp8" else ""))  # fp8: a Megatron plan, rendered for DeepSpeed
 
 
 def plan(problem, **layout: Any) -> Plan:
@@ -102,9 +102,9 @@ def test_batch_identity_uses_deepspeeds_world_size(matrix: dict[str, Plan]) -> N
         assert cfg["train_batch_size"] == lay.micro_batch * lay.grad_accum * deepspeed_dp_size(lay), name
         # DeepSpeed divides by dp, except that AutoTP (no mpu) counts the TP ranks too
         assert deepspeed_dp_size(lay) == (lay.dp * lay.tp if lay.tp > 1 else lay.dp), name
-    assert deepspeed_context(matrix["pp2_z1"])["train_batch_size"] == matrix["pp2_z1"].training["global_batch"]
+    assert deepspeed_context(matrix["pp2_z1"])["train_batch_size"] == matrix["pp2_z1"].training.global_batch
     tp2 = matrix["tp2_z1"]
-    assert deepspeed_context(tp2)["train_batch_size"] == 2 * tp2.training["global_batch"]
+    assert deepspeed_context(tp2)["train_batch_size"] == 2 * tp2.training.global_batch
 
 
 def test_zero_sections(matrix: dict[str, Plan]) -> None:
@@ -121,7 +121,7 @@ def test_zero_sections(matrix: dict[str, Plan]) -> None:
     assert "allgather_bucket_size" not in z3
     hsdp = deepspeed_context(matrix["hsdp_z3"])
     assert hsdp["zero_optimization"]["zero_hpz_partition_size"] == 8
-    assert hsdp["train_batch_size"] == matrix["hsdp_z3"].training["global_batch"]
+    assert hsdp["train_batch_size"] == matrix["hsdp_z3"].training.global_batch
 
 
 def test_offload(matrix: dict[str, Plan]) -> None:
@@ -152,16 +152,16 @@ def test_precision(matrix: dict[str, Plan]) -> None:
 def test_optimizer_scheduler_clipping(matrix: dict[str, Plan]) -> None:
     p = matrix["z1_fp16"]
     cfg, t = deepspeed_context(p), p.training
-    assert cfg["optimizer"] == {"type": "AdamW", "params": {"lr": t["learning_rate"], "eps": 1e-8,
-                                                            "betas": [t["adam_beta1"], t["adam_beta2"]],
-                                                            "weight_decay": t["weight_decay"]}}
+    assert cfg["optimizer"] == {"type": "AdamW", "params": {"lr": t.learning_rate, "eps": 1e-8,
+                                                            "betas": [t.adam_beta1, t.adam_beta2],
+                                                            "weight_decay": t.weight_decay}}
     warmup, total = lr_schedule_steps(p)
-    assert total == t["num_steps"] and warmup == -(-t["warmup_tokens"] // t["tokens_per_step"])
+    assert total == t.num_steps and warmup == -(-t.warmup_tokens // t.tokens_per_step)
     sched = cfg["scheduler"]
     assert sched["type"] == "WarmupCosineLR"
     assert sched["params"]["total_num_steps"] == total and sched["params"]["warmup_num_steps"] == warmup
-    assert sched["params"]["cos_min_ratio"] == pytest.approx(t["min_learning_rate"] / t["learning_rate"])
-    assert cfg["gradient_clipping"] == t["grad_clip"]
+    assert sched["params"]["cos_min_ratio"] == pytest.approx(t.min_learning_rate / t.learning_rate)
+    assert cfg["gradient_clipping"] == t.grad_clip
     assert cfg["wall_clock_breakdown"] is False and "seed" not in cfg
     sgd = deepspeed_context(matrix["sgd_z1"])
     assert sgd["optimizer"]["type"] == "SGD" and sgd["zero_allow_untested_optimizer"] is True
@@ -171,7 +171,11 @@ def test_optimizer_scheduler_clipping(matrix: dict[str, Plan]) -> None:
 
 def test_pipeline_autotp_and_checkpointing(matrix: dict[str, Plan]) -> None:
     pp = deepspeed_context(matrix["pp2_z1"])
-    assert pp["pipeline"] == {"stages": 2, "partition": "parameters", "activation_checkpoint_interval": 1}
+    assert pp["pipeline"] == {"stages": 2, "activation_checkpoint_interval": 1}
+    # the layers of each stage: Megatron's split of the plan (compiler.split), placed in ds_train.py
+    train = ds_train_context(matrix["pp2_z1"])["plan"]
+    assert train["stage_layers"] == list(matrix["pp2_z1"].layer_split().chunk_layers)
+    assert sum(train["stage_layers"]) == train["model"]["num_layers"]
     assert pp["activation_checkpointing"]["partition_activations"] is False
     assert deepspeed_context(matrix["pp4_z0"])["pipeline"]["activation_checkpoint_interval"] == 0
     assert "activation_checkpointing" not in deepspeed_context(matrix["pp4_z0"])
@@ -190,7 +194,7 @@ def test_notes_explain_what_the_config_cannot(matrix: dict[str, Plan]) -> None:
     assert any("zero_hpz_partition_size=8" in n for n in deepspeed_notes(matrix["hsdp_z3"]))
 
 
-@pytest.mark.parametrize("layout, needle", [  # the solver's table, compiler.frameworks
+@pytest.mark.parametrize("layout, needle", [  # the solver's table, compiler.targets.support
     (dict(tp=2, cp=2, dp_shard=2, zero_stage=1), "context parallel"),
     (dict(dp_shard=8, zero_stage=1, ep=2), "expert parallel"),
     (dict(tp=2, dp_shard=4, zero_stage=1, sequence_parallel=True), "sequence parallel"),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.fsdp import fsdp_context, render_fsdp
+from compiler.targets.fsdp.render import fsdp_context, render_fsdp
 from plan_fixtures import layout_for, plan_for, problem_for
 
 LLAMA_SPEC = """
@@ -29,7 +29,7 @@ model:
   preset: {preset}
 training:
   tokens: 1T
-  sequence_length: 4096
+  sequence_length: {seq}
   global_batch: 64
   precision: {precision}
 cluster:
@@ -58,8 +58,11 @@ cluster:
 """
 
 
-def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", **layout: Any):
-    problem = problem_for(LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset))
+def llama_plan(num_gpus: int = 8, precision: str = "bf16", preset: str = "llama3-8b", seq: int = 4096, **layout: Any):
+    text = LLAMA_SPEC.format(num_gpus=num_gpus, precision=precision, preset=preset, seq=seq)
+    if precision == "fp8":  # a plan made for Megatron (the only target that trains fp8), rendered for FSDP2
+        text += "targets: [megatron]\n"
+    problem = problem_for(text)
     return plan_for(problem, layout_for(problem, **layout), real_estimate=False)
 
 
@@ -117,14 +120,14 @@ def test_context_model_family() -> None:
     llama = fsdp_context(llama_plan(dp_shard=8, zero_stage=3))["model"]
     assert (llama["mlp"], llama["norm"], llama["tied_embeddings"]) == ("swiglu", "rmsnorm", False)
     assert (llama["num_attention_heads"], llama["num_kv_heads"], llama["head_dim"]) == (32, 8, 128)
-    gpt = fsdp_context(llama_plan(preset="gpt-1.7b", dp_shard=8, zero_stage=3))["model"]
+    gpt = fsdp_context(llama_plan(preset="gpt-1.7b", seq=2048, dp_shard=8, zero_stage=3))["model"]
     assert (gpt["mlp"], gpt["norm"], gpt["tied_embeddings"]) == ("gelu", "layernorm", True)
 
 
 def test_context_optimizer_from_plan() -> None:
     plan = llama_plan(dp_shard=8, zero_stage=3)
     ctx = fsdp_context(plan)
-    assert ctx["lr"] == plan.training["learning_rate"] and ctx["min_lr"] == plan.training["min_learning_rate"]
+    assert ctx["lr"] == plan.training.learning_rate and ctx["min_lr"] == plan.training.min_learning_rate
     assert ctx["betas"] == (0.9, 0.95) and ctx["grad_clip"] == 1.0 and ctx["seed"] == 1234
     assert ctx["warmup_fraction"] == pytest.approx(0.01)
 
@@ -220,14 +223,15 @@ def test_reference_model_family(tp_config) -> None:
     assert block.feed_forward.w3 is not None  # SwiGLU
     logits = model(torch.randint(0, 256, (2, 16)))
     assert logits.shape == (2, 16, 256)
-    split = C.split_stage(model, 1, 2)
+    split = C.split_stage(model, 1, (1, 1))
     assert split.tok_embeddings is None and list(split.layers) == ["1"] and split.output is not None
     assert model.tok_embeddings is not None and list(model.layers) == ["0", "1"]  # the original is intact
 
 
 def test_reference_model_gpt_family(tmp_path: Path) -> None:
     import torch  # noqa: F401  - required; a missing torch fails the test
-    C = _import_config(_write(llama_plan(preset="gpt-1.7b", dp_shard=8, zero_stage=3), tmp_path), "fsdp_config_gpt")
+    C = _import_config(_write(llama_plan(preset="gpt-1.7b", seq=2048, dp_shard=8, zero_stage=3), tmp_path),
+                        "fsdp_config_gpt")
     model = C.build_reference_model(layers=1, hidden=64, seq_len=8, vocab=128)
     assert model.output.weight is model.tok_embeddings.weight  # tied
     assert model.layers["0"].feed_forward.w3 is None  # GELU MLP

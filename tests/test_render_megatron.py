@@ -20,8 +20,9 @@ import pytest
 
 from compiler.errors import RenderError
 from compiler.plan import Plan
-from compiler.render.megatron import (_pipeline_split, megatron_arg_groups, megatron_args, megatron_env,
-                                      megatron_notes, moe_layer_pattern, render_megatron)
+from compiler.targets.megatron.render import (megatron_arg_groups, megatron_args, megatron_env, megatron_notes,
+                                      moe_layer_pattern, pipeline_flags, render_megatron)
+from compiler.split import PipelineSplit
 from plan_fixtures import layout_for, plan_for, problem_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ training:
 cluster:
   gpu: {gpu}
   num_gpus: {num_gpus}
+targets: [megatron]
 {extra}""")
 
 
@@ -61,13 +63,25 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "cp": (dict(num_gpus=16, seq=8192), dict(tp=2, cp=2, dp_shard=4, zero_stage=1, sequence_parallel=True)),
     "uneven_pp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
                   dict(tp=8, pp=8, dp_shard=2, zero_stage=1, recompute="full", sequence_parallel=True)),
+    # NeMo's Llama 3.1 405B: pp 8 x vpp 8 with the embedding and the loss counted as layers
+    "account_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                    dict(tp=8, pp=8, vpp=8, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                         sequence_parallel=True)),
+    # 126 layers on pp 8 x vpp 9: only an explicit --pipeline-model-parallel-layout balances it
+    "layout_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                   dict(tp=8, pp=8, vpp=9, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                        sequence_parallel=True)),
+    # a pinned uneven split: Megatron's 9 / 18 x 6 / 9
+    "first_last_vpp": (dict(preset="llama3.1-405b", num_gpus=128, gbs=128),
+                       dict(tp=8, pp=8, vpp=9, schedule="interleaved_1f1b", dp_shard=2, zero_stage=1,
+                            sequence_parallel=True, split=PipelineSplit("uneven", first=9, last=9))),
     "deepseek_mla_moe": (dict(preset="deepseek-v3", num_gpus=64, gbs=128),
                          dict(tp=2, pp=4, ep=8, dp_shard=8, zero_stage=1, sequence_parallel=True)),
     "mixtral_ep": (dict(preset="mixtral-8x7b", num_gpus=16), dict(tp=2, ep=8, dp_shard=8, zero_stage=1,
                                                                    sequence_parallel=True)),
     "mixtral_fsdp_ep": (dict(preset="mixtral-8x7b", num_gpus=16), dict(dp_shard=16, zero_stage=3, ep=8)),
     "qwen_qkv_bias": (dict(preset="qwen2.5-7b"), dict(tp=4, dp_shard=2, zero_stage=1, sequence_parallel=True)),
-    "gpt3_fp16_gelu": (dict(preset="gpt3-175b", num_gpus=64, precision="fp16"), dict(tp=8, pp=8)),
+    "gpt3_fp16_gelu": (dict(preset="gpt3-175b", num_gpus=64, precision="fp16", seq=2048), dict(tp=8, pp=8)),
     "offload_cpu": ({}, dict(dp_shard=8, zero_stage=1, offload_optimizer="cpu")),
     "fp32_sgd": (dict(precision="fp32", optimizer="sgd"), dict(dp_replicate=8)),
     "fp8_hopper": (dict(precision="fp8"), dict(tp=2, dp_shard=4, zero_stage=1)),
@@ -97,8 +111,8 @@ def test_parallel_sizes_and_data_parallel(matrix: dict[str, Plan]) -> None:
         assert ("--use-distributed-optimizer" in a) == (lay.zero_stage == 1), name
         assert ("--use-megatron-fsdp" in a) == (lay.zero_stage >= 2), name
         assert value(a, "--micro-batch-size") == str(lay.micro_batch)
-        assert value(a, "--global-batch-size") == str(p.training["global_batch"])
-        assert value(a, "--train-iters") == str(p.training["num_steps"])
+        assert value(a, "--global-batch-size") == str(p.training.global_batch)
+        assert value(a, "--train-iters") == str(p.training.num_steps)
     a = megatron_args(matrix["fsdp_z3_hsdp"])
     assert value(a, "--data-parallel-sharding-strategy") == "optim_grads_params"
     assert value(a, "--num-distributed-optimizer-instances") == "2" and value(a, "--ckpt-format") == "fsdp_dtensor"
@@ -110,12 +124,22 @@ def test_parallel_sizes_and_data_parallel(matrix: dict[str, Plan]) -> None:
     assert value(megatron_args(matrix["vpp"]), "--num-virtual-stages-per-pipeline-rank") == "2"
 
 
-def test_uneven_pipeline_split() -> None:
-    assert _pipeline_split(32, 4, 1) == (0, 0)
-    assert _pipeline_split(126, 8, 1) == (15, 15)  # Llama 3 405B: 6 middle stages of 16
-    assert _pipeline_split(30, 4, 2) == (6, 8)  # multiples of vpp; the first stage gets fewer
-    assert _pipeline_split(7, 2, 1) == (3, 4)
-    assert _pipeline_split(5, 4, 2) is None
+def test_pipeline_split_flags(matrix: dict[str, Plan]) -> None:
+    assert pipeline_flags(4, 1, PipelineSplit()) == [["--pipeline-model-parallel-size", "4"]]
+    a = megatron_args(matrix["uneven_pp"])  # 126 layers on pp 8: 128 units / 8 ranks
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(a)
+    a = megatron_args(matrix["account_vpp"])
+    assert value(a, "--num-virtual-stages-per-pipeline-rank") == "8"
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(a)
+    a = megatron_args(matrix["layout_vpp"])  # the layout fixes vpp itself (arguments.py:907)
+    assert "--num-virtual-stages-per-pipeline-rank" not in a
+    assert value(a, "--pipeline-model-parallel-layout") == "E|,(t|)*15,(tt|)*55,tL"
+    a = megatron_args(matrix["first_last_vpp"])
+    assert (value(a, "--decoder-first-pipeline-num-layers"), value(a, "--decoder-last-pipeline-num-layers")) == \
+        ("9", "9")
+    assert value(a, "--num-virtual-stages-per-pipeline-rank") == "9"
+    for name, p in matrix.items():  # every plan records the split it is costed with
+        assert p.layout.split is not None, name
 
 
 def test_model_flags(matrix: dict[str, Plan]) -> None:
@@ -152,11 +176,11 @@ def test_optimizer_precision_recompute(matrix: dict[str, Plan]) -> None:
     p = matrix["distopt_tp_sp"]
     a, t = megatron_args(p), p.training
     assert value(a, "--optimizer") == "adam" and value(a, "--lr-decay-style") == "cosine"
-    assert float(value(a, "--lr")) == t["learning_rate"] and float(value(a, "--min-lr")) == t["min_learning_rate"]
-    assert int(value(a, "--lr-warmup-iters")) == -(-t["warmup_tokens"] // t["tokens_per_step"])
-    assert value(a, "--lr-decay-iters") == str(t["num_steps"])
-    assert float(value(a, "--adam-beta2")) == t["adam_beta2"] and float(value(a, "--clip-grad")) == t["grad_clip"]
-    assert float(value(a, "--weight-decay")) == t["weight_decay"] and value(a, "--seed") == str(t["seed"])
+    assert float(value(a, "--lr")) == t.learning_rate and float(value(a, "--min-lr")) == t.min_learning_rate
+    assert int(value(a, "--lr-warmup-iters")) == -(-t.warmup_tokens // t.tokens_per_step)
+    assert value(a, "--lr-decay-iters") == str(t.num_steps)
+    assert float(value(a, "--adam-beta2")) == t.adam_beta2 and float(value(a, "--clip-grad")) == t.grad_clip
+    assert float(value(a, "--weight-decay")) == t.weight_decay and value(a, "--seed") == str(t.seed)
     assert value(a, "--recompute-granularity") == "selective" and "--recompute-method" not in a
     full = megatron_args(matrix["fsdp_z3_hsdp"])
     assert (value(full, "--recompute-granularity"), value(full, "--recompute-method"),
@@ -179,7 +203,7 @@ def test_environment_and_notes(matrix: dict[str, Plan]) -> None:
     assert megatron_env(matrix["fsdp_z2"]) == {"CUDA_DEVICE_MAX_CONNECTIONS": None}  # Megatron-FSDP: unset
     assert megatron_env(matrix["fp8_blackwell"]) == {}  # no longer required from Blackwell on
     assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in render_megatron(matrix["fsdp_z2"])["megatron_args.sh"]
-    assert any("15 on the first stage, 15 on the last" in n for n in megatron_notes(matrix["uneven_pp"]))
+    assert any("15, 16 x 6, 15 layers per pipeline rank" in n for n in megatron_notes(matrix["uneven_pp"]))
     assert any("fsdp_dtensor" in n for n in megatron_notes(matrix["fsdp_z3_hsdp"]))
 
 
@@ -195,7 +219,7 @@ def test_groups_are_ordered(matrix: dict[str, Plan]) -> None:
     (dict(preset="mixtral-8x7b", num_gpus=16), dict(dp_shard=16, zero_stage=1, ep=16), "num_experts"),
     (dict(preset="mixtral-8x7b", num_gpus=16), dict(tp=2, ep=8, dp_shard=8, zero_stage=1), "sequence parallel"),
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=1, ep=2), "MoE model"),
-    (dict(num_gpus=8, seq=4098), dict(cp=2, dp_shard=4, zero_stage=1), "2 x cp"),
+    (dict(num_gpus=8, seq=4098), dict(cp=2, dp_shard=4, zero_stage=1), "2 x context_parallel"),
     (dict(num_gpus=8), dict(pp=2, schedule="gpipe", dp_shard=4, zero_stage=1), "GPipe"),  # frameworks table
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=3, offload_params="cpu"), "offload parameters"),
     (dict(num_gpus=8), dict(dp_shard=8, zero_stage=3, offload_optimizer="nvme"), "CPU only"),
@@ -256,7 +280,7 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
         flags, conn = source_args(path)
         jobs.append({"name": name, "flags": flags, "world_size": p.layout.world_size,
                      "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn},
-                     "gpu_arch": GPU_ARCH[p.cluster["generation"]]})
+                     "gpu_arch": GPU_ARCH[p.cluster.generation]})
     batch = tmp_path / "batch.jsonl"
     batch.write_text("".join(json.dumps(j) + "\n" for j in jobs))
     proc = subprocess.run([sys.executable, str(VALIDATOR), "--batch", str(batch)], capture_output=True, text=True,
@@ -274,3 +298,28 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
         assert derived["data_parallel_size"] == p.layout.dp, name
         assert derived["num_microbatches"] == p.layout.grad_accum, name
         assert (derived["virtual_pipeline_model_parallel_size"] or 1) == p.layout.vpp, name
+        # megatron-core builds exactly the split the plan is costed with
+        assert tuple(derived["chunk_layers"]) == p.layer_split().chunk_layers, name
+
+
+def test_committed_plans_build_their_costed_split(tmp_path: Path) -> None:
+    """Every generated/*/megatron_args.sh, parsed by megatron-core at its plan's world size, builds the
+    decoder layers per (rank, virtual stage) that its plan.json is costed with."""
+    jobs, plans = [], {}
+    for args_file in sorted((ROOT / "generated").glob("*/megatron_args.sh")):
+        p = Plan.from_json((args_file.parent / "plan.json").read_text())
+        flags, conn = source_args(args_file)
+        name = args_file.parent.name
+        plans[name] = p
+        jobs.append({"name": name, "flags": flags, "world_size": p.layout.world_size,
+                     "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn}, "gpu_arch": GPU_ARCH[p.cluster.generation]})
+    assert jobs, "no committed Megatron plans under generated/"
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    proc = subprocess.run([sys.executable, str(VALIDATOR), "--batch", str(batch)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    results = {r["path"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(results) == set(plans), proc.stderr[-3000:]
+    for name, p in plans.items():
+        assert results[name]["ok"], (name, results[name]["errors"])
+        assert tuple(results[name]["derived"]["chunk_layers"]) == p.layer_split().chunk_layers, name

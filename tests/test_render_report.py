@@ -17,7 +17,7 @@ from markdown_it import MarkdownIt
 
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, PipelineEvent, TimeBreakdown
 from compiler.layout import Layout
-from compiler.plan import Candidate, Plan, SearchSummary, make_plan
+from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, make_plan
 from compiler.render import report_text
 from compiler.render.report import render_report, report_context
 from compiler.render.report_svg import MAX_PIPELINE_BOXES, axis_ticks, idle_intervals
@@ -154,8 +154,9 @@ def make_test_plan(*, pp: int = 4, vpp: int = 1, gbs: int = 32, events=None, alt
     search = SearchSummary(num_considered=412, num_evaluated=120, num_feasible=37, num_pruned_by_bound=55,
                            rejections_by_code={"tp_not_divisor": 98, "out_of_memory": 287,
                                                "batch_not_divisible": 27},
-                           closest_misses=({"layout": "t8_p2_d4_z1", "code": "out_of_memory",
-                                            "message": "needs 83.1 GiB of 76.0 GiB", "fix": "raise zero_stage"},))
+                           closest_misses=(ClosestMiss(layout="t8_p2_d4_z1", description="tp=8 pp=2 dp=4 zero=1",
+                                                       code="out_of_memory", message="needs 83.1 GiB of 76.0 GiB",
+                                                       fix="raise zero_stage", over_by=0.093),))
     return make_plan(problem, layout, est, alternatives=alts, search=search, notes=("DeepSpeed runs PP via Megatron.",))
 
 
@@ -469,11 +470,9 @@ def test_real_plan_from_solver() -> None:
 
 @pytest.mark.skipif(not (_HAVE_SOLVER and _HAVE_COSTMODEL), reason="compiler.solver / costmodel not available yet")
 def test_targets_table_lists_what_render_writes() -> None:
-    from compiler.render import REPORT, RENDERERS, render
+    from compiler.render import render
     from compiler.solver import solve
 
-    for module, _ in (REPORT, *RENDERERS.values(), ("compiler.render.invariants", "")):
-        pytest.importorskip(module)
     plan = solve(problem_for(preset="llama3-8b", num_gpus=16, gbs=128))
     listed = [row[1].strip("`") for row in table_with(render_report(plan)["PLAN.md"], "Targets", "target")["rows"]]
     assert listed == list(render(plan))

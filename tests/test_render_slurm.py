@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compiler.errors import RenderError
-from compiler.render.slurm import format_time, primary_target, render_slurm, slurm_context
+from compiler.targets.slurm.render import format_time, primary_target, render_slurm, slurm_context
 from plan_fixtures import layout_for, plan_for, problem_for
 from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
 
@@ -204,7 +204,7 @@ def test_launch_lines() -> None:
 def test_tampered_plan_values_are_refused(field: str, value: str) -> None:
     """A Plan read back from an edited plan.json is checked again; spec patterns apply in full."""
     plan = make_plan(dp_shard=16, zero_stage=3, targets="fsdp, slurm")
-    bad = dataclasses.replace(plan, slurm={**plan.slurm, field: value})
+    bad = dataclasses.replace(plan, slurm=plan.slurm.model_copy(update={field: value}))
     with pytest.raises(RenderError):
         render_slurm(bad)
 
@@ -217,7 +217,7 @@ def test_uneven_nodes_are_refused() -> None:
 
 def test_tampered_environment_name_is_refused() -> None:
     plan = make_plan(dp_shard=16, zero_stage=3, targets="fsdp, slurm")
-    bad = dataclasses.replace(plan, slurm={**plan.slurm, "environment": {"A=1; touch x; B": "v"}})
+    bad = dataclasses.replace(plan, slurm=plan.slurm.model_copy(update={"environment": {"A=1; touch x; B": "v"}}))
     with pytest.raises(RenderError, match="environment"):
         render_slurm(bad)
 
@@ -225,7 +225,7 @@ def test_tampered_environment_name_is_refused() -> None:
 def test_hostile_environment_values_are_inert(rendered, tmp_path: Path) -> None:
     """Run the environment section of the rendered script under bash next to a canary."""
     plan, folder = rendered["hostile_env"]
-    assert plan.slurm["environment"] == HOSTILE
+    assert plan.slurm.environment == HOSTILE
     for script in sorted(folder.glob("*.sbatch")):
         text = script.read_text()
         section = re.search(r"^# >>> dtc: spec environment.*?^# <<< dtc: spec environment$", text, re.S | re.M)
@@ -286,7 +286,7 @@ def test_sbatch_test_only_accepts_every_script(rendered, cluster) -> None:
     for case, (plan, folder) in sorted(rendered.items()):
         # Without a partition in the spec the job goes to the cluster's default partition; the test
         # cluster's default holds only the GPU-less real node, so point it at the fake GPU nodes.
-        extra = [] if plan.slurm.get("partition") else ["--partition=gpu"]
+        extra = [] if plan.slurm.partition else ["--partition=gpu"]
         for script in sorted(folder.glob("*.sbatch")):
             proc = cluster.test_only(script, extra_args=extra)
             if proc.returncode != 0 or "to start at" not in proc.stderr:

@@ -20,7 +20,7 @@ from compiler.smoke import launch as L
 from compiler.smoke.report import Comparison, RankMeasure, SmokeReport, TargetResult, format_report
 from compiler.smoke.scale import SmokeDegrees, check_ds_batch, local_world, map_degrees, reduce_shape, scale_plan
 from compiler.smoke.slurm import rewrite_sbatch, smoke_env
-from compiler.smoke.targets import as_argv, as_env, megatron_flags, smoke_options
+from compiler.smoke.targets import as_argv, as_env, smoke_options
 
 # ------------------------------------------------------------------------------------------- helpers
 SPEC = """
@@ -276,18 +276,6 @@ def test_rewrite_sbatch_only_touches_directives(tmp_path):
     assert body(text) == body(SBATCH)
 
 
-def test_megatron_flags_overrides():
-    plan = make_plan("mg", targets="megatron, slurm", tp=2, pp=2, dp_shard=4, zero_stage=1, micro_batch=1, grad_accum=8)
-    setup = scale_plan(plan, device="cuda", max_ranks=4)
-    flags = ["--tensor-model-parallel-size", "8", "--num-layers", "80", "--use-distributed-optimizer",
-             "--save", "ckpt", "--data-path", "/d", "--seq-length", "8192"]
-    out = megatron_flags(flags, setup)
-    assert out[out.index("--tensor-model-parallel-size") + 1] == str(setup.degrees.tp)
-    assert out[out.index("--num-layers") + 1] == str(setup.shape.num_layers)
-    assert "--save" not in out and "--data-path" not in out and "--mock-data" in out
-    assert "--use-distributed-optimizer" in out and out[out.index("--train-iters") + 1] == "4"
-
-
 # ------------------------------------------------------------------------------------------- errors, locks
 def test_own_error_picks_the_rank_error():
     stderr = textwrap.dedent("""\
@@ -352,8 +340,13 @@ def test_cli_refuses_before_launch(tmp_path):
     cfg["train_batch_size"] += 2
     (gen / "ds_config.json").write_text(json.dumps(cfg))
     t0 = time.monotonic()
+    r = run_cli(["smoke", str(gen), "--target", "deepspeed"], exit_code=2)  # the manifest no longer matches
+    assert "was changed after dtc wrote it" in r.stderr and "  ds_config.json" in r.stderr
+    from helpers import refresh_manifest
+
+    refresh_manifest(gen)  # edited on purpose: the artifacts still have to agree with plan.json
     r = run_cli(["smoke", str(gen), "--target", "deepspeed"], exit_code=2)
-    assert "batch fields disagree" in r.stderr and "train_batch_size" in r.stderr
+    assert "disagree with plan.json" in r.stderr and "train_batch_size" in r.stderr
     assert time.monotonic() - t0 < 20
     r = run_cli(["smoke", str(gen), "--target", "fsdp"], exit_code=2)
     assert "no fsdp artifacts" in r.stderr

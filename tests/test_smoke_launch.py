@@ -129,6 +129,18 @@ def test_fsdp_pipeline_1f1b(gen):
     assert_no_leftovers()
 
 
+def test_deepspeed_pipeline_stage_layers(gen):
+    """The DeepSpeed pipeline engine cuts the model where dtc's split says (ds_train.py's --stage-layers)."""
+    folder = make_generated(gen, "ds-pp", pp=2, dp_shard=2, zero_stage=1, micro_batch=1, grad_accum=4,
+                            targets="deepspeed, slurm")
+    report = _smoke(folder, "deepspeed")
+    assert report.ok, report.targets[0].error
+    t = report.targets[0]
+    _check_passed(t, world_ranks=4)
+    assert "--stage-layers" in t.command
+    assert_no_leftovers()
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_deepspeed_zero12_bf16(gen, stage):
     folder = make_generated(gen, f"ds-z{stage}", dp_shard=2, zero_stage=stage, micro_batch=2, grad_accum=2,
@@ -167,7 +179,7 @@ def test_mesh_that_differs_from_the_world_fails_fast(gen, tmp_path):
     setup = dataclasses.replace(scale_plan(plan, device="cpu", max_ranks=2), world_size=1)
     ctx = T.RunContext(generated_dir=folder, plan=plan, setup=setup, workdir=tmp_path, timeout_s=120)
     t0 = time.monotonic()
-    result = T.run_fsdp(ctx)
+    result = T.run_target(ctx, "fsdp")
     assert time.monotonic() - t0 < 90
     assert result.status == "failed" and "exited with" in result.reason
     assert result.error and "needs 2 ranks, but WORLD_SIZE is 1" in result.error, result

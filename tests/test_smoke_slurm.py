@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from helpers import refresh_manifest
 from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
 from test_smoke import assert_no_leftovers, make_generated
 
@@ -86,6 +87,7 @@ def test_smoke_slurm_failed_job_reports_state_and_log(cluster, tmp_path):
     # a broken entry point (hand-edited): every rank exits 3 before any collective
     (folder / "fsdp_train.py").write_text("import sys\nprint('boom: broken entry point', file=sys.stderr)\n"
                                           "sys.exit(3)\n")
+    refresh_manifest(folder)  # edited on purpose (smoke refuses a folder that no longer matches its manifest)
     t0 = time.monotonic()
     report = run_smoke(folder, target="fsdp", slurm=True, timeout_s=120, write_json=False)
     assert time.monotonic() - t0 < 90
@@ -94,4 +96,21 @@ def test_smoke_slurm_failed_job_reports_state_and_log(cluster, tmp_path):
     assert t.slurm["state"] == "FAILED" and t.slurm["exit_code"] != 0
     assert "boom: broken entry point" in t.slurm["log_tail"]
     assert "FAILED" in t.reason
+    assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
+
+
+def test_smoke_slurm_megatron(cluster, tmp_path):
+    """train_megatron.sbatch (srun, one task per rank) runs the smoke worker through Megatron's training loop."""
+    from compiler.smoke import run_smoke
+    from compiler.smoke.report import format_report
+
+    folder = make_generated(tmp_path, "slurm-mg", gbs=4, pp=2, micro_batch=1, targets="megatron, slurm")
+    t0 = time.monotonic()
+    report = run_smoke(folder, target="megatron", slurm=True, timeout_s=300)
+    print(f"slurm megatron smoke: {time.monotonic() - t0:.1f}s\n{format_report(report)}")
+    t = report.targets[0]
+    assert report.ok, f"{t.reason}\n{t.error}\n{(t.slurm or {}).get('log_tail')}"
+    assert t.slurm["state"] == "COMPLETED" and t.steps_done == 4 and t.last_loss < t.first_loss
+    assert len(t.ranks) == 2 and all(r.param_bytes and r.optimizer_bytes for r in t.ranks)
+    assert any("MEGATRON_DIR" in n for n in t.notes)
     assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from compiler.artifacts import MANIFEST, ArtifactSet, hand_edited_files, read_artifacts
-from compiler.errors import DtcError, ExitCode
+from compiler.artifacts import MANIFEST, ArtifactSet, foreign_entries, hand_edited_files, read_artifacts
+from compiler.errors import DtcError, ExitCode, printable, shell_command
 from compiler.report import to_json
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -54,21 +54,26 @@ class SpecCheck:
 
 def compare(expected: ArtifactSet, out_dir: Path, result: SpecCheck) -> None:
     """Fill ``result`` with what differs between ``expected`` (with manifest) and ``out_dir``."""
-    actual = read_artifacts(out_dir)
+    actual = read_artifacts(out_dir)  # never follows a symbolic link (a committed PLAN.md -> ../../.git/config)
+    foreign = set(foreign_entries(out_dir))
     result.folder_missing = not out_dir.is_dir()
     for rel, text in expected.files.items():
-        if rel not in actual:
+        if rel in foreign:
+            result.stale.append(rel)
+            result.diffs[rel] = [f"{out_dir / rel}: a symbolic link or other non-regular file; not followed or read"]
+        elif rel not in actual:
             result.missing.append(rel)
         elif actual[rel] != text:
             result.stale.append(rel)
             result.diffs[rel] = list(difflib.unified_diff(
                 actual[rel].splitlines(), text.splitlines(), f"{out_dir / rel}", f"{result.spec} (compiled)",
                 lineterm=""))
-    result.orphaned = [rel for rel in actual.files if rel not in expected]
+    result.orphaned = sorted({rel for rel in actual.files if rel not in expected}
+                             | {rel for rel in foreign if rel not in expected})
     if MANIFEST in result.stale and (len(result.stale) > 1 or result.missing or result.orphaned):
         result.stale.remove(MANIFEST)  # it follows from the others
         result.diffs.pop(MANIFEST, None)
-    result.needs_force = bool(actual.files) and bool(hand_edited_files(out_dir))
+    result.needs_force = bool(actual.files or foreign) and bool(hand_edited_files(out_dir))
 
 
 def check_spec(path: str, generated: Path) -> SpecCheck:
@@ -136,19 +141,21 @@ def _duplicates(results: list[SpecCheck]) -> None:
 def _spec_lines(r: SpecCheck) -> list[str]:
     if r.status == "ok":
         return []
+    spec, out = printable(r.spec), printable(r.out or "")
     if r.status == "failed":
-        return [f"{r.spec}: failed", *r.errors]
+        return [f"{spec}: failed", *r.errors]
     if r.folder_missing:
-        return [f"{r.spec} -> {r.out}: missing ({len(r.missing)} files would be written)"]
-    lines = [f"{r.spec} -> {r.out}: stale"]
+        return [f"{spec} -> {out}: missing ({len(r.missing)} files would be written)"]
+    lines = [f"{spec} -> {out}: stale"]
     for rel in r.stale:
-        lines.append(f"  ~ {rel}")
+        lines.append(f"  ~ {printable(rel)}")
         diff = r.diffs.get(rel, [])
         lines += [f"      {line}" for line in diff[:DIFF_LINES]]
         if len(diff) > DIFF_LINES:
-            lines.append(f"      ... {len(diff) - DIFF_LINES} more lines (dtc diff {r.out} {r.spec})")
-    lines += [f"  + {rel} (missing)" for rel in r.missing]
-    lines += [f"  - {rel} (orphaned: not produced by the spec)" for rel in r.orphaned]
+            lines.append(f"      ... {len(diff) - DIFF_LINES} more lines "
+                         f"({shell_command('dtc', 'diff', r.out or '', r.spec)})")
+    lines += [f"  + {printable(rel)} (missing)" for rel in r.missing]
+    lines += [f"  - {printable(rel)} (orphaned: not produced by the spec)" for rel in r.orphaned]
     return lines
 
 
@@ -167,12 +174,12 @@ def summary_line(results: list[SpecCheck], orphans: list[str], generated: Path) 
         parts.append(f"{len(orphans)} orphaned folder{'' if len(orphans) == 1 else 's'}")
     line = "Check: " + ", ".join(parts) + "."
     fixes = []
-    if stale:
-        force = " --force" if any(r.needs_force for r in stale) else ""
-        out = "" if generated == Path("generated") else f" --out {generated}"
-        fixes.append(f"dtc compile{force}{out} " + " ".join(r.spec for r in stale))
+    if stale:  # commands a person pastes: every name shell-quoted (a spec named 'a;touch x;.yaml')
+        force = ["--force"] if any(r.needs_force for r in stale) else []
+        out = [] if generated == Path("generated") else ["--out", str(generated)]
+        fixes.append(shell_command("dtc", "compile", *force, *out, *(r.spec for r in stale)))
     if orphans:
-        fixes.append("rm -r " + " ".join(orphans))
+        fixes.append(shell_command("rm", "-r", "--", *orphans))
     if fixes:
         line += " Run: " + "; ".join(fixes)
     return line
@@ -211,7 +218,8 @@ def check_command(specs: tuple[str, ...], specs_dir: str, generated: str, as_jso
             for text in _spec_lines(r):
                 click.echo(text, err=r.status == "failed")
         for folder in orphans:
-            click.echo(f"{folder}: orphaned folder (no spec in {specs_dir}/ is named {Path(folder).name})")
+            click.echo(f"{printable(folder)}: orphaned folder (no spec in {printable(specs_dir)}/ is named "
+                       f"{printable(Path(folder).name)})")
         click.echo(line)
     if any(r.status == "failed" for r in results):
         raise SystemExit(int(ExitCode.USER_ERROR))

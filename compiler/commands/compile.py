@@ -37,7 +37,7 @@ def plan_lines(plan) -> list[str]:
     est, lay = plan.estimate, plan.layout
     return [
         f"  plan   {lay.describe()}",
-        f"         {plan.cluster['num_gpus']} x {plan.cluster['gpu']} ({plan.cluster['num_nodes']} node{'s' if plan.cluster['num_nodes'] != 1 else ''})",
+        f"         {plan.cluster.num_gpus} x {plan.cluster.gpu} ({plan.cluster.num_nodes} node{'s' if plan.cluster.num_nodes != 1 else ''})",
         f"  memory {units.format_bytes(est.memory.total_bytes_per_gpu)} / "
         f"{units.format_bytes(est.memory.usable_bytes_per_gpu)} usable per GPU     "
         f"step {units.format_seconds(est.step_time_s)}     MFU {est.mfu * 100:.1f}%",

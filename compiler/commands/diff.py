@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from compiler.artifacts import ArtifactSet, read_artifacts
+from compiler.artifacts import ArtifactSet, foreign_entries, read_artifacts
 from compiler.diff import ArtifactDiff, Side, diff_sides, format_diff
-from compiler.errors import DtcError, ExitCode, SpecError
+from compiler.errors import DtcError, ExitCode, SpecError, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -41,6 +42,7 @@ def spec_side(label: str, path: str, data: bytes | None = None, *, strict: bool)
     from compiler.pipeline import compile_loaded
     from compiler.spec.load import load_spec, load_spec_bytes
 
+    label = printable(label)
     try:
         loaded = load_spec_bytes(data, path) if data is not None else load_spec(path)
         plan, artifacts = compile_loaded(loaded)
@@ -55,14 +57,18 @@ def spec_side(label: str, path: str, data: bytes | None = None, *, strict: bool)
 
 def folder_side(path: str) -> Side:
     """A generated folder as it is on disk; its Plan comes from plan.json."""
-    artifacts = read_artifacts(Path(path))
-    if not artifacts.files:
+    artifacts = read_artifacts(Path(path))  # never follows a symbolic link
+    foreign = foreign_entries(Path(path))
+    if not artifacts.files and not foreign:
         raise DtcError(f"{path} is an empty folder, not a generated folder",
                        hint="pass a folder written by `dtc compile`, e.g. generated/llama3-70b")
-    label = path.rstrip("/") + "/"
+    label = printable(path.rstrip("/")) + "/"
+    notes = (f"{label} holds symbolic links or other non-regular files, not followed or read: "
+             + ", ".join(foreign),) if foreign else ()
     if "plan.json" not in artifacts:
-        return Side(label, None, artifacts, notes=(f"{label} has no plan.json: comparing files only",))
-    return _plan_side(label, artifacts)
+        return Side(label, None, artifacts, notes=(f"{label} has no plan.json: comparing files only",) + notes)
+    side = _plan_side(label, artifacts)
+    return replace(side, notes=side.notes + notes) if notes else side
 
 
 def path_side(path: str, *, strict: bool, compile_as: str | None = None) -> Side:
@@ -77,14 +83,14 @@ def path_side(path: str, *, strict: bool, compile_as: str | None = None) -> Side
     if p.is_file():
         if compile_as is None or compile_as == path:
             return spec_side(path, path, strict=strict)
-        from compiler.spec.load import MAX_SPEC_BYTES
+        from compiler.spec.load import read_spec_bytes
 
         try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise DtcError(f"cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_SPEC_BYTES:
-            raise DtcError(f"{path} is too large for a spec ({len(data)} bytes)")
+            data = read_spec_bytes(path)  # the same rules as any spec: no FIFO, no link out, bounded
+        except SpecError as exc:
+            if strict:
+                raise
+            return Side(printable(path), error=f"invalid spec: {_first_line(exc)}")
         return spec_side(path, compile_as, data, strict=strict)
     raise DtcError(f"no such spec or folder: {path}", hint="pass two specs (.yaml) or two generated folders")
 
@@ -92,7 +98,7 @@ def path_side(path: str, *, strict: bool, compile_as: str | None = None) -> Side
 # --------------------------------------------------------------------------- git
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+def _git(root: Path, *args: str | bytes) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60)
     except FileNotFoundError:
@@ -117,41 +123,59 @@ def verify_rev(root: Path, rev: str) -> None:
 
 
 def git_show(root: Path, rev: str, rel: str) -> bytes | None:
-    """The file ``rel`` (relative to the top) as of ``rev``; None if it did not exist there."""
-    result = _git(root, "cat-file", "blob", f"{rev}:{rel}")
+    """The file ``rel`` (relative to the top) as of ``rev``; None if it did not exist there. A symbolic
+    link is its blob (the link's text), never the file it points to."""
+    result = _git(root, "cat-file", "blob", os.fsencode(f"{rev}:{rel}"))
     return result.stdout if result.returncode == 0 else None
+
+
+def _changed_paths(root: Path, rev: str, rel: str, *, strict: bool) -> set[str]:
+    """Paths under ``rel`` changed, added or deleted since ``rev`` (tracked or untracked), read with -z:
+    git quotes names with non-ASCII bytes, quotes or newlines in its line output ("0 specs changed"
+    while one had), never in -z output. Bytes that are not UTF-8 become surrogate escapes (os.fsdecode),
+    so the name still reaches the file on disk."""
+    names: set[str] = set()
+    for args in (("diff", "--name-only", "-z", "--no-renames", rev, "--", rel),
+                 ("ls-files", "-z", "--others", "--exclude-standard", "--", rel)):
+        result = _git(root, *args)
+        if result.returncode != 0:
+            if strict:
+                raise DtcError(f"git {args[0]} failed: {printable(result.stderr.decode(errors='replace').strip())}")
+            continue
+        names.update(os.fsdecode(name) for name in result.stdout.split(b"\0") if name)
+    return names
 
 
 def changed_specs(root: Path, rev: str, specs_dir: Path) -> list[Path]:
     """Specs under ``specs_dir`` changed, added or deleted since ``rev`` (tracked or untracked)."""
     rel = os.path.relpath(specs_dir.resolve(), root)
-    names: set[str] = set()
-    for args in (("diff", "--name-only", "--no-renames", rev, "--", rel),
-                 ("ls-files", "--others", "--exclude-standard", "--", rel)):
-        result = _git(root, *args)
-        if result.returncode != 0:
-            raise DtcError(f"git {args[0]} failed: {result.stderr.decode(errors='replace').strip()}")
-        names.update(line for line in result.stdout.decode().splitlines() if line.endswith(SPEC_SUFFIXES))
+    names = {n for n in _changed_paths(root, rev, rel, strict=True) if n.endswith(SPEC_SUFFIXES)}
     return [root / name for name in sorted(names)]
 
 
 def git_folder(root: Path, rev: str, rel: str) -> ArtifactSet:
     """Every file under the folder ``rel`` as of ``rev`` (relative paths), read in one git call."""
     listing = _git(root, "ls-tree", "-r", "-z", "--name-only", rev, "--", f"{rel}/")
-    names = [n for n in listing.stdout.decode().split("\0") if n] if listing.returncode == 0 else []
-    if not names:
-        return ArtifactSet({})
-    batch = subprocess.run(["git", "-C", str(root), "cat-file", "--batch"], capture_output=True, timeout=60,
-                           input="".join(f"{rev}:{n}\n" for n in names).encode())
-    files, data, pos = {}, batch.stdout, 0
+    names = [os.fsdecode(n) for n in listing.stdout.split(b"\0") if n] if listing.returncode == 0 else []
+    files: dict[str, str] = {}
+    lines = [n for n in names if "\n" not in n]  # cat-file --batch reads one name a line
+    if lines:
+        batch = subprocess.run(["git", "-C", str(root), "cat-file", "--batch"], capture_output=True, timeout=60,
+                               input=b"".join(os.fsencode(f"{rev}:{n}") + b"\n" for n in lines))
+        data, pos = batch.stdout, 0
+        for name in lines:
+            end = data.index(b"\n", pos)
+            header = data[pos:end].split()
+            pos = end + 1
+            if len(header) == 3 and header[1] == b"blob":
+                size = int(header[2])
+                files[name[len(rel) + 1:]] = data[pos:pos + size].decode("utf-8", errors="replace")
+                pos += size + 1
     for name in names:
-        end = data.index(b"\n", pos)
-        header = data[pos:end].split()
-        pos = end + 1
-        if len(header) == 3 and header[1] == b"blob":
-            size = int(header[2])
-            files[name[len(rel) + 1:]] = data[pos:pos + size].decode("utf-8", errors="replace")
-            pos += size + 1
+        if "\n" in name:
+            blob = git_show(root, rev, name)
+            if blob is not None:
+                files[name[len(rel) + 1:]] = blob.decode("utf-8", errors="replace")
     return ArtifactSet(files)
 
 
@@ -170,13 +194,10 @@ def changed_generated(root: Path, rev: str, generated: Path, covered: set[str]) 
     """Generated folders changed since ``rev`` that no changed spec explains (e.g. a cost-model change)."""
     rel = os.path.relpath(generated.resolve(), root)
     names: set[str] = set()
-    for args in (("diff", "--name-only", "--no-renames", rev, "--", rel),
-                 ("ls-files", "--others", "--exclude-standard", "--", rel)):
-        result = _git(root, *args)
-        for line in result.stdout.decode().splitlines() if result.returncode == 0 else []:
-            parts = Path(line).relative_to(rel).parts if line.startswith(rel + "/") else ()
-            if len(parts) > 1:
-                names.add(parts[0])
+    for line in _changed_paths(root, rev, rel, strict=False):
+        parts = Path(line).relative_to(rel).parts if line.startswith(rel + "/") else ()
+        if len(parts) > 1:
+            names.add(parts[0])
     diffs = []
     for name in sorted(names - covered):
         folder_rel = f"{rel}/{name}" if rel != "." else name
@@ -184,7 +205,7 @@ def changed_generated(root: Path, rev: str, generated: Path, covered: set[str]) 
         old = _plan_side(f"{rev}:{folder_rel}/", git_folder(root, rev, folder_rel))
         new = _plan_side(shown, read_artifacts(root / folder_rel))
         if old.exists or new.exists:
-            diffs.append(diff_sides(old, new, title=f"{shown} ({rev} -> working tree)"))
+            diffs.append(diff_sides(old, new, title=f"{printable(shown)} ({printable(rev)} -> working tree)"))
     return diffs
 
 
@@ -216,9 +237,9 @@ def base_diff(rev: str, specs: tuple[str, ...]) -> list[ArtifactDiff]:
         if old_data is None and not path.exists():
             raise DtcError(f"no such spec: {shown} (neither in the working tree nor at {rev})")
         old = spec_side(f"{rev}:{rel}", shown, old_data, strict=False) if old_data is not None \
-            else Side(f"{rev}:{rel}")
-        new = spec_side(shown, shown, strict=True) if path.exists() else Side(shown)
-        diffs.append(diff_sides(old, new, title=f"{shown} ({rev} -> working tree)"))
+            else Side(printable(f"{rev}:{rel}"))
+        new = spec_side(shown, shown, strict=True) if path.exists() else Side(printable(shown))
+        diffs.append(diff_sides(old, new, title=f"{printable(shown)} ({printable(rev)} -> working tree)"))
     if not specs:
         generated = Path("generated") if Path("generated").is_dir() else root / "generated"
         covered = {n for d in diffs for n in (d.old_name, d.new_name) if n}
@@ -255,7 +276,7 @@ def diff_command(paths: tuple[str, ...], base: str | None, fmt: str, unified: bo
         new = path_side(paths[1], strict=True)
         same_file = Path(paths[0]).is_file() and Path(paths[1]).is_file()
         old = path_side(paths[0], strict=False, compile_as=paths[1] if same_file else None)
-        diffs = [diff_sides(old, new, title=f"{paths[0]} -> {paths[1]}")]
+        diffs = [diff_sides(old, new, title=f"{printable(paths[0])} -> {printable(paths[1])}")]
     else:
         raise click.UsageError("give OLD NEW (two specs or generated folders), or --base REV [SPEC...]")
     click.echo(format_diff(diffs, fmt, unified=unified), nl=False)

@@ -2,26 +2,32 @@
 
 The layout comes from the spec's ``layout:`` pins, overridden by the command-line
 options. Knobs that have an obvious default may be left out (cp=1, ep=1, vpp=1, the
-1F1B schedule, no recompute, no sequence parallelism, no offload; dp = num_gpus / (tp x
-pp x cp); dp_shard = dp when ZeRO shards; grad_accum = global batch / (micro-batch x dp));
-tp, pp, zero_stage and the micro-batch must be given. Prints the memory per GPU and the
+1F1B schedule, no recompute, no sequence parallelism, no offload, Megatron's most balanced
+split; dp = num_gpus / (tp x pp x cp); dp_shard = dp when ZeRO shards; grad_accum = global
+batch / (micro-batch x dp), the nearest within the batch tolerance); tp, pp, zero_stage and
+the micro-batch must be given. The layout rules (compiler.rules) judge it exactly as
+`dtc validate` and `dtc plan` do, with the same codes and messages. Prints the memory per GPU and the
 step time as line items (formula and source of each), then the outputs; ``--json``
 gives the same data.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
-from compiler import units
+from compiler import rules, units
+from compiler.arith import grad_accum_for
 from compiler.costmodel import evaluate, find_gpu_option
-from compiler.errors import Diagnostic, DtcError, ExitCode, SpecError
+from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
+from compiler.plan import Plan, as_in_plan, plan_data
 from compiler.problem import GpuOption, Problem, lower
 from compiler.report import to_json
 from compiler.spec.load import load_spec
+from compiler.split import default_split
 
 REQUIRED_KNOBS = (("tp", "tensor_parallel", "--tp"), ("pp", "pipeline_parallel", "--pp"),
                   ("zero_stage", "zero_stage", "--zero"), ("micro_batch", "micro_batch_size", "--micro-batch"))
@@ -41,18 +47,18 @@ def _pick_gpu(problem: Problem, name: str | None) -> GpuOption:
     return option
 
 
-def _whole(numerator: int, denominator: int, what: str, hint: str) -> int:
-    if denominator <= 0 or numerator % denominator:
-        raise SpecError(f"{what} must be a whole number, got {numerator} / {denominator}", hint=hint)
-    return numerator // denominator
+def rule_error(rejections: list[Rejection], context: str = "") -> DtcError:
+    """The layout rules ``rejections`` broke, one diagnostic each, with their codes (compiler.rules)."""
+    return DtcError([Diagnostic(summary=r.message + context, hint=r.fix, code=r.code) for r in rejections])
 
 
 def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
-    """The layout pinned by the spec and ``overrides`` (None: keep the pin); SpecError when incomplete."""
+    """The layout pinned by the spec and ``overrides`` (None: keep the pin), with the obvious defaults;
+    SpecError when incomplete, DtcError (with the rules' codes) when a layout rule rejects it."""
     pins = problem.pins
     knobs = {k: getattr(pins, k) for k in ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage",
                                            "micro_batch", "recompute", "sequence_parallel", "offload_optimizer",
-                                           "offload_params")}
+                                           "offload_params", "split")}
     knobs.update({k: v for k, v in overrides.items() if v is not None and k != "gpu"})
     missing = [f"{spec_key} ({flag})" for key, spec_key, flag in REQUIRED_KNOBS if knobs[key] is None]
     num_gpus = problem.num_gpus
@@ -62,41 +68,35 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
         raise SpecError(f"dtc estimate needs a fully pinned layout; missing {', '.join(missing)}",
                         hint="pin them under layout: in the spec or pass them as options, or let `dtc plan` solve")
     option = _pick_gpu(problem, overrides.get("gpu"))
-    tp, pp, cp, ep = knobs["tp"], knobs["pp"], knobs["cp"] or 1, knobs["ep"] or 1
-    vpp = knobs["vpp"] or 1
-    zero = knobs["zero_stage"]
-    dp = knobs["dp"] or _whole(num_gpus, tp * pp * cp, "num_gpus / (tp x pp x cp)",
-                               "choose tp, pp and cp whose product divides num_gpus")
-    if num_gpus is not None and tp * pp * cp * dp != num_gpus:
-        raise SpecError(f"tp x pp x cp x dp must equal num_gpus ({num_gpus}), got {tp * pp * cp * dp}",
-                        hint="change one degree, or leave dp out so it is derived")
-    dp_shard = knobs["dp_shard"] or (dp if zero > 0 else 1)
-    if zero == 0 and dp_shard > 1:
-        raise SpecError(f"zero_stage 0 does not shard, got dp_shard {dp_shard}", hint="remove --dp-shard or raise --zero")
-    replicate = _whole(dp, dp_shard, "dp / dp_shard", "dp_shard must divide dp")
+    tp, pp, cp, ep, vpp, zero = (knobs["tp"], knobs["pp"], knobs["cp"] or 1, knobs["ep"] or 1, knobs["vpp"] or 1,
+                                 knobs["zero_stage"])
+    dp = knobs["dp"]
+    if dp is None and num_gpus is not None and num_gpus % (tp * pp * cp) == 0:
+        dp = num_gpus // (tp * pp * cp)
+    dp_shard = knobs["dp_shard"] or ((dp or 1) if zero > 0 else 1)
     mb = knobs["micro_batch"]
-    grad_accum = _whole(problem.global_batch, mb * dp, "global_batch / (micro_batch x dp)",
-                        f"choose micro_batch and dp dividing the global batch of {problem.global_batch} sequences")
+    grad_accum = grad_accum_for(problem.global_batch, problem.global_batch_tolerance, dp, mb) if dp else None
     schedule = knobs["schedule"] or ("interleaved_1f1b" if vpp > 1 else "1f1b")
     sp = bool(knobs["sequence_parallel"]) if knobs["sequence_parallel"] is not None else False
-    problems = []
-    if vpp > 1 and (pp == 1 or schedule != "interleaved_1f1b"):
-        problems.append(("virtual stages need pp > 1 and the interleaved_1f1b schedule", "--schedule interleaved_1f1b"))
-    if schedule == "interleaved_1f1b" and vpp == 1:
-        problems.append(("interleaved_1f1b needs vpp > 1", "add --vpp 2 (or more)"))
-    if sp and tp == 1:
-        problems.append(("sequence parallel needs tp > 1", "--no-sequence-parallel"))
-    offload_params = knobs["offload_params"] or "none"
-    if offload_params != "none" and zero != 3:
-        problems.append(("offload_params needs zero_stage 3", "--zero 3"))
-    if (dp * cp) % ep:
-        problems.append((f"ep ({ep}) must divide dp x cp ({dp * cp})", "expert parallelism is carved out of dp x cp"))
-    if problems:
-        raise SpecError([Diagnostic(summary=s, hint=h) for s, h in problems])
+    full = rules.Knobs(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
+                       cp=cp, ep=ep, dp=dp, dp_shard=dp_shard if dp else None, zero_stage=zero, micro_batch=mb,
+                       grad_accum=grad_accum, recompute=knobs["recompute"] or "none", sequence_parallel=sp,
+                       offload_optimizer=knobs["offload_optimizer"] or "none",
+                       offload_params=knobs["offload_params"] or "none", split=knobs["split"])
+    bad = rules.violations(problem.facts, full)
+    if not bad and dp is None:
+        bad = [rules.reject(rules.GPU_COUNT_NOT_ALLOWED, "dp", f"tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp} "
+                            f"must divide num_gpus ({num_gpus}) so that dp can be derived",
+                            "choose tp, pp and cp whose product divides num_gpus, or pass --dp")]
+    if bad:
+        raise rule_error(bad)
+    assert dp is not None and grad_accum is not None  # the GPU count and batch rules passed
+    split = full.split or default_split(problem.shape.num_layers, pp, vpp)
     return Layout(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep,
-                  dp_replicate=replicate, dp_shard=dp_shard, zero_stage=zero, micro_batch=mb, grad_accum=grad_accum,
-                  vpp=vpp, schedule=schedule, recompute=knobs["recompute"] or "none", sequence_parallel=sp,
-                  offload_optimizer=knobs["offload_optimizer"] or "none", offload_params=offload_params)
+                  dp_replicate=dp // dp_shard, dp_shard=dp_shard, zero_stage=zero, micro_batch=mb,
+                  grad_accum=grad_accum, vpp=vpp, schedule=schedule, recompute=full.recompute,  # type: ignore[arg-type]
+                  sequence_parallel=sp, offload_optimizer=full.offload_optimizer,  # type: ignore[arg-type]
+                  offload_params=full.offload_params, split=split)  # type: ignore[arg-type]
 
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
@@ -176,7 +176,10 @@ def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
 
 
 @click.command("estimate")
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=str),
+              help="Re-cost a compiled plan (generated/<name>/plan.json) from the plan alone, instead of a SPEC; "
+                   "says whether it reproduces the plan's estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
 @click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree.")
 @click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel degree.")
@@ -196,27 +199,70 @@ def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
 @click.option("--offload-params", "offload_params", type=click.Choice(["none", "cpu", "nvme"]),
               help="Where parameters live (ZeRO-3).")
 @click.option("--gpu", help="Which of the spec's GPU types to use.")
-def estimate_command(spec: str, as_json: bool, **overrides: Any) -> None:
-    """Estimate memory per GPU and step time of the layout pinned in SPEC (options override pins).
+def estimate_command(spec: str | None, plan_path: str | None, as_json: bool, **overrides: Any) -> None:
+    """Estimate memory per GPU and step time of the layout pinned in SPEC (options override pins), or of a
+    compiled plan (--plan generated/<name>/plan.json).
 
     Prints every memory and time line item with its formula and source, then tokens/s,
-    MFU, time to train, GPU-hours and cost. Exit 0 on success; 2 when the spec is
-    invalid, the layout is incomplete, or the layout cannot run (e.g. out of memory).
+    MFU, time to train, GPU-hours and cost. The layout is judged by the same rules as
+    `dtc validate` and `dtc plan`. With --plan, also whether the plan's own estimate is
+    reproduced. Exit 0 on success; 2 when the spec or plan is invalid, the layout is
+    incomplete, or the layout cannot run (e.g. out of memory).
     """
-    problem = lower(load_spec(spec))
+    if (spec is None) == (plan_path is None):
+        raise click.UsageError("give a SPEC or --plan PLAN_JSON (one of them)")
+    if plan_path is not None:
+        if any(v is not None for v in overrides.values()):
+            raise click.UsageError("--plan re-costs the plan's own layout: layout options do not apply")
+        _estimate_plan(plan_path, as_json)
+        return
+    problem = lower(load_spec(spec))  # type: ignore[arg-type]
     layout = build_layout(problem, overrides)
     result = estimate_layout(problem, layout)
+    _show(problem, layout, result, as_json)
+
+
+def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_json: bool,
+          extra: dict[str, Any] | None = None) -> None:
     if isinstance(result, Rejection):
         if as_json:
-            click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict()}), nl=False)
+            click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict(), **(extra or {})}), nl=False)
             raise SystemExit(int(ExitCode.USER_ERROR))
         detail = ""
         if result.code == "out_of_memory":
             items = result.details.get("items", {})
             detail = "\n".join(f"{name:<24} {units.format_bytes(v):>10}" for name, v in items.items())
-        raise DtcError(Diagnostic(summary=f"{result.code}: {result.message} ({layout.describe()})", detail=detail,
-                                  hint=result.fix))
+        raise DtcError(Diagnostic(summary=f"{result.message} ({layout.describe()})", detail=detail,
+                                  hint=result.fix, code=result.code))
     if as_json:
-        click.echo(to_json(estimate_to_json(layout, result)), nl=False)
+        click.echo(to_json({**estimate_to_json(layout, result), **(extra or {})}), nl=False)
     else:
         click.echo(format_estimate_text(problem, layout, result))
+
+
+def load_plan_file(path: str) -> Plan:
+    """A plan.json, or a DtcError at its path saying what is wrong."""
+    where = Location(path)
+    try:
+        return Plan.from_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DtcError(Diagnostic(summary=f"cannot read {path}: {exc.strerror}", location=where,
+                                  hint="pass the plan.json of a compiled folder, e.g. generated/<name>/plan.json"))
+    except ValueError as exc:
+        raise DtcError(Diagnostic(summary=f"not a dtc plan: {exc}", location=where,
+                                  hint="recompile the spec (dtc compile SPEC)")) from None
+
+
+def _estimate_plan(path: str, as_json: bool) -> None:
+    from compiler.recost import recost
+
+    plan = load_plan_file(path)
+    problem, result = recost(plan)
+    if isinstance(result, Estimate):
+        result = as_in_plan(result)  # rounded as plan.json rounds it
+    same = isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
+    _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same})
+    if not as_json:
+        click.echo("plan.json's estimate: " + ("reproduced exactly." if same else
+                   "NOT reproduced: the cost model or the catalog changed since the plan was compiled "
+                   f"(step {units.format_seconds(plan.estimate.step_time_s)} in the plan); recompile the spec."))

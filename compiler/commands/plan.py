@@ -49,9 +49,9 @@ def batch_line(plan: Plan) -> str:
     lay = plan.layout
     t = plan.training
     line = (f"global batch {lay.global_batch} = micro {lay.micro_batch} x accumulation {lay.grad_accum} "
-            f"x dp {lay.dp} ({units.format_count(t['tokens_per_step'])} tokens per step, {t['num_steps']:,} steps)")
-    if lay.global_batch != t["requested_global_batch"]:
-        line += f"; requested {t['requested_global_batch']}"
+            f"x dp {lay.dp} ({units.format_count(t.tokens_per_step)} tokens per step, {t.num_steps:,} steps)")
+    if lay.global_batch != t.requested_global_batch:
+        line += f"; requested {t.requested_global_batch}"
     return line
 
 
@@ -65,7 +65,7 @@ def header_lines(problem: Problem, plan: Plan) -> list[str]:
     return [
         f"{problem.name}: {problem.model_name} ({units.format_count(problem.num_params)} params), "
         f"{units.format_count(problem.tokens)} tokens, seq {problem.seq_len}",
-        f"GPUs: {c['num_gpus']} x {c['gpu']} ({c['num_nodes']} nodes; allowed "
+        f"GPUs: {c.num_gpus} x {c.gpu} ({c.num_nodes} nodes; allowed "
         + (str(problem.num_gpus) if problem.num_gpus else f"{problem.min_gpus}-{problem.max_gpus}") + ")",
         batch_line(plan),
         f"objective: {problem.objective}" + (f" ({', '.join(budget)})" if budget else ""),
@@ -92,7 +92,7 @@ def tally_lines(plan: Plan, examples: dict[str, str] | None = None) -> list[str]
 
 def summary_line(plan: Plan) -> str:
     e, s = plan.estimate, plan.search
-    return (f"Plan: {plan.layout.describe()} on {e.num_gpus} x {plan.cluster['gpu']}, "
+    return (f"Plan: {plan.layout.describe()} on {e.num_gpus} x {plan.cluster.gpu}, "
             f"{units.format_seconds(e.time_to_train_s)}, {units.format_money(e.cost_usd)} "
             f"(searched {s.num_considered:,} layouts, {s.num_feasible:,} feasible, "
             f"{s.num_pruned_by_bound:,} pruned by bound)")

@@ -13,11 +13,14 @@ from pathlib import Path
 import click
 
 from compiler.errors import ExitCode
+from compiler.targets import registry
+
+SMOKE_TARGETS = [t.name for t in registry.targets() if t.smoke is not None]
 
 
 @click.command("smoke")
 @click.argument("generated_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--target", "target", type=click.Choice(["fsdp", "deepspeed", "megatron", "all"]), default="all",
+@click.option("--target", "target", type=click.Choice([*SMOKE_TARGETS, "all"]), default="all",
               show_default=True, help="Which generated framework to run (all: every one the folder holds).")
 @click.option("--steps", type=click.IntRange(2, 1000), default=4, show_default=True,
               help="Optimizer steps per target (the loss must fall between the first and the last).")

@@ -12,18 +12,20 @@ Modules (each small, each quantity a named function with its unit in the name):
 * ``stages``       which layers and parameters each pipeline stage holds
 * ``step``         composition into the time breakdown and the Estimate
 * ``context``      the per-(problem, layout, GPU) inputs, precision recipes, memoised per-layer costs
-* ``bounds``       lower bounds on memory and step time for the solver's pruning
+* ``parts``        the public door for the solver's lower bounds (compiler/solver/bounds.py)
 * ``efficiency``   compiler/data/efficiency.yaml, typed
 
-Structural problems come back as ``Rejection`` with a stable code (see ``check_layout``);
+Structural problems come back as ``Rejection`` with a stable code (compiler.rules, via ``check_layout``);
 a layout that does not fit comes back as ``Rejection("out_of_memory")`` with the
 breakdown and what would make it fit.
 """
 from __future__ import annotations
 
+import dataclasses
+
+from compiler import rules
 from compiler.catalog import normalize_name
-from compiler.costmodel.bounds import memory_lower_bound_bytes, step_time_lower_bound_s
-from compiler.costmodel.context import RECIPES, Setup, make_setup
+from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stage_activation_bytes_per_microbatch
 from compiler.costmodel.step import make_estimate, step_time
 from compiler.estimate import Estimate, MemoryBreakdown, Rejection
@@ -31,20 +33,7 @@ from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.units import format_bytes
 
-__all__ = ["evaluate", "check_layout", "find_gpu_option", "memory_lower_bound_bytes", "step_time_lower_bound_s",
-           "REJECTION_CODES"]
-
-REJECTION_CODES = {
-    "unknown_gpu": "layout.gpu is not one of the spec's GPU options",
-    "precision_unsupported": "the GPU has no tensor cores for the training precision (fp8 on Ampere)",
-    "tp_not_divisor": "tp must divide the attention heads and the KV heads",
-    "ep_not_divisor": "ep needs an MoE model and must divide the number of experts",
-    "cp_not_divisor": "2 x cp must divide the sequence length (causal load balancing)",
-    "too_many_stages": "pp x vpp must not exceed the number of layers (+2 with uneven stages: embedding, loss)",
-    "layers_not_divisible": "pp x vpp must divide the number of layers (unless uneven stages are allowed)",
-    "microbatches_not_divisible": "interleaved 1F1B needs the micro-batch count to be a multiple of pp",
-    "out_of_memory": "the per-GPU memory exceeds usable HBM",
-}
+__all__ = ["evaluate", "check_layout", "find_gpu_option"]
 
 
 def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
@@ -56,42 +45,12 @@ def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
     return None
 
 
-def check_layout(problem: Problem, layout: Layout, gpu: GpuOption, *, allow_uneven_stages: bool = False
-                 ) -> Rejection | None:
-    """Structural checks the cost model needs before it can evaluate; one reason code each."""
-    s = problem.shape
-    if problem.precision not in RECIPES:
-        return Rejection("precision_unsupported", f"unknown precision {problem.precision}")
-    try:
-        gpu.spec.peak_flops_for(RECIPES[problem.precision].gemm_dtype)
-    except KeyError as exc:
-        return Rejection("precision_unsupported", str(exc).strip("'\""), {"gpu": gpu.name, "precision": problem.precision},
-                         "train in bf16, or choose a GPU with fp8 tensor cores")
-    if s.num_attention_heads % layout.tp or s.num_kv_heads % layout.tp:
-        return Rejection("tp_not_divisor",
-                         f"tp={layout.tp} must divide num_attention_heads ({s.num_attention_heads}) and num_kv_heads "
-                         f"({s.num_kv_heads})", {"tp": layout.tp}, "choose tp among the common divisors")
-    if layout.ep > 1 and (s.moe is None or s.moe.num_experts % layout.ep):
-        n = s.moe.num_experts if s.moe else 0
-        return Rejection("ep_not_divisor", f"ep={layout.ep} needs an MoE model whose {n} experts it divides",
-                         {"ep": layout.ep, "num_experts": n}, "use ep=1 or a divisor of the expert count")
-    if layout.cp > 1 and problem.seq_len % (2 * layout.cp):
-        return Rejection("cp_not_divisor", f"2 x cp = {2 * layout.cp} must divide the sequence length {problem.seq_len}",
-                         {"cp": layout.cp}, "choose cp so that 2 x cp divides the sequence length")
-    chunks = layout.pp * layout.vpp
-    if chunks > s.num_layers + (2 if allow_uneven_stages else 0):
-        return Rejection("too_many_stages", f"pp x vpp = {chunks} exceeds num_layers ({s.num_layers})",
-                         {"pp": layout.pp, "vpp": layout.vpp}, "lower pp or vpp")
-    if s.num_layers % chunks and not allow_uneven_stages:
-        return Rejection("layers_not_divisible", f"pp x vpp = {chunks} does not divide num_layers ({s.num_layers})",
-                         {"pp": layout.pp, "vpp": layout.vpp, "num_layers": s.num_layers},
-                         "choose pp x vpp dividing the layer count")
-    if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
-        return Rejection("microbatches_not_divisible",
-                         f"interleaved 1F1B runs micro-batches in groups of pp={layout.pp}; got {layout.grad_accum}",
-                         {"grad_accum": layout.grad_accum, "pp": layout.pp},
-                         "make grad_accum a multiple of pp (Megatron-LM requirement)")
-    return None
+def check_layout(problem: Problem, layout: Layout, gpu: GpuOption) -> Rejection | None:
+    """The layout rules (compiler.rules) the cost model needs before it can cost ``layout`` on ``gpu``."""
+    facts = problem.facts
+    if gpu.name not in facts.gpus:  # an explicit GpuOption outside the spec's (benchmarks)
+        facts = dataclasses.replace(facts, gpus={**facts.gpus, gpu.name: rules.gpu_facts(gpu, problem.precision)})
+    return rules.first_violation(facts, rules.Knobs.of(layout).with_(gpu=gpu.name), codes=rules.COSTED_CODES)
 
 
 def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
@@ -122,12 +81,11 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
             + (text + ", " if text else "") + "or more tensor/pipeline parallel stages")
 
 
-def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, allow_uneven_stages: bool = False,
-             pipeline_events: bool = True, check_memory: bool = True) -> Estimate | Rejection:
+def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, pipeline_events: bool = True,
+             check_memory: bool = True) -> Estimate | Rejection:
     """Memory and step time of ``layout`` for ``problem``; a Rejection when it cannot run or fit.
 
     ``gpu``: the GpuOption to use; default: the one of ``problem.gpu_options`` named by layout.gpu.
-    ``allow_uneven_stages``: model pp x vpp that do not divide the layers (first/last stages get fewer).
     ``pipeline_events``: include the simulated schedule in the Estimate (the solver may skip it: it is the
     costly part of a call, ~1 us per event).
     ``check_memory``: False returns the Estimate even when it does not fit (what-if reports, benchmarks).
@@ -136,9 +94,9 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, 
         gpu = find_gpu_option(problem, layout.gpu)
         if gpu is None:
             names = ", ".join(o.name for o in problem.gpu_options)
-            return Rejection("unknown_gpu", f"layout.gpu {layout.gpu!r} is not among the spec's GPUs ({names})",
-                             {"gpu": layout.gpu}, f"use one of {names}")
-    bad = check_layout(problem, layout, gpu, allow_uneven_stages=allow_uneven_stages)
+            return Rejection(rules.GPU_NOT_OFFERED, f"gpu must be one of {names}, got {layout.gpu}",
+                             {"gpu": layout.gpu, "field": "gpu"}, f"use one of {names}")
+    bad = check_layout(problem, layout, gpu)
     if bad is not None:
         return bad
     setup = make_setup(problem, layout, gpu)

@@ -102,8 +102,10 @@ class Setup:
 
 
 def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, impl: ActivationImpl = DEFAULT_IMPL,
-               eff: Efficiency | None = None) -> Setup:
+               eff: Efficiency | None = None, stages: tuple[StageLayers, ...] | None = None) -> Setup:
+    """``stages``: the layout's stages when the caller already has them (the solver's bounds cache them)."""
     eff = eff or load_efficiency()
     return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, gen=eff.for_generation(gpu.spec.generation),
                  recipe=RECIPES[problem.precision], impl=impl,
-                 stages=stage_layers(problem.shape, layout.pp, layout.vpp))
+                 stages=stages if stages is not None else stage_layers(problem.shape, layout.pp, layout.vpp,
+                                                                       layout.split))

@@ -15,6 +15,25 @@ compiler/costmodel/step.py is this simulated makespan times the forward time.
 Textbook checks (tests/unit/costmodel/test_cm_pipeline.py): with no p2p cost the
 bubble fraction is (p-1)/(m+p-1) for GPipe and 1F1B (Narayanan et al. 2021, sec. 2.2),
 and interleaving with v chunks divides the bubble time by v: (p-1)/(v*m) of the ideal time.
+
+Cost bounded by construction (issue #16): a step of m micro-batches has 2*pp*v*m operations,
+and gradient accumulation can make m a million. No function here costs more with m:
+
+- GPipe's makespan is a closed form, exact for every m (each stage runs its forwards, then
+  its backwards, back to back): (m + p - 1)(1 + r) + 2(p - 1) x.
+- 1F1B and interleaved 1F1B are simulated whole up to EXACT_MICROBATCHES micro-batches, or up
+  to MAX_SIMULATED_OPS operations (every layout the goldens use). Beyond, a step is warm-up, a
+  steady state that repeats every pp micro-batches (a max-plus linear recurrence, so
+  eventually periodic: the makespan grows by the same amount every c periods) and the drain:
+  the makespan is simulated at ``window_sizes`` (m's residue modulo pp, one period apart),
+  the cycle c found where the differences repeat (``steady_cycle``), and extrapolated within
+  m's residue class modulo c periods. Exact once the schedule is periodic inside the window:
+  1F1B always was in tests/unit/costmodel/test_cm_pipeline.py; interleaved 1F1B within 1%.
+  The work is at most MAX_SIMULATED_OPS operations (plus pp**2 * v for pipelines too deep
+  for that, at most MAX_PIPELINE_PARALLEL stages: a linear fit over two sizes).
+- the in-flight micro-batches (activation memory) are the closed form of the warm-up.
+- the simulated events (for PLAN.md's picture) are kept only for steps of at most
+  MAX_PIPELINE_EVENTS operations; larger steps carry none (the report says so).
 """
 from __future__ import annotations
 
@@ -100,6 +119,19 @@ def peak_inflight_chunks(schedule: str, stage: int, pp: int, m: int, v: int) -> 
     backward has not run yet. 1F1B stage 0: min(pp, m); GPipe: m; interleaved stage 0:
     (pp - 1) * 2 + (v - 1) * pp + 1 chunks, i.e. about pp + (pp - 1)/v micro-batches of the
     whole stage (Korthikanti et al. 2022, sec. 4.2.3)."""
+    if schedule == "gpipe":
+        return m * v  # every forward before the first backward
+    total = m * v
+    if schedule == "interleaved_1f1b" and v > 1:
+        warmup = total if m == pp else min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
+    else:
+        warmup = min(pp - stage - 1, m)
+    # warm-up forwards, then one forward (live + 1) and one backward (live - 1) in turn
+    return total if warmup >= total else warmup + 1
+
+
+def peak_inflight_chunks_by_walk(schedule: str, stage: int, pp: int, m: int, v: int) -> int:
+    """``peak_inflight_chunks`` by walking the stage's operation order (O(m); for tests)."""
     live = peak = 0
     for kind, _, _ in stage_order(schedule, stage, pp, m, v):
         live += 1 if kind == "F" else -1
@@ -199,12 +231,82 @@ def round_ratio(x: float) -> float:
     return float(f"{x:.3g}")
 
 
+EXACT_MICROBATCHES = 256  # steps of at most this many micro-batches are always simulated whole
+MAX_SIMULATED_OPS = 2**20  # beyond that, operations simulated for one makespan (about 1 CPU-s)
+WINDOW_MIN_MICROBATCHES = 128  # the extrapolation's windows start at least this far in ...
+WINDOW_PERIODS = 8  # ... and at least this many periods (of pp micro-batches) in
+MAX_CYCLE = 6  # the longest steady-state cycle looked for, in periods
+CONFIRM = 3  # a cycle counts once it repeated over this many more steps
+MAX_PIPELINE_EVENTS = 10_000  # events kept for the report (plan.json); larger steps keep none
+
+
 @functools.lru_cache(maxsize=8192)
 def makespan_units(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float) -> float:
-    """Cached simulated makespan of one step, in stage-forward units (ratios pre-rounded)."""
+    """Cached makespan of one step, in stage-forward units (ratios pre-rounded); its cost does not
+    grow with m (see the module docstring)."""
     if pp == 1:
         return m * (1.0 + backward_ratio)
-    return simulate(schedule, pp, m, v, backward_ratio, p2p_ratio).makespan
+    if schedule == "gpipe" and v == 1:
+        return gpipe_makespan_units(pp, m, backward_ratio, p2p_ratio)
+    if m <= EXACT_MICROBATCHES or 2 * pp * v * m <= MAX_SIMULATED_OPS:
+        return simulate(schedule, pp, m, v, backward_ratio, p2p_ratio).makespan
+    sizes = window_sizes(pp, m, v)
+    if sizes[-1] >= m:
+        return simulate(schedule, pp, m, v, backward_ratio, p2p_ratio).makespan
+    return _extrapolated_makespan(schedule, pp, m, v, backward_ratio, p2p_ratio, sizes)
+
+
+def gpipe_makespan_units(pp: int, m: int, backward_ratio: float, p2p_ratio: float) -> float:
+    """GPipe in closed form: stage s finishes forward i at s(1 + x) + i + 1; the last stage runs its
+    m backwards right after, and each earlier stage one backward and one transfer later."""
+    return (m + pp - 1) * (1.0 + backward_ratio) + 2 * (pp - 1) * p2p_ratio
+
+
+def window_sizes(pp: int, m: int, v: int = 1) -> tuple[int, ...]:
+    """Step sizes the extrapolation may simulate, in m's residue class modulo pp and one period
+    apart: from WINDOW_PERIODS periods (and WINDOW_MIN_MICROBATCHES) in, enough to confirm a cycle
+    of MAX_CYCLE periods (see ``steady_cycle``); nearer the start when that would simulate more
+    than MAX_SIMULATED_OPS operations; for the deepest pipelines two sizes (a linear fit)."""
+    rest = m % pp
+    ops = 2 * pp * v
+    for periods in (max(WINDOW_PERIODS, -(-WINDOW_MIN_MICROBATCHES // pp)), 4, 2):
+        sizes = tuple(pp * (periods + k) + rest for k in range(2 * MAX_CYCLE + CONFIRM))
+        if ops * sum(sizes) <= MAX_SIMULATED_OPS:
+            return sizes
+    return (2 * pp + rest, 3 * pp + rest)
+
+
+def steady_cycle(points: list[float]) -> int | None:
+    """The smallest c such that points[i + c] - points[i] is the same for the last c + CONFIRM
+    values of i (a whole cycle and then some, so that a transient that repeats by chance for a
+    step or two is not taken for the steady state)."""
+    for c in range(1, MAX_CYCLE + 1):
+        need = c + CONFIRM
+        if len(points) - c < need:
+            return None
+        diffs = [points[i + c] - points[i] for i in range(len(points) - c - need, len(points) - c)]
+        scale = max(1.0, max(abs(d) for d in diffs))
+        if max(diffs) - min(diffs) <= 1e-9 * scale:
+            return c
+    return None
+
+
+def _extrapolated_makespan(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float,
+                           sizes: tuple[int, ...]) -> float:
+    points: list[float] = []
+    cycle = None
+    for size in sizes:
+        points.append(simulate(schedule, pp, size, v, backward_ratio, p2p_ratio).makespan)
+        cycle = steady_cycle(points)
+        if cycle is not None:
+            break
+    last = len(points) - 1
+    if cycle is None:  # no cycle of at most MAX_CYCLE periods in the window: its average growth
+        return points[last] + (m - sizes[last]) / pp * (points[last] - points[0]) / last
+    k = (m - sizes[0]) // pp  # m is sizes[0] + k periods
+    anchor = last - (last - k) % cycle  # a simulated size in m's residue class modulo cycle periods
+    per_cycle = points[anchor] - points[anchor - cycle]
+    return points[anchor] + (k - anchor) // cycle * per_cycle
 
 
 def textbook_makespan_units(schedule: str, pp: int, m: int, v: int, backward_ratio: float) -> float:
@@ -230,8 +332,9 @@ def _simulated_events(schedule: str, pp: int, m: int, v: int, backward_ratio: fl
 
 def pipeline_events(schedule: str, pp: int, m: int, v: int, forward_s: float, backward_s: float,
                     p2p_s: float) -> tuple[PipelineEvent, ...]:
-    """The simulated schedule of one step in seconds, for reports (empty when pp == 1)."""
-    if pp == 1:
+    """The simulated schedule of one step in seconds, for reports (empty when pp == 1, or when the
+    step has more than MAX_PIPELINE_EVENTS operations)."""
+    if pp == 1 or 2 * pp * v * m > MAX_PIPELINE_EVENTS:
         return ()
     r = round_ratio(backward_s / forward_s)
     x = round_ratio(p2p_s / forward_s)

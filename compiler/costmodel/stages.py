@@ -1,9 +1,9 @@
 """Which layers and parameters sit on each pipeline stage, and how they are divided.
 
 Layers are cut into pp * vpp chunks in order; chunk c runs on stage c % pp (Megatron's
-interleaved assignment). When the layers do not divide evenly, the first and the last
-chunk give up layers first (they also hold the embedding and the output layer), as
-Megatron's --decoder-first/last-pipeline-num-layers are used in practice.
+interleaved assignment). How many layers each chunk holds is Megatron's split for the
+layout's mechanism (compiler.split: even, --account-for-*, --decoder-first/last-*, or an
+explicit --pipeline-model-parallel-layout), the same split the renderers emit.
 
 Per GPU, tensor parallelism divides the attention, MLP and shared-expert matrices by tp
 (norms and the router are replicated); expert parallelism divides the routed experts by
@@ -17,21 +17,7 @@ import functools
 from dataclasses import dataclass
 
 from compiler.model import ModelShape, ParamCount
-
-
-@functools.lru_cache(maxsize=1024)
-def chunk_layer_counts(num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
-    """Decoder layers of each of the pp * vpp chunks, in model order. When they do not divide
-    evenly, the chunks nearest the middle take the extra layers, so the first and the last chunk
-    (embedding, output layer) hold fewer; with pp * vpp = layers + 2 the end chunks hold only the
-    embedding and the loss (Megatron's account_for_embedding/loss_in_pipeline_split)."""
-    n = pp * vpp
-    assert 1 <= n <= num_layers + 2, "every inner chunk needs a layer (checked by evaluate)"
-    base, extra = divmod(num_layers, n)
-    counts = [base] * n
-    for i in sorted(range(n), key=lambda c: (-min(c, n - 1 - c), c))[:extra]:
-        counts[i] += 1
-    return tuple(counts)
+from compiler.split import PipelineSplit, layer_split
 
 
 @dataclass(frozen=True)
@@ -49,30 +35,21 @@ class StageLayers:
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_layers_cached(shape: ModelShape, pp: int, vpp: int) -> tuple[StageLayers, ...]:
-    counts = chunk_layer_counts(shape.num_layers, pp, vpp)
-    dense = [0] * pp
+def _stage_layers_cached(shape: ModelShape, pp: int, vpp: int, split: PipelineSplit | None) -> tuple[StageLayers, ...]:
+    built = layer_split(shape.num_layers, pp, vpp, split)
     moe = [0] * pp
-    biggest = [0] * pp
-    layer = 0
-    for c, n in enumerate(counts):
-        s = c % pp
-        for i in range(layer, layer + n):
-            if shape.is_moe_layer(i):
-                moe[s] += 1
-            else:
-                dense[s] += 1
-        biggest[s] = max(biggest[s], n)
-        layer += n
-    return tuple(StageLayers(s, dense[s], moe[s], biggest[s], s == 0, s == pp - 1) for s in range(pp))
+    if shape.moe is not None:
+        for c, n in enumerate(built.chunk_layers):
+            first = built.layers(c % pp, c // pp).start
+            moe[c % pp] += sum(shape.is_moe_layer(i) for i in range(first, first + n))
+    return tuple(StageLayers(s, built.rank_layers[s] - moe[s], moe[s], max(built.rank_chunks(s)), s == 0, s == pp - 1)
+                 for s in range(pp))
 
 
-def stage_layers(shape: ModelShape, pp: int, vpp: int) -> tuple[StageLayers, ...]:
-    return _stage_layers_cached(shape, pp, vpp)
-
-
-def layers_divide_evenly(num_layers: int, pp: int, vpp: int) -> bool:
-    return num_layers % (pp * vpp) == 0
+def stage_layers(shape: ModelShape, pp: int, vpp: int, split: PipelineSplit | None = None) -> tuple[StageLayers, ...]:
+    """The decoder layers of every pipeline stage under Megatron's ``split`` (None: the default for the
+    shape's layer count); raises compiler.split.SplitError when Megatron cannot build it."""
+    return _stage_layers_cached(shape, pp, vpp, split)
 
 
 # --- parameters per GPU --------------------------------------------------------------------------

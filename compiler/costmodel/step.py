@@ -41,8 +41,8 @@ ASSUMPTIONS = (
     "(flash attention, fused SwiGLU; fp8 GEMM inputs kept in 1 B); expert tensor parallel = tp.",
     "MoE all-to-all: a token crosses the network once per destination node (DeepEP-style hierarchical "
     "dispatch), dispatched in the GEMM input dtype, combined in bf16.",
-    "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; uneven "
-    "layer splits give the first and last stage fewer layers.",
+    "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; the layers "
+    "per stage are Megatron's split (compiler/split.py).",
 )
 
 

@@ -1,4 +1,9 @@
-"""The one Jinja2 environment: StrictUndefined, templates shipped inside the package."""
+"""The one Jinja2 environment: StrictUndefined, templates shipped inside the package.
+
+Template names are "<folder>/<file>": the shared folders under compiler/templates (``common``,
+``report``) and each registered target's own templates (compiler/targets/<name>/templates, named
+"<name>/...").
+"""
 from __future__ import annotations
 
 import functools
@@ -32,9 +37,16 @@ def py_repr(value: Any) -> str:
 
 @functools.cache
 def environment() -> jinja2.Environment:
+    from compiler.targets import registry
+
     root = resources.files(TEMPLATE_PACKAGE) / TEMPLATE_DIR
+    folders = {p.name: jinja2.FileSystemLoader(str(p)) for p in root.iterdir() if p.is_dir()}
+    for target in registry.targets():
+        if target.templates:
+            folder = resources.files(f"compiler.targets.{target.name}") / target.templates
+            folders[target.name] = jinja2.FileSystemLoader(str(folder))
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(root)),
+        loader=jinja2.PrefixLoader(folders),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -25,17 +25,17 @@ _RECOMPUTE = {"none": "no recomputation: every activation is kept for the backwa
 
 def layout_whys(plan: Plan) -> list[str]:
     """One line per degree: what it does here and why it is there."""
-    lay, shape, c = plan.layout, plan.model["shape"], plan.cluster
+    lay, shape, c = plan.layout, plan.model.shape, plan.cluster
     mem = plan.estimate.memory.items
-    gpn = c["gpus_per_node"]
+    gpn = c.gpus_per_node
     out = []
     if lay.tp == 1:
         out.append("**tp=1**: no tensor parallelism; each GPU holds whole layers, so no per-layer all-reduce.")
     else:
-        heads, kv = shape["num_attention_heads"], shape["num_kv_heads"]
-        where = (f"inside one node ({gpn} GPUs per node, {txt.bandwidth(c['intra_node_bandwidth_bytes_per_s'])} "
+        heads, kv = shape.num_attention_heads, shape.num_kv_heads
+        where = (f"inside one node ({gpn} GPUs per node, {txt.bandwidth(c.intra_node_bandwidth_bytes_per_s)} "
                  f"per direction)" if lay.tp <= gpn else
-                 f"across nodes ({txt.bandwidth(c['inter_node_bandwidth_bytes_per_s'])} per direction)")
+                 f"across nodes ({txt.bandwidth(c.inter_node_bandwidth_bytes_per_s)} per direction)")
         per_kv = kv // lay.tp
         kv_note = (f"{per_kv} KV head{'s' if per_kv != 1 else ''}" if kv % lay.tp == 0
                    else f"the {kv} KV heads replicated")
@@ -43,25 +43,27 @@ def layout_whys(plan: Plan) -> list[str]:
         heads_note = (f"{heads} attention heads divide evenly ({heads // lay.tp} per GPU, {kv_note})"
                       if heads % lay.tp == 0 else f"{heads} attention heads do not divide by {lay.tp}")
         out.append(f"**tp={lay.tp}**: each layer's matrices are split over {lay.tp} GPUs {where}; {heads_note}{sp}.")
-    layers = shape["num_layers"]
+    layers = shape.num_layers
     if lay.pp == 1:
         out.append("**pp=1**: no pipeline parallelism, so no pipeline bubble.")
     else:
+        built = plan.layer_split()
         parts = lay.pp * lay.vpp
-        lo, hi = layers // parts, -(-layers // parts)
+        lo, hi = min(built.chunk_layers), max(built.chunk_layers)
         per = f"{lo}" if lo == hi else f"{lo}-{hi}"
-        split = (f"{lay.pp} stages x {lay.vpp} interleaved chunks = {parts} model chunks of {per} layers"
-                 if lay.vpp > 1 else f"{lay.pp} stages of {per} layers")
-        out.append(f"**pp={lay.pp}**: the {layers} layers run as {split}; "
+        ranks = txt.grouped_counts(built.rank_layers)
+        split = (f"{lay.pp} stages x {lay.vpp} interleaved chunks = {parts} model chunks of {per} layers "
+                 f"({ranks} per stage)" if lay.vpp > 1 else f"{lay.pp} stages of {ranks} layers")
+        how = "" if built.split.mechanism == "even" else f", Megatron's split {built.split.describe()}"
+        out.append(f"**pp={lay.pp}**: the {layers} layers run as {split}{how}; "
                    f"schedule {lay.schedule} with {lay.grad_accum} microbatches per step leaves a bubble of "
                    f"{txt.percent(plan.estimate.pipeline_bubble_fraction)}.")
     if lay.cp > 1:
-        seq = plan.training["seq_len"]
+        seq = plan.training.seq_len
         out.append(f"**cp={lay.cp}**: each {seq}-token sequence is split over {lay.cp} GPUs "
                    f"({seq // lay.cp} tokens each), dividing activation memory.")
     if lay.ep > 1:
-        moe = shape.get("moe") or {}
-        n = moe.get("num_experts", 0)
+        n = shape.moe.num_experts if shape.moe else 0
         out.append(f"**ep={lay.ep}**: the {n} experts are spread over {lay.ep} GPUs ({n // lay.ep} per GPU), "
                    f"carved out of dp x cp; tokens reach them by all-to-all.")
     hsdp = f" ({lay.dp_replicate} replicas x {lay.dp_shard}-way sharded, HSDP)" if lay.is_hsdp else ""
@@ -93,18 +95,18 @@ def layout_whys(plan: Plan) -> list[str]:
 def batch_arithmetic(plan: Plan) -> str:
     lay, t = plan.layout, plan.training
     line = (f"global batch {lay.global_batch} = micro {lay.micro_batch} x accumulation {lay.grad_accum} "
-            f"x dp {lay.dp}; {lay.global_batch} x {t['seq_len']} = {txt.thousands(t['tokens_per_step'])} "
+            f"x dp {lay.dp}; {lay.global_batch} x {t.seq_len} = {txt.thousands(t.tokens_per_step)} "
             f"tokens per step")
-    if t.get("requested_global_batch") not in (None, lay.global_batch):
-        line += f" (requested {t['requested_global_batch']}: {t['batch_note']})"
+    if t.requested_global_batch != lay.global_batch:
+        line += f" (requested {t.requested_global_batch}: {t.batch_note})"
     return line
 
 
 def choice(plan: Plan) -> str:
-    objective = plan.budget.get("objective", "fastest")
+    objective = plan.budget.objective
     why = _OBJECTIVE.get(objective, objective)
     limit = {"fastest": "max_cost_usd", "cheapest": "deadline_s"}.get(objective)
-    if limit and plan.budget.get(limit) is None:
+    if limit and getattr(plan.budget, limit) is None:
         why = why.split(" within ")[0]  # no budget (deadline) given: nothing to be within
     text = (f"Chosen for objective `{objective}` ({why}) among {plan.search.num_feasible} feasible layouts "
             f"of {txt.thousands(plan.search.num_considered)} considered.")
@@ -123,3 +125,4 @@ def _relative(other: float, base: float) -> str:
         return "n/a"
     d = (other - base) / base
     return f"{'+' if d >= 0 else '-'}{abs(d) * 100:.1f}%"
+

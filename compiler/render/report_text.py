@@ -148,3 +148,14 @@ def _box(label: str, width: int, fill: str) -> str:
 
 def _seconds_fixed(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def grouped_counts(counts: tuple[int, ...]) -> str:
+    """'15, 16 x 6, 15': equal neighbours grouped."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)

@@ -8,8 +8,11 @@ Modules:
                with every change stated
 * ``launch``   process management: own session, three clocks, no orphans, the failing rank's error;
                DeepSpeed's persistent JIT cache and its stale locks
-* ``targets``  one launch per target (fsdp_train.py, ds_train.py, Megatron) with the scripts' own
+* ``targets``  one launch per target (fsdp_train.py, ds_train.py) with the scripts' own
                options, and reading back their summaries (losses, per-rank memory)
+Each target's own runner is its ``SmokeHooks`` (compiler/targets/<name>/smoke.py): e.g. Megatron's
+megatron_args.sh scaled, through Megatron-LM's own training loop (``pretrain``, the worker; ``cpu``,
+its CUDA-to-CPU layer).
 * ``predict``  the cost model's prediction for the same reduced model and world
 * ``slurm``    the --slurm path: the generated sbatch script, rewritten for a local cluster
 * ``report``   SmokeReport, text / JSON, smoke.json
@@ -25,9 +28,11 @@ from typing import Callable, Sequence
 from compiler.errors import Diagnostic, Location, SmokeError
 from compiler.plan import Plan
 from compiler.smoke.report import SmokeReport, TargetResult, plan_sha256, write_smoke_json
-from compiler.smoke.scale import DEFAULT_STEPS, check_ds_batch, local_world, scale_plan
+from compiler.smoke.scale import DEFAULT_STEPS, local_world, scale_plan
+from compiler.targets import registry
+from compiler.targets.base import load
 
-ALL_TARGETS = ("fsdp", "deepspeed", "megatron")
+ALL_TARGETS = tuple(t.name for t in registry.targets() if t.smoke is not None)
 DEFAULT_TIMEOUT_S = 600.0
 
 __all__ = ["run_smoke", "load_plan", "resolve_targets", "ALL_TARGETS", "DEFAULT_TIMEOUT_S"]
@@ -38,8 +43,17 @@ def load_plan(generated_dir: Path) -> tuple[Plan, str]:
     if not generated_dir.is_dir():
         raise SmokeError(Diagnostic(summary=f"{generated_dir} is not a folder", location=Location(str(generated_dir)),
                                     hint="pass the folder `dtc compile` wrote, e.g. generated/<name>/"))
+    from compiler.artifacts import read_regular_file
+
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_regular_file(path)  # never a link's target, never a FIFO that blocks
+        if data is None:
+            if not path.exists() and not path.is_symlink():
+                raise FileNotFoundError(path)
+            raise SmokeError(Diagnostic(summary=f"{path} is not a regular file (a link, a FIFO?); dtc does not "
+                                                "follow or read it", location=Location(str(path)),
+                                        hint="recompile the spec"))
+        text = data.decode("utf-8", errors="replace")
         return Plan.from_json(text), text
     except FileNotFoundError:
         raise SmokeError(Diagnostic(summary=f"no plan.json in {generated_dir}", location=Location(str(path)),
@@ -47,6 +61,9 @@ def load_plan(generated_dir: Path) -> tuple[Plan, str]:
     except (ValueError, KeyError, TypeError) as exc:
         raise SmokeError(Diagnostic(summary=f"plan.json is not a dtc plan: {exc}", location=Location(str(path)),
                                     hint="recompile the spec")) from None
+    except OSError as exc:  # a link, a FIFO, a name too long
+        raise SmokeError(Diagnostic(summary=f"cannot read plan.json: {exc.strerror or exc}",
+                                    location=Location(str(path)), hint="recompile the spec")) from None
 
 
 def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], bool]:
@@ -58,36 +75,61 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
         if not present:
             raise SmokeError(Diagnostic(summary=f"{generated_dir} holds no framework artifacts to run",
                                         location=Location(str(generated_dir)),
-                                        hint="compile with a target: fsdp, deepspeed or megatron"))
+                                        hint=f"compile with a target: {', '.join(ALL_TARGETS)}"))
         return present, False
     if requested not in present:
-        from compiler.smoke.targets import FILES
-
         raise SmokeError(Diagnostic(
-            summary=f"{generated_dir} has no {requested} artifacts ({', '.join(FILES[requested])})",
+            summary=f"{generated_dir} has no {requested} artifacts ({', '.join(registry.get(requested).files)})",
             location=Location(str(generated_dir)),
             hint=f"targets present: {', '.join(present) or 'none'}; add {requested} to the spec's targets"))
     return [requested], True
 
 
-def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
-    """Fail fast, before any launch, on artifacts that contradict the plan."""
-    import json
+def verify_generated(generated_dir: Path, plan: Plan) -> None:
+    """Run only what dtc generated (issue #16): every file must match MANIFEST.sha256 (no edits, no
+    extra files, no symbolic links)."""
+    from compiler.artifacts import MANIFEST, hand_edited_files
 
-    if "deepspeed" in targets:
-        path = generated_dir / "ds_config.json"
-        try:
-            cfg = json.loads(path.read_text())
-        except ValueError as exc:
-            raise SmokeError(Diagnostic(summary=f"ds_config.json is not valid JSON: {exc}",
-                                        location=Location(str(path)), hint="recompile the spec")) from None
-        why = check_ds_batch(cfg, plan.layout)
-        if why:
-            raise SmokeError(Diagnostic(
-                summary="ds_config.json's batch fields disagree", location=Location(str(path)),
-                detail=why + f"\nplan layout: {plan.layout.describe()}",
-                hint="DeepSpeed would refuse it (\"Check batch related parameters\"); recompile the spec "
-                     "instead of editing ds_config.json"))
+    edited = hand_edited_files(generated_dir)
+    if edited:
+        what = "has no MANIFEST.sha256" if MANIFEST in edited or not (generated_dir / MANIFEST).is_file() \
+            else "was changed after dtc wrote it"
+        raise SmokeError(Diagnostic(
+            summary=f"{generated_dir} {what}; smoke runs only what dtc generated",
+            location=Location(str(generated_dir)),
+            detail="changed, unknown or missing files:\n" + "\n".join(f"  {rel}" for rel in edited),
+            hint="move the edits into the spec and recompile (dtc compile --force), then smoke the new folder"))
+
+
+def verify_artifacts_match_plan(generated_dir: Path, plan: Plan) -> None:
+    """The degrees and batch in the artifacts must be plan.json's: smoke replaces the degrees with its
+    own, so an edited ``TP = 3`` would otherwise "pass"."""
+    from compiler.artifacts import read_artifacts
+    from compiler.render.invariants import invariant_problems
+
+    problems = invariant_problems(plan, dict(read_artifacts(generated_dir).files))
+    if problems:
+        raise SmokeError(Diagnostic(
+            summary="the artifacts disagree with plan.json; smoke would test a layout they do not run",
+            location=Location(str(generated_dir / "plan.json")), detail="\n".join(problems),
+            hint="recompile the spec instead of editing generated files"))
+
+
+def preflight(generated_dir: Path, plan: Plan, targets: Sequence[str]) -> None:
+    """Fail fast, before any launch, on a plan the layout rules reject (the same codes and messages as
+    `dtc validate`, `dtc plan` and `dtc estimate`) and on artifacts that contradict the plan."""
+    from compiler import rules
+
+    bad = rules.plan_violations(plan)
+    if bad:
+        where = Location(str(generated_dir / "plan.json"))
+        raise SmokeError([Diagnostic(summary=r.message, location=where, hint=r.fix, code=r.code) for r in bad])
+    verify_artifacts_match_plan(generated_dir, plan)
+
+    for name in targets:  # each target's own checks of its files (Target.smoke.preflight)
+        hook = registry.get(name).smoke
+        if hook is not None and hook.preflight is not None:
+            load(hook.preflight)(generated_dir, plan)
 
 
 def machine_world() -> tuple[str, int, int]:
@@ -115,8 +157,9 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     generated_dir = Path(generated_dir).resolve()
     plan, plan_text = load_plan(generated_dir)
     names, explicit = resolve_targets(generated_dir, target)
+    verify_generated(generated_dir, plan)
     preflight(generated_dir, plan, names)
-    device, ranks, gpus = machine_world()
+    device, ranks, _ = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
                          plan_sha256=plan_sha256(plan_text), setup=setup.to_dict(), explicit=explicit)
@@ -125,7 +168,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
                            timeout_s=timeout_s, on_line=on_line)
         for name in names:
-            report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
+            report.targets.append(_run_target(ctx, name, slurm=slurm))
     finally:
         if os.environ.get("DTC_SMOKE_KEEP") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
@@ -134,21 +177,24 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     return report
 
 
-def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
+def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
     from compiler.smoke import targets as T
     from compiler.smoke.predict import compare, predict_memory
     from compiler.smoke.scale import built_shape
 
-    if name == "megatron":
-        reason = T.megatron_skip_reason(ctx.plan, gpus)
+    hooks = T.hooks(name)
+    if hooks.skip is not None:
+        reason = load(hooks.skip)(ctx.plan, gpus)
         if reason:
-            return TargetResult("megatron", "skipped", reason=reason)
+            return TargetResult(name, "skipped", reason=reason)
+    if hooks.complete:  # the target's runner does it all: launch, log lines, prediction
+        return load(hooks.runner)(ctx, name, slurm=slurm)
     if slurm:
         from compiler.smoke.slurm import run_slurm_target
 
         result = run_slurm_target(ctx, name)
     else:
-        result = {"fsdp": T.run_fsdp, "deepspeed": T.run_deepspeed, "megatron": T.run_megatron}[name](ctx)
+        result = T.run_target(ctx, name)
     if result.status != "skipped":
         from compiler.model import ModelShape
 

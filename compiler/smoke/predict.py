@@ -1,8 +1,8 @@
 """The cost model's prediction for the reduced model and world a smoke run used.
 
-A Problem for the reduced model is built the way a user would write it: a spec with the
+A Problem for the reduced model is built the way a user would write it: a spec (as data) with the
 explicit shape, the smoke's sequence length, global batch and precision, on the plan's GPU
-type (``load_spec_text`` + ``lower``), and the smoke layout is costed with ``evaluate``.
+type (``problem_from_data``), and the smoke layout is costed with ``evaluate``.
 The comparison groups the line items the way the ranks can measure them:
 
 * ``model_states``: weights + gradients + master weights + optimizer states
@@ -14,6 +14,7 @@ The comparison groups the line items the way the ranks can measure them:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from compiler.errors import DtcError
@@ -27,42 +28,32 @@ ACTIVATION_ITEMS = ("activations", "logits_loss", "recompute_working_set")
 NOT_ALLOCATED = ("cuda_context", "nccl_buffers")
 
 
-def _yaml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def reduced_spec_text(setup: SmokeSetup, shape: ModelShape, target: str) -> str:
-    """A spec for the reduced model on the smoke world (plain YAML)."""
-    rows = [f"name: {setup.plan_name}-smoke", "model:"]
+def reduced_spec(setup: SmokeSetup, shape: ModelShape, target: str) -> dict[str, Any]:
+    """The spec of the reduced model on the smoke world, as data (compiler.problem.problem_from_data)."""
     keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
             "vocab_size", "mlp", "norm", "position", "tied_embeddings", "attention_bias", "linear_bias")
-    for key in keys:
-        rows.append(f"  {key}: {_yaml(getattr(shape, key))}")
+    model: dict[str, Any] = {key: getattr(shape, key) for key in keys}
     if shape.position == "learned":
-        rows.append(f"  max_position_embeddings: {max(shape.max_position_embeddings, setup.seq_len)}")
+        model["max_position_embeddings"] = max(shape.max_position_embeddings, setup.seq_len)
     if shape.moe is not None:
-        rows.append("  moe:")
-        for key, value in shape.moe.__dict__.items():
-            rows.append(f"    {key}: {_yaml(value)}")
-    tokens = setup.global_batch * setup.seq_len * max(1, setup.steps)
-    rows += ["training:", f"  tokens: {tokens}", f"  sequence_length: {setup.seq_len}",
-             f"  global_batch: {setup.global_batch}", f"  precision: {setup.precision}",
-             f"  optimizer: {setup.optimizer}",
-             "cluster:", f"  gpu: {setup.gpu}", f"  num_gpus: {setup.world_size}",
-             f"  gpus_per_node: {setup.layout.gpus_per_node}", f"targets: [{target}]", ""]
-    return "\n".join(rows)
+        model["moe"] = dataclasses.asdict(shape.moe)
+    return {
+        "name": f"{setup.plan_name}-smoke",
+        "model": model,
+        "training": {"tokens": setup.global_batch * setup.seq_len * max(1, setup.steps), "sequence_length": setup.seq_len,
+                     "global_batch": setup.global_batch, "precision": setup.precision, "optimizer": setup.optimizer},
+        "cluster": {"gpu": setup.gpu, "num_gpus": setup.world_size, "gpus_per_node": setup.layout.gpus_per_node},
+        "targets": [target],
+    }
 
 
 def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryBreakdown | str:
     """The predicted per-GPU memory breakdown of the smoke layout, or why there is none."""
     from compiler.costmodel import evaluate
-    from compiler.problem import lower
-    from compiler.spec.load import load_spec_text
+    from compiler.problem import problem_from_data
 
     try:
-        problem = lower(load_spec_text(reduced_spec_text(setup, shape, target), f"<smoke {setup.plan_name}>"))
+        problem = problem_from_data(reduced_spec(setup, shape, target), path=f"<smoke {setup.plan_name}>")
         est = evaluate(problem, setup.layout)
     except DtcError as exc:
         return f"no prediction: {exc.diagnostics[0].summary}"

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from compiler.layout import Layout
 from compiler.model import MLAShape, ModelShape, MoEShape
 from compiler.plan import Plan
+from compiler.split import default_split
 
 CPU_MAX_RANKS = 4
 SMOKE_VOCAB = 256  # divisible by every tp degree a smoke run uses
@@ -209,6 +210,14 @@ def map_degrees(lay: Layout, *, device: str, max_ranks: int) -> tuple[SmokeDegre
     return degrees, changes, notes
 
 
+def smoke_ep(lay: Layout, degrees: SmokeDegrees) -> int:
+    """The expert-parallel degree for a target that runs the experts (Megatron): 2 when the plan
+    has ep > 1 and the smoke's data-parallel x context ranks hold two expert groups (Megatron
+    carves the expert-parallel group out of them), else 1. (The fsdp/deepspeed reference models
+    are dense: ``map_degrees`` records ep -> 1 for them.)"""
+    return 2 if lay.ep > 1 and (degrees.dp * degrees.cp) % 2 == 0 else 1
+
+
 # ------------------------------------------------------------------------------------------- batch
 def smoke_batch(lay: Layout, degrees: SmokeDegrees) -> tuple[int, int, list[Change]]:
     """(micro_batch, grad_accum): kept up to the caps; a pipeline needs at least pp micro-batches."""
@@ -276,8 +285,11 @@ def reduce_shape(shape: ModelShape, *, tp: int, num_chunks: int) -> ModelShape:
 def built_shape(shape: ModelShape, target: str) -> ModelShape:
     """The shape the target's built-in reference model really builds from ``shape``: both
     generated scripts build dense decoders without MLA; fsdp_train.py's uses RoPE positions."""
+    from compiler.targets import registry
+
     built = replace(shape, moe=None, mla=None, extra_params=0)
-    if target == "fsdp" and built.position == "learned":
+    hooks = registry.get(target).smoke
+    if hooks is not None and hooks.rope_only and built.position == "learned":
         built = replace(built, position="rope", max_position_embeddings=0)
     return built
 
@@ -317,13 +329,13 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
     degrees, changes, notes = map_degrees(lay, device=device, max_ranks=max_ranks)
     mbs, ga, batch_changes = smoke_batch(lay, degrees)
     changes += batch_changes
-    plan_shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    plan_shape = plan.model.shape
     small = reduce_shape(plan_shape, tp=degrees.tp, num_chunks=degrees.pp * degrees.vpp)
     changes += _shape_changes(plan_shape, small)
-    seq = int(plan.training["seq_len"])
+    seq = int(plan.training.seq_len)
     if seq != SMOKE_SEQ_LEN:
         changes.append(Change("seq_len", seq, SMOKE_SEQ_LEN, "short sequences"))
-    precision, pchange = smoke_precision(str(plan.training["precision"]), device)
+    precision, pchange = smoke_precision(str(plan.training.precision), device)
     if pchange:
         changes.append(pchange)
     sp = lay.sequence_parallel and degrees.tp > 1
@@ -334,22 +346,23 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
         dp_replicate=degrees.dp_replicate, dp_shard=degrees.dp_shard, zero_stage=lay.zero_stage,
         micro_batch=mbs, grad_accum=ga, vpp=degrees.vpp,
         schedule=_schedule(lay, degrees), recompute=lay.recompute, sequence_parallel=sp,
-        offload_optimizer=lay.offload_optimizer, offload_params=lay.offload_params)
+        offload_optimizer=lay.offload_optimizer, offload_params=lay.offload_params,
+        split=default_split(small.num_layers, degrees.pp, degrees.vpp))
     kept = [f"zero_stage={lay.zero_stage}", f"recompute={lay.recompute}",
-            f"micro_batch={mbs}", f"grad_accum={ga}", f"optimizer={plan.training['optimizer']}"]
+            f"micro_batch={mbs}", f"grad_accum={ga}", f"optimizer={plan.training.optimizer}"]
     if degrees.pp > 1:
         kept.append(f"schedule={layout.schedule}")
     if lay.offload_optimizer != "none" or lay.offload_params != "none":
         kept.append(f"offload optimizer={lay.offload_optimizer} params={lay.offload_params}")
-    if precision == plan.training["precision"]:
+    if precision == plan.training.precision:
         kept.append(f"precision={precision}")
     kept += notes
     return SmokeSetup(
         plan_name=plan.name, device=device, backend="nccl" if device == "cuda" else "gloo",
         world_size=degrees.world_size, degrees=degrees, layout=layout, shape=small, seq_len=SMOKE_SEQ_LEN,
-        precision=precision, plan_precision=str(plan.training["precision"]),
-        optimizer=str(plan.training["optimizer"]), learning_rate=float(plan.training["learning_rate"]),
-        seed=int(plan.training["seed"]), steps=steps, gpu=str(plan.cluster["gpu"]),
+        precision=precision, plan_precision=str(plan.training.precision),
+        optimizer=str(plan.training.optimizer), learning_rate=float(plan.training.learning_rate),
+        seed=int(plan.training.seed), steps=steps, gpu=str(plan.cluster.gpu),
         changes=tuple(changes), kept=tuple(kept))
 
 

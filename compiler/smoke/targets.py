@@ -15,8 +15,8 @@ activations, peak):
   --dp-shard) and reduced built-in model; ds_train.py itself maps fp16 to bf16 and uses torch's
   AdamW on CPU and fits the lr schedule to --steps, and lists each config change in its summary
   ``dtc_deepspeed_summary``.
-* megatron: ``torchrun pretrain_gpt.py`` with megatron_args.sh's flags and the smoke overrides,
-  only where GPUs and Megatron-LM are present; otherwise skipped with the reason.
+* megatron: ``torchrun -m compiler.targets.megatron.pretrain`` (Megatron-LM's own training loop)
+  with megatron_args.sh's arguments, scaled; see compiler/targets/megatron/smoke.py.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +34,10 @@ from compiler.plan import Plan
 from compiler.smoke import launch as L
 from compiler.smoke.report import RankMeasure, TargetResult
 from compiler.smoke.scale import SmokeSetup, built_shape
+from compiler.split import layer_split
+from compiler.targets import registry
+from compiler.targets.base import SmokeHooks, Target, load
 
-FILES = {"fsdp": ("fsdp_train.py", "fsdp_config.py"), "deepspeed": ("ds_train.py", "ds_config.json"),
-         "megatron": ("megatron_args.sh",)}
-ENTRY = {"fsdp": "fsdp_train.py", "deepspeed": "ds_train.py"}
-SUMMARY_KEY = {"fsdp": "dtc_fsdp_summary", "deepspeed": "dtc_deepspeed_summary"}
 _STEP = re.compile(r"^(?:\[ds_train\] )?step (\d+)/(\d+) loss (\S+).*?time (\S+?)s")
 
 
@@ -53,8 +51,19 @@ class RunContext:
     on_line: Callable[[str], None] | None = None
 
 
+def smoke_targets() -> list[Target]:
+    """The registered targets `dtc smoke` can run (compiler/targets/<name>: Target.smoke)."""
+    return [t for t in registry.targets() if t.smoke is not None]
+
+
 def available_targets(generated_dir: Path) -> list[str]:
-    return [t for t, files in FILES.items() if all((generated_dir / f).is_file() for f in files)]
+    return [t.name for t in smoke_targets() if all((generated_dir / f).is_file() for f in t.files)]
+
+
+def hooks(target: str) -> SmokeHooks:
+    got = registry.get(target).smoke
+    assert got is not None, f"{target} has no smoke runner"
+    return got
 
 
 def torchrun_argv(nproc: int, log_dir: Path) -> list[str]:
@@ -73,33 +82,31 @@ def rank_env(ctx: RunContext, target: str) -> dict[str, str]:
     if ctx.setup.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
-    if target == "deepspeed":
+    if hooks(target).jit_extensions:
         env["TORCH_EXTENSIONS_DIR"] = str(L.extensions_dir())
     return env
 
 
 # ------------------------------------------------------------------------------------------- options
 def smoke_options(setup: SmokeSetup, target: str) -> dict[str, str | None]:
-    """The entry point's options for the smoke run (None: a flag), in command-line order; the one
-    source for the local command line (``as_argv``) and the SLURM job's environment (``as_env``)."""
+    """The entry point's options for the smoke run (None: a flag), in command-line order (the target's own
+    Target.smoke.options); the one source for the local command line (``as_argv``) and the SLURM job's
+    environment (``as_env``)."""
+    return load(hooks(target).options)(setup)  # type: ignore[arg-type]
+
+
+def model_options(setup: SmokeSetup, target: str, *, seq_flag: str) -> dict[str, str | None]:
+    """The smoke batch and the reduced built-in model, as both generated entry points spell them; with a
+    pipeline, the reduced model's split (the one its prediction is costed with)."""
     d, s = setup.degrees, built_shape(setup.shape, target)
-    opts: dict[str, str | None] = {"--steps": str(setup.steps)}
-    if target == "fsdp":
-        opts.update({"--tp": str(d.tp), "--pp": str(d.pp), "--cp": str(d.cp), "--dp-shard": str(d.dp_shard),
-                     "--dp-replicate": str(d.dp_replicate), "--vpp": str(d.vpp)})
-    else:
-        # train_batch_size is recomputed for the smaller world; the preflight has checked the
-        # generated config against the plan's world, so --allow-resize hides nothing
-        opts.update({"--tp": str(d.tp), "--pp": str(d.pp), "--dp-shard": str(d.dp_shard), "--allow-resize": None})
-    opts.update({"--micro-batch": str(setup.micro_batch), "--grad-accum": str(setup.grad_accum),
-                 "--layers": str(s.num_layers), "--hidden": str(s.hidden_size),
-                 "--heads": str(s.num_attention_heads), "--kv-heads": str(s.num_kv_heads),
-                 "--ffn": str(s.ffn_hidden_size), "--vocab": str(s.vocab_size),
-                 ("--seq" if target == "fsdp" else "--seq-len"): str(setup.seq_len)})
-    if target == "fsdp":
-        opts["--device"] = setup.device
-        if setup.precision != setup.plan_precision:
-            opts["--param-dtype"] = setup.precision
+    opts: dict[str, str | None] = {
+        "--micro-batch": str(setup.micro_batch), "--grad-accum": str(setup.grad_accum),
+        "--layers": str(s.num_layers), "--hidden": str(s.hidden_size), "--heads": str(s.num_attention_heads),
+        "--kv-heads": str(s.num_kv_heads), "--ffn": str(s.ffn_hidden_size), "--vocab": str(s.vocab_size),
+        seq_flag: str(setup.seq_len)}
+    if d.pp > 1:
+        split = layer_split(s.num_layers, d.pp, d.vpp, setup.layout.split)
+        opts["--stage-layers"] = ",".join(map(str, split.chunk_layers))
     return opts
 
 
@@ -136,7 +143,7 @@ def summary_line(lines: list[str], key: str) -> dict[str, Any] | None:
 
 
 def fsdp_summary(lines: list[str]) -> dict[str, Any] | None:
-    return summary_line(lines, SUMMARY_KEY["fsdp"])
+    return summary_line(lines, hooks("fsdp").summary_key or "")
 
 
 def rank_measures(summary_ranks: list[dict[str, Any]], world: int, device: str) -> list[RankMeasure]:
@@ -166,7 +173,7 @@ def rank_measures(summary_ranks: list[dict[str, Any]], world: int, device: str) 
 def read_result(result: TargetResult, lines: list[str], setup: SmokeSetup) -> dict[str, Any]:
     """Fill ``result`` from the entry point's output (the summary, else its step lines); returns
     the summary ({} when it printed none)."""
-    summary = summary_line(lines, SUMMARY_KEY[result.target]) or {}
+    summary = summary_line(lines, hooks(result.target).summary_key or "") or {}
     losses, times = parse_steps(lines)
     result.losses = [float(x) for x in summary.get("losses", losses)]
     result.steps_done = int(summary.get("steps", len(losses)))
@@ -181,15 +188,10 @@ def read_result(result: TargetResult, lines: list[str], setup: SmokeSetup) -> di
 
 
 def target_notes(result: TargetResult, setup: SmokeSetup, summary: dict[str, Any]) -> None:
-    if result.target == "fsdp" and setup.precision != setup.plan_precision:
-        result.notes.append(f"--param-dtype {setup.precision}: the plan's {setup.plan_precision} parameters "
-                            f"run as {setup.precision} here")
-    if result.target == "fsdp" and summary.get("sac_cache_counted") is False:
-        result.notes.append("selective-checkpoint cache not counted in the saved activations (torch internals "
-                            "differ from torch 2.13's)")
-    if result.target == "deepspeed" and setup.device == "cpu":
-        result.notes.append("CPU: ds_train.py uses torch's AdamW (--cpu-optimizer torch, no fused_adam / cpu_adam "
-                            "JIT build) and skips the shared-memory allreduce op")
+    """The target's own remarks on its run (Target.smoke.notes)."""
+    hook = hooks(result.target).notes
+    if hook is not None:
+        result.notes += load(hook)(setup, summary)
 
 
 def judge(result: TargetResult, launch: L.LaunchResult) -> None:
@@ -220,10 +222,12 @@ def run_entry(ctx: RunContext, target: str) -> TargetResult:
     """fsdp_train.py or ds_train.py under torchrun with the smoke options; judged on its summary."""
     setup = ctx.setup
     log_dir = ctx.workdir / f"logs-{target}"
-    argv = (torchrun_argv(setup.world_size, log_dir) + [str(ctx.generated_dir / ENTRY[target])]
+    entry = hooks(target).entry
+    assert entry is not None
+    argv = (torchrun_argv(setup.world_size, log_dir) + [str(ctx.generated_dir / entry)]
             + as_argv(smoke_options(setup, target)))
     result = TargetResult(target, "failed", launched=True, command=shlex.join(argv), steps_requested=setup.steps)
-    if target == "deepspeed":
+    if hooks(target).jit_extensions:
         removed = L.clear_stale_locks(L.extensions_dir())
         if removed:
             result.notes.append("removed stale JIT lock(s): " + ", ".join(str(p) for p in removed))
@@ -233,16 +237,13 @@ def run_entry(ctx: RunContext, target: str) -> TargetResult:
     target_notes(result, setup, summary)
     judge(result, launch)
     if result.status == "passed" and not summary:
-        result.status, result.reason = "failed", f"{ENTRY[target]} printed no {SUMMARY_KEY[target]} line"
+        result.status, result.reason = "failed", f"{entry} printed no {hooks(target).summary_key} line"
     return result
 
 
-def run_fsdp(ctx: RunContext) -> TargetResult:
-    return run_entry(ctx, "fsdp")
-
-
-def run_deepspeed(ctx: RunContext) -> TargetResult:
-    return run_entry(ctx, "deepspeed")
+def run_target(ctx: RunContext, target: str) -> TargetResult:
+    """The target's own smoke runner (Target.smoke.runner)."""
+    return load(hooks(target).runner)(ctx, target)
 
 
 def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,
@@ -254,81 +255,3 @@ def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,
                         stall_timeout_s=min(ctx.timeout_s, L.LaunchSpec.stall_timeout_s))
     prefix = f"[{target}] "
     return L.run_launch(spec, on_line=(lambda line: ctx.on_line(prefix + line)) if ctx.on_line else None)
-
-
-# ------------------------------------------------------------------------------------------- megatron
-def megatron_skip_reason(plan: Plan, gpu_count: int) -> str | None:
-    if gpu_count == 0:
-        return "Megatron-LM needs CUDA GPUs; none here"
-    pretrain = Path(str(plan.slurm.get("megatron_dir", "/opt/Megatron-LM"))) / "pretrain_gpt.py"
-    if not pretrain.is_file():
-        return f"Megatron-LM is not installed ({pretrain} not found; set slurm.megatron_dir)"
-    return None
-
-
-MEGATRON_OVERRIDES = {
-    "--tensor-model-parallel-size": lambda s: s.degrees.tp, "--pipeline-model-parallel-size": lambda s: s.degrees.pp,
-    "--context-parallel-size": lambda s: s.degrees.cp, "--num-layers": lambda s: s.shape.num_layers,
-    "--hidden-size": lambda s: s.shape.hidden_size, "--ffn-hidden-size": lambda s: s.shape.ffn_hidden_size,
-    "--num-attention-heads": lambda s: s.shape.num_attention_heads,
-    "--num-query-groups": lambda s: s.shape.num_kv_heads, "--kv-channels": lambda s: s.shape.kv_channels,
-    "--seq-length": lambda s: s.seq_len, "--max-position-embeddings": lambda s: s.seq_len,
-    "--micro-batch-size": lambda s: s.micro_batch, "--global-batch-size": lambda s: s.global_batch,
-    "--train-iters": lambda s: s.steps, "--vocab-size": lambda s: s.shape.vocab_size,
-    "--num-experts": lambda s: s.shape.moe.num_experts if s.shape.moe else None,
-    "--moe-router-topk": lambda s: s.shape.moe.top_k if s.shape.moe else None,
-    "--expert-model-parallel-size": lambda s: 1,
-    "--num-layers-per-virtual-pipeline-stage": lambda s: None,
-}
-MEGATRON_DROP = ("--save", "--load", "--data-path", "--tensorboard-dir", "--wandb-project")
-
-
-def megatron_flags(flags: list[str], setup: SmokeSetup) -> list[str]:
-    """megatron_args.sh's flags with the smoke overrides (value flags replaced, dropped ones removed)."""
-    out, i = [], 0
-    seen = set()
-    while i < len(flags):
-        flag = flags[i]
-        has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
-        if flag in MEGATRON_DROP:
-            i += 2 if has_value else 1
-            continue
-        if flag in MEGATRON_OVERRIDES:
-            seen.add(flag)
-            value = MEGATRON_OVERRIDES[flag](setup)
-            if value is not None:
-                out += [flag, str(value)]
-            i += 2 if has_value else 1
-            continue
-        out.append(flag)
-        i += 1
-    for flag in ("--train-iters", "--vocab-size"):
-        if flag not in seen:
-            out += [flag, str(MEGATRON_OVERRIDES[flag](setup))]
-    if "--mock-data" not in out:
-        out.append("--mock-data")
-    return out
-
-
-def read_megatron_args(generated_dir: Path) -> list[str]:
-    script = f'source {shlex.quote(str(generated_dir / "megatron_args.sh"))}; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"'
-    r = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30)
-    if r.returncode != 0:
-        raise RuntimeError(f"megatron_args.sh failed: {r.stderr.decode(errors='replace')}")
-    return [a.decode() for a in r.stdout.split(b"\0") if a]
-
-
-def run_megatron(ctx: RunContext) -> TargetResult:
-    """Only reached with GPUs and a Megatron-LM checkout (not exercised on CPU-only CI)."""
-    setup = ctx.setup
-    log_dir = ctx.workdir / "logs-megatron"
-    pretrain = Path(str(ctx.plan.slurm.get("megatron_dir", "/opt/Megatron-LM"))) / "pretrain_gpt.py"
-    flags = megatron_flags(read_megatron_args(ctx.generated_dir), setup)
-    argv = torchrun_argv(setup.world_size, log_dir) + [str(pretrain)] + flags
-    result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv), steps_requested=setup.steps)
-    launch = run_launch(ctx, "megatron", argv, log_dir, extra_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-    losses = [float(m.group(1)) for line in launch.all_lines
-              for m in [re.search(r"lm loss: ([0-9.Ee+-]+)", line)] if m]
-    result.losses, result.steps_done, result.wall_s = losses, len(losses), launch.wall_s
-    judge(result, launch)
-    return result

@@ -1,5 +1,9 @@
 """Lower bounds on step time and memory, built from the cost model's own quantity functions.
 
+The cost model is reached through its public parts (compiler.costmodel.parts) only. "Candidate
+stages" are the distinct stages of the split (one per (dense, MoE, first, last), the earliest of
+each): every stage's time is one of theirs, and the earliest holds the most micro-batches.
+
 Every bound here is <= what ``compiler.costmodel.evaluate`` returns for every layout it
 covers (tests/unit/solver/test_solver_bounds.py checks it on sampled layouts, and the
 brute-force property tests check that pruning never loses the optimum). The argument
@@ -38,21 +42,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from compiler.costmodel import comm as cm_comm
-from compiler.costmodel import memory as cm_memory
-from compiler.costmodel import step as cm_step
-from compiler.costmodel.activations import DEFAULT_IMPL
-from compiler.costmodel.compute import StageCompute
-from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup
-from compiler.costmodel.efficiency import load_efficiency
-from compiler.costmodel.stages import StageLayers, stage_layers, stage_params
+from compiler.costmodel import parts as cm
+from compiler.costmodel.parts import Setup, StageLayers
 from compiler.layout import Layout
 from compiler.problem import Problem
 from compiler.solver.candidates import Shape, Sharding
 
 SAFETY = 0.998
 _HUGE_MB = 1 << 20  # the micro-batch of the shape bound's limit (sat(M) ~ 1)
-_INF_STAGE_S = 1e30
 
 
 def pipeline_units_lb(schedule: str, pp: int, m: int, vpp: int) -> float:
@@ -66,24 +63,16 @@ def pipeline_units_lb(schedule: str, pp: int, m: int, vpp: int) -> float:
     return float(m + pp - 1)
 
 
-def candidate_stage_indices(pp: int) -> tuple[int, ...]:
-    """The stages the cost model inspects for the binding stage (first, second, last)."""
-    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
-
-
 class Bounds:
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.eff = load_efficiency()
-        self.recipe = RECIPES[problem.precision]
-        self.state_bytes = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
-        self.gens = [self.eff.for_generation(o.spec.generation) for o in problem.gpu_options]
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
         self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
         self._per_token: dict[tuple, float] = {}
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
+        self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
         self._act: dict[tuple, float] = {}
         self._group_mem: dict[tuple, float] = {}
@@ -93,14 +82,20 @@ class Bounds:
 
     # ------------------------------------------------------------------ helpers
     def setup(self, option: int, layout: Layout) -> Setup:
-        return Setup(problem=self.problem, layout=layout, gpu=self.problem.gpu_options[option], eff=self.eff,
-                     gen=self.gens[option], recipe=self.recipe, impl=DEFAULT_IMPL,
-                     stages=self.stages(layout.pp, layout.vpp))
+        return cm.setup_for(self.problem, layout, self.problem.gpu_options[option],
+                            stages=self.stages(layout.pp, layout.vpp))
 
     def stages(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
         got = self._stages.get((pp, vpp))
         if got is None:
-            got = self._stages[(pp, vpp)] = stage_layers(self.problem.shape, pp, vpp)
+            got = self._stages[(pp, vpp)] = cm.stages_of(self.problem, pp, vpp)
+        return got
+
+    def distinct(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
+        """The stages whose maximum is the maximum over all (cm.distinct_stages)."""
+        got = self._distinct.get((pp, vpp))
+        if got is None:
+            got = self._distinct[(pp, vpp)] = cm.distinct_stages(self.stages(pp, vpp))
         return got
 
     def _probe(self, shape: Shape, *, pp: int = 1, vpp: int = 1, sched: str = "1f1b", mb: int = 1, ga: int = 1,
@@ -116,8 +111,7 @@ class Bounds:
         key = (shape.tp, shape.ep, pp > 1, pp, sl.dense, sl.moe, sl.first, sl.last)
         got = self._sparams.get(key)
         if got is None:
-            got = self._sparams[key] = stage_params(self.problem.shape, self.problem.params, sl, tp=shape.tp,
-                                                         ep=shape.ep, pp=pp)
+            got = self._sparams[key] = cm.stage_params_of(self.problem, sl, tp=shape.tp, ep=shape.ep, pp=pp)
         return got
 
     def _unit_fb(self, shape: Shape, mb: int, sp: bool, rc: str, kind: str) -> tuple[float, float]:
@@ -130,9 +124,9 @@ class Bounds:
             probe = self._probe(Shape(shape.option, shape.gpu, shape.gpus_per_node, shape.tp, 1, shape.cp, shape.ep,
                                       shape.ep), mb=mb, rc=rc, sp=sp)
             setup = self.setup(shape.option, probe)
-            sl = StageLayers(0, int(kind == "dense"), int(kind == "moe"), 1, kind == "first", kind == "last")
-            st = cm_step.stage_time(setup, sl, self._stage_params(shape, 1, 1, setup.stages[0]), [])
-            got = self._stage_fb[key] = (st.forward_s, st.backward_s)
+            sl = cm.unit_stage(kind)
+            got = self._stage_fb[key] = cm.stage_forward_backward_s(setup, sl,
+                                                                    self._stage_params(shape, 1, 1, setup.stages[0]))
         return got
 
     def stage_fb(self, shape: Shape, sl: StageLayers, mb: int, sp: bool, rc: str) -> tuple[float, float]:
@@ -168,11 +162,10 @@ class Bounds:
                        sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:
         """(forward, backward, stage) of each candidate stage, without ZeRO-2/3 traffic, sp at its best."""
         sp = self._sp_min(shape, sps)
-        stages = self.stages(shape.pp, vpp)
         out = []
-        for i in candidate_stage_indices(shape.pp):
-            f, b = self.stage_fb(shape, stages[i], mb, sp, recompute)
-            out.append((f, b, stages[i]))
+        for sl in self.distinct(shape.pp, vpp):
+            f, b = self.stage_fb(shape, sl, mb, sp, recompute)
+            out.append((f, b, sl))
         return tuple(out)
 
     def p2p_s(self, shape: Shape, mb: int) -> float:
@@ -183,7 +176,7 @@ class Bounds:
         got = self._p2p.get(key)
         if got is None:
             setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, mb=mb))
-            got = self._p2p[key] = cm_comm.pp_p2p_time_s(setup)
+            got = self._p2p[key] = cm.pipeline_send_s(setup)
         return got
 
     def span_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, worst_fb: float) -> float:
@@ -207,7 +200,10 @@ class Bounds:
             return 1.0
         gas = sorted({ga for _, ga in batches}, reverse=True)
         best = float("inf")
+        deepest: dict[str, int] = {}  # the makespan only falls with vpp: the largest of each schedule decides
         for sched, vpp in pipeline:
+            deepest[sched] = max(vpp, deepest.get(sched, 0))
+        for sched, vpp in deepest.items():
             for ga in gas:
                 if sched == "interleaved_1f1b" and ga % shape.pp:
                     continue
@@ -224,19 +220,9 @@ class Bounds:
             layout = make_layout()
             setup = self.setup(shape.option, layout)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            coll = cm_comm.dp_collectives(setup, spp)
-            fwd = sum(x.time_per_call_s for x in coll if x.phase == "forward")
-            bwd = sum(x.time_per_call_s for x in coll if x.phase == "backward")
-            last = self.eff.last_bucket_bytes
-            pieces = []
-            for phase in ("step_grad", "step_param"):
-                total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == phase)
-                nbytes = sum(x.bytes_per_call for x in coll if x.phase == phase)
-                pieces += [total, total * min(1.0, last / nbytes) if nbytes else 0.0]
-            huge = StageCompute(_INF_STAGE_S, 0.0, 0.0, 0.0, 0.0)
-            st = cm_step.StageTime(sl.stage, huge, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
-            extra = cm_step.optimizer_step_time_s(setup, spp) + cm_step.offload_time_s(setup, spp, st)[0]
-            got = self._dp[key] = (fwd, bwd, *pieces, extra)
+            z = cm.zero_traffic(setup, spp)
+            got = self._dp[key] = (z.forward_s, z.backward_s, z.grad_total_s, z.grad_tail_s, z.param_total_s,
+                                   z.param_tail_s, cm.step_extras_s(setup, spp, sl.stage))
         return got
 
     def layout_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, sh: Sharding, fbs,
@@ -244,7 +230,7 @@ class Bounds:
         """The group bound with this layout's sharding/offload terms (see the module docstring).
 
         ``fbs``: group_stage_fb of the group; ``make_layout()`` builds the layout (only on a cache miss)."""
-        w = self.eff.dp_overlap_window_fraction
+        w = cm.dp_overlap_window()
         worst = 0.0
         step_extra = float("inf")
         for f, b, sl in fbs:
@@ -269,12 +255,7 @@ class Bounds:
                lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
         got = self._act.get(key)
         if got is None:
-            inflight = cm_memory.inflight_for_stage(setup, sl.stage)
-            got = cm_memory.stage_activation_bytes_per_microbatch(setup, sl) * inflight
-            if sl.last:
-                saved, transient = cm_memory.logits_bytes(setup, inflight)
-                got += saved + transient
-            self._act[key] = got
+            got = self._act[key] = cm.activations_in_flight_bytes(setup, sl)
         return got
 
     def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
@@ -283,12 +264,7 @@ class Bounds:
         if got is None:
             view = _ShardingView(shape, sh)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            r = self.recipe
-            got = (cm_memory.weight_bytes_per_gpu(spp, view, r.weight_bytes)  # type: ignore[arg-type]
-                   + cm_memory.gradient_bytes_per_gpu(spp, view, r.grad_bytes)  # type: ignore[arg-type]
-                   + cm_memory.master_weight_bytes_per_gpu(spp, view, r.master_bytes)  # type: ignore[arg-type]
-                   + cm_memory.optimizer_state_bytes_per_gpu(spp, view, self.state_bytes))  # type: ignore[arg-type]
-            self._states[key] = got
+            got = self._states[key] = cm.model_state_bytes(self.problem, spp, view)
         return got
 
     def _min_states(self, shape: Shape, vpp: int, sl: StageLayers, options: tuple) -> float:
@@ -300,7 +276,7 @@ class Bounds:
         return got
 
     def _fixed(self, layout: Layout) -> float:
-        return self.eff.cuda_context_bytes + cm_memory.num_process_groups(layout) * self.eff.nccl_bytes_per_group
+        return cm.fixed_bytes(layout)
 
     def group_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
                         options: tuple) -> float:
@@ -310,20 +286,18 @@ class Bounds:
         sp = self._sp_min(shape, (o[0] for o in options))
         probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
         setup = self.setup(shape.option, probe)
-        frag = 1.0 + self.eff.fragmentation_fraction
+        frag = cm.fragmentation_factor()
         best = 0.0
-        for i in candidate_stage_indices(shape.pp):
-            sl = setup.stages[i]
+        for sl in self.distinct(shape.pp, vpp):
             states = self._min_states(shape, vpp, sl, options)
             best = max(best, frag * (states + self._activations(shape, setup, sl)))
         return _mem_safe(best + self._fixed(probe))
 
     def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
         setup = self.setup(shape.option, layout)
-        frag = 1.0 + self.eff.fragmentation_fraction
+        frag = cm.fragmentation_factor()
         best = 0.0
-        for i in candidate_stage_indices(shape.pp):
-            sl = setup.stages[i]
+        for sl in self.distinct(shape.pp, layout.vpp):
             states = self._model_states(shape, layout.vpp, sl, sh)
             best = max(best, frag * (states + self._activations(shape, setup, sl)))
         return _mem_safe(best + self._fixed(layout))

@@ -5,7 +5,8 @@ The space has two levels, so that whole families can be bounded (and counted) at
 * a **shape** fixes the GPU type and the parallel degrees that set the world size:
   ``tp x pp x cp x dp`` (plus ``ep``, carved out of dp x cp). Shapes come from generators
   that already obey the per-axis rules (tp divides the attention and KV heads and stays in
-  a node; cp with 2 x cp dividing the sequence; pp with a stage split, see ``arith``), and
+  a node; cp with 2 x cp dividing the sequence; pp with a Megatron split, see compiler.split, and at
+  most MAX_PIPELINE_PARALLEL stages), and
   from the GPU-count rule (whole nodes within [min_gpus, max_gpus], or exactly num_gpus).
   A dp that breaks the batch arithmetic is tallied per shape as ``batch_not_divisible``.
 * the **inner** choices of a shape are independent of each other, so a shape holds
@@ -13,28 +14,33 @@ The space has two levels, so that whole families can be bounded (and counted) at
   enumerating them:
 
   - pipeline: pp == 1 -> one choice; pp > 1 -> gpipe, 1f1b, and interleaved_1f1b for every
-    vpp > 1 with a stage split;
+    vpp > 1 with a split (pp x vpp <= layers + 2); each with compiler.split.default_split;
   - sharding: zero 0 (replicate); zero 1/2/3 over every dp_shard that divides dp (dp_shard
     < dp is hybrid sharding, HSDP), with optimizer offload none/cpu (+ nvme at zero 3) and
     parameter offload none/cpu/nvme at zero 3. A zero stage needs a shard group of more
     than one GPU, except with offload on a single data-parallel rank (ZeRO-Offload);
   - batch: micro_batch divides global_batch / dp and grad_accum = global_batch / (dp x
     micro_batch); with a tolerance, every micro_batch with a grad_accum whose realised
-    batch is within it (the one closest to the requested batch);
+    batch is within it (the one closest to the requested batch); micro_batch at most
+    MAX_MICRO_BATCH (the spec's cap, so the space does not grow with the batch);
   - recompute none / selective / full; sequence parallel off/on when tp > 1.
 
-Pins of the spec's ``layout`` section replace a generator by the pinned value.
+Pins of the spec's ``layout`` section replace a generator by the pinned value. Every generator asks
+compiler.rules about the values it offers (the same rules the spec's pins, the cost model and
+``dtc estimate`` apply), so what is legal is stated once.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from compiler import rules
+from compiler.arith import GpuCounts, batch_range, divisors, grad_accum_for
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
-from compiler.solver.arith import GpuCounts, batch_range, divisors, grad_accum_for, stage_layers
+from compiler.spec.models import MAX_MICRO_BATCH, MAX_PIPELINE_PARALLEL
+from compiler.split import default_split
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -88,29 +94,31 @@ class Space:
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sharding: dict[int, tuple[Sharding, ...]] = {}
         self._batch: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self.facts = problem.facts
+
+    def legal(self, **knobs) -> bool:
+        """No structural layout rule (compiler.rules) rejects these knobs (the others still open); what the
+        frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
+        return rules.first_violation(self.facts, rules.Knobs(**knobs), codes=F.STRUCTURAL_CODES) is None
 
     # ------------------------------------------------------------------ per-axis generators
     def tp_values(self, option: GpuOption) -> tuple[int, ...]:
-        s = self.problem.shape
-        cap = s.num_attention_heads if self.problem.allow_cross_node_tp else option.gpus_per_node
-        values = [t for t in divisors(math.gcd(s.num_attention_heads, s.num_kv_heads)) if t <= cap]
+        values = [t for t in divisors(self.problem.shape.num_attention_heads)
+                  if self.legal(tp=t, gpus_per_node=option.gpus_per_node)]
         return self._pin(values, self.pins.tp)
 
     def pp_values(self) -> tuple[int, ...]:
-        values = [p for p in range(1, self.num_layers + 1) if self.pipeline_choices(p)]
+        values = [p for p in range(1, min(self.num_layers + 2, MAX_PIPELINE_PARALLEL) + 1) if self.pipeline_choices(p)]
         return self._pin(values, self.pins.pp)
 
     def cp_values(self) -> tuple[int, ...]:
-        seq = self.problem.seq_len
-        values = [1] + ([c for c in divisors(seq // 2) if c > 1] if seq % 2 == 0 else [])
+        values = [c for c in divisors(self.problem.seq_len) if self.legal(cp=c)]
         return self._pin(values, self.pins.cp)
 
     def ep_values(self, dp: int, cp: int) -> tuple[int, ...]:
         moe = self.problem.shape.moe
-        if moe is None:
-            values = [1]
-        else:
-            values = list(divisors(math.gcd(moe.num_experts, dp * cp)))
+        values = [e for e in (divisors(moe.num_experts) if moe else (1,)) if self.legal(ep=e, dp=dp, cp=cp)]
         return self._pin(values, self.pins.ep)
 
     def dp_values(self, counts: GpuCounts, base: int) -> tuple[list[int], int]:
@@ -148,16 +156,17 @@ class Space:
         out: list[tuple[str, int]] = []
         if pp == 1:
             sched = pins.schedule if pins.schedule in ("gpipe", "1f1b") else "1f1b"
-            if pins.schedule != "interleaved_1f1b" and pins.vpp in (None, 1) and stage_layers(self.num_layers, 1, 1):
+            if pins.schedule != "interleaved_1f1b" and pins.vpp in (None, 1) and self.legal(pp=1, split=pins.split):
                 out.append((sched, 1))
         else:
-            if stage_layers(self.num_layers, pp, 1):
-                for sched in ("gpipe", "1f1b"):
-                    if pins.schedule in (None, sched) and pins.vpp in (None, 1):
-                        out.append((sched, 1))
+            for sched in ("gpipe", "1f1b"):
+                if pins.schedule in (None, sched) and pins.vpp in (None, 1) \
+                        and self.legal(pp=pp, vpp=1, schedule=sched, split=pins.split):
+                    out.append((sched, 1))
             if pins.schedule in (None, "interleaved_1f1b"):
-                for vpp in range(2, self.num_layers // pp + 1):
-                    if pins.vpp in (None, vpp) and stage_layers(self.num_layers, pp, vpp):
+                for vpp in range(2, (self.num_layers + 2) // pp + 1):
+                    if pins.vpp in (None, vpp) and self.legal(pp=pp, vpp=vpp, schedule="interleaved_1f1b",
+                                                              split=pins.split):
                         out.append(("interleaved_1f1b", vpp))
         result = tuple(out)
         self._pipeline[pp] = result
@@ -183,6 +192,9 @@ class Space:
                         or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
                         or (pins.offload_params is not None and c.offload_params != pins.offload_params):
                     continue
+                if not self.legal(dp=dp, dp_shard=c.dp_shard, zero_stage=c.zero_stage,
+                                  offload_optimizer=c.offload_optimizer, offload_params=c.offload_params):
+                    continue
                 if c.zero_stage > 0 and c.dp_shard == 1 and not (
                         dp == 1 and (c.offload_optimizer != "none" or c.offload_params != "none")):
                     continue
@@ -200,14 +212,15 @@ class Space:
         out: list[tuple[int, int]] = []
         if tol <= 0:
             if b % dp == 0:
-                out = [(mb, b // dp // mb) for mb in divisors(b // dp)]
+                out = [(mb, b // dp // mb) for mb in divisors(b // dp) if mb <= MAX_MICRO_BATCH]
         else:
-            for mb in range(1, self.hi_batch // dp + 1):
+            for mb in range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1):
                 ga = grad_accum_for(b, tol, dp, mb)
                 if ga is not None:
                     out.append((mb, ga))
         if self.pins.micro_batch is not None:
             out = [c for c in out if c[0] == self.pins.micro_batch]
+        out = [(mb, ga) for mb, ga in out if self.legal(dp=dp, micro_batch=mb, grad_accum=ga)]
         result = tuple(out)
         self._batch[dp] = result
         return result
@@ -215,10 +228,12 @@ class Space:
     def recompute_choices(self) -> tuple[str, ...]:
         return self._pin(list(RECOMPUTE_MODES), self.pins.recompute)
 
-    def sp_choices(self, tp: int) -> tuple[bool, ...]:
-        if tp == 1:
-            return (False,) if self.pins.sequence_parallel in (None, False) else ()
-        return self._pin([False, True], self.pins.sequence_parallel)
+    def sp_choices(self, tp: int, cp: int = 1) -> tuple[bool, ...]:
+        got = self._sp.get((tp, cp))
+        if got is None:
+            values = [sp for sp in (False, True) if self.legal(sequence_parallel=sp, tp=tp, cp=cp)]
+            got = self._sp[(tp, cp)] = self._pin(values, self.pins.sequence_parallel)
+        return got
 
     @staticmethod
     def _pin(values, pin) -> tuple:
@@ -263,7 +278,7 @@ class Space:
 
     def inner_count(self, shape: Shape) -> int:
         return (len(self.pipeline_choices(shape.pp)) * len(self.sharding_choices(shape.dp))
-                * len(self.batch_choices(shape.dp)) * len(self.recompute_choices()) * len(self.sp_choices(shape.tp)))
+                * len(self.batch_choices(shape.dp)) * len(self.recompute_choices()) * len(self.sp_choices(shape.tp, shape.cp)))
 
     def layout(self, shape: Shape, sched: str, vpp: int, sh: Sharding, mb: int, ga: int, recompute: str,
                sp: bool) -> Layout:
@@ -272,13 +287,14 @@ class Space:
                       zero_stage=sh.zero_stage, micro_batch=mb, grad_accum=ga, vpp=vpp,
                       schedule=sched, recompute=recompute,  # type: ignore[arg-type]
                       sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]
-                      offload_params=sh.offload_params)  # type: ignore[arg-type]
+                      offload_params=sh.offload_params,  # type: ignore[arg-type]
+                      split=self.pins.split or default_split(self.num_layers, shape.pp, vpp))
 
     def layouts_of(self, shape: Shape) -> Iterator[Layout]:
         for sched, vpp in self.pipeline_choices(shape.pp):
             for mb, ga in self.batch_choices(shape.dp):
                 for rc in self.recompute_choices():
-                    for sp in self.sp_choices(shape.tp):
+                    for sp in self.sp_choices(shape.tp, shape.cp):
                         for sh in self.sharding_choices(shape.dp):
                             yield self.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
 

@@ -1,13 +1,13 @@
 """Words for the search's results: why an alternative lost, notes on the plan, the infeasible report."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from compiler import units
 from compiler.errors import Diagnostic, Location, InfeasibleError
 from compiler.estimate import Estimate
 from compiler.layout import Layout
-from compiler.plan import SearchSummary
+from compiler.plan import ClosestMiss, SearchSummary
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.objective import objective_key, round_key
@@ -104,7 +104,7 @@ _HINT_ORDER = (F.OVER_BUDGET, F.OVER_DEADLINE, F.OUT_OF_MEMORY, F.FRAMEWORK_UNSU
 
 
 def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping[str, str],
-                     misses: Sequence[Mapping[str, Any]]) -> InfeasibleError:
+                     misses: Sequence[ClosestMiss]) -> InfeasibleError:
     seq, batch = problem.seq_len, problem.global_batch
     head = f"no layout fits {problem.model_name} on {gpus_phrase(problem)} (seq {seq}, global batch {batch})"
     lines = [f"searched {summary.num_considered:,} layouts, {summary.num_feasible} feasible "
@@ -119,8 +119,8 @@ def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping
     if misses:
         lines.append("closest misses:")
         for m in misses:
-            fix = f"\n      fix: {m['fix']}" if m.get("fix") else ""
-            lines.append(f"  {m['layout']}: {m['message']}{fix}")
+            fix = f"\n      fix: {m.fix}" if m.fix else ""
+            lines.append(f"  {m.layout}: {m.message}{fix}")
     if summary.num_considered == 0:
         lines.append(_empty_space_reason(problem))
     hint = next((_HINTS[c] for c in _HINT_ORDER if summary.rejections_by_code.get(c)),

@@ -1,43 +1,33 @@
-"""Feasibility rules, one reason code each: ``check_*(problem, layout) -> Rejection | None``.
+"""The search's feasibility checks: the layout rules (compiler.rules), the search's own, the objective's.
 
-Codes are stable snake_case identifiers used in tallies, tests and docs; the
-messages around them state the rule, the offending values and the fix, and may be
-reworded freely. The structural rules (everything but the framework, budget and
-deadline rules) are also built into the generators of ``candidates.py``, so the
-enumerator never yields a layout these checks reject; the property tests hold the
-two to each other.
+The layout rules and their reason codes live in ``compiler.rules`` (one home, shared with the
+spec's pins, the cost model, ``dtc estimate`` and the renderers); this module adds the rules
+that only shape the search space (``pin_mismatch``: a layout other than the spec pinned;
+``not_canonical``: a layout that only renames another) and the objective's limits
+(``over_budget``, ``over_deadline``). The structural rules are also built into the generators
+of ``candidates.py`` (which ask compiler.rules per axis), so the enumerator never yields a
+layout these checks reject; the property tests hold the two to each other.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from compiler import units
+from compiler import rules, units
+from compiler.arith import GpuCounts
 from compiler.estimate import Estimate, Rejection
-from compiler.frameworks import describe_unsupported, unsupported_reasons
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
-from compiler.solver.arith import GpuCounts, batch_range, stage_layers
-
-# Reason codes (stable). Structural codes describe the parallel shape; the rest a full layout.
-TP_NOT_DIVISOR = "tp_not_divisor"
-TP_CROSS_NODE = "tp_cross_node"
-PP_SPLIT_INVALID = "pp_split_invalid"
-CP_NOT_DIVISOR = "cp_not_divisor"
-EP_INVALID = "ep_invalid"
-GPU_NOT_OFFERED = "gpu_not_offered"
-GPU_COUNT_NOT_ALLOWED = "gpu_count_not_allowed"
-BATCH_NOT_DIVISIBLE = "batch_not_divisible"
-OFFLOAD_INVALID = "offload_invalid"
-PIN_MISMATCH = "pin_mismatch"
-NOT_CANONICAL = "not_canonical"
-FRAMEWORK_UNSUPPORTED = "framework_unsupported"
-OUT_OF_MEMORY = "out_of_memory"
-OVER_BUDGET = "over_budget"
-OVER_DEADLINE = "over_deadline"
-MICROBATCHES_NOT_DIVISIBLE = "microbatches_not_divisible"  # the cost model's code (Megatron's rule)
+from compiler.rules import (BATCH_NOT_DIVISIBLE, CP_NOT_DIVISOR, DP_SHARD_INVALID, EP_INVALID,  # noqa: F401
+                            FRAMEWORK_UNSUPPORTED, GPU_COUNT_NOT_ALLOWED, GPU_NOT_OFFERED, MICROBATCHES_NOT_DIVISIBLE,
+                            NOT_CANONICAL, OFFLOAD_INVALID, OUT_OF_MEMORY, OVER_BUDGET, OVER_DEADLINE, PIN_MISMATCH,
+                            PP_SPLIT_INVALID, PRECISION_UNSUPPORTED, SCHEDULE_INVALID, SP_INVALID, TP_CROSS_NODE,
+                            TP_NOT_DIVISOR)
 
 # Codes counted per parallel shape (tp x pp x cp x dp) rather than per layout.
 SHAPE_CODES = frozenset({BATCH_NOT_DIVISIBLE})
+
+# The layout rules a candidate must pass to be in the search space; the interleaved micro-batch rule, the
+# frameworks' support and the GPU's precision are tallied by the search and the cost model instead.
+STRUCTURAL_CODES = tuple(r.code for r in rules.RULES
+                         if r.code not in (MICROBATCHES_NOT_DIVISIBLE, FRAMEWORK_UNSUPPORTED, PRECISION_UNSUPPORTED))
 
 
 def option_for(problem: Problem, layout: Layout) -> GpuOption | None:
@@ -46,103 +36,9 @@ def option_for(problem: Problem, layout: Layout) -> GpuOption | None:
 
 def gpu_counts(problem: Problem, option: GpuOption) -> GpuCounts:
     """GPU counts the search uses for ``option``; the throughput objective uses the largest only."""
-    counts = GpuCounts(problem.min_gpus, problem.max_gpus, option.gpus_per_node, problem.num_gpus)
-    if problem.objective == "throughput" and problem.num_gpus is None and counts.largest is not None:
-        return GpuCounts(counts.largest, counts.largest, option.gpus_per_node, counts.largest)
+    counts = problem.facts.gpus[option.name].counts
+    assert counts is not None
     return counts
-
-
-def check_gpu_type(problem: Problem, layout: Layout) -> Rejection | None:
-    option = option_for(problem, layout)
-    if option is None or option.gpus_per_node != layout.gpus_per_node:
-        offered = ", ".join(f"{o.name} ({o.gpus_per_node}/node)" for o in problem.gpu_options)
-        return Rejection(GPU_NOT_OFFERED, f"gpu must be one of {offered}, got {layout.gpu} "
-                                          f"({layout.gpus_per_node}/node)", {"gpu": layout.gpu})
-    return None
-
-
-def check_gpu_count(problem: Problem, layout: Layout) -> Rejection | None:
-    option = option_for(problem, layout)
-    if option is None:
-        return None
-    counts = gpu_counts(problem, option)
-    n = layout.world_size
-    if n not in counts:
-        return Rejection(GPU_COUNT_NOT_ALLOWED,
-                         f"tp x pp x cp x dp must be an allowed GPU count ({counts.describe()}), got {n}",
-                         {"world_size": n, "allowed": counts.describe()},
-                         fix="change a parallel degree so the product is whole nodes within the GPU range")
-    return None
-
-
-def check_tp(problem: Problem, layout: Layout) -> Rejection | None:
-    s = problem.shape
-    for what, n in (("num_attention_heads", s.num_attention_heads), ("num_kv_heads", s.num_kv_heads)):
-        if n % layout.tp:
-            return Rejection(TP_NOT_DIVISOR, f"tensor_parallel must divide {what} ({n}), got {layout.tp}",
-                             {"tp": layout.tp, what: n})
-    return None
-
-
-def check_tp_node(problem: Problem, layout: Layout) -> Rejection | None:
-    if not problem.allow_cross_node_tp and layout.tp > layout.gpus_per_node:
-        return Rejection(TP_CROSS_NODE,
-                         f"tensor_parallel must not exceed gpus_per_node ({layout.gpus_per_node}), got {layout.tp}",
-                         {"tp": layout.tp}, fix="set search.allow_cross_node_tp: true to allow it")
-    return None
-
-
-def check_pp(problem: Problem, layout: Layout) -> Rejection | None:
-    n = problem.shape.num_layers
-    if stage_layers(n, layout.pp, layout.vpp) is None:
-        return Rejection(PP_SPLIT_INVALID,
-                         f"{n} layers have no pipeline split over pp={layout.pp} x vpp={layout.vpp} "
-                         "(even stages, or Megatron's uneven first/last stages with multiples of vpp)",
-                         {"pp": layout.pp, "vpp": layout.vpp, "num_layers": n})
-    return None
-
-
-def check_cp(problem: Problem, layout: Layout) -> Rejection | None:
-    if layout.cp > 1 and problem.seq_len % (2 * layout.cp):
-        return Rejection(CP_NOT_DIVISOR,
-                         f"2 x context_parallel must divide sequence_length ({problem.seq_len}), got cp={layout.cp}",
-                         {"cp": layout.cp, "seq_len": problem.seq_len})
-    return None
-
-
-def check_ep(problem: Problem, layout: Layout) -> Rejection | None:
-    if layout.ep == 1:
-        return None
-    moe = problem.shape.moe
-    if moe is None:
-        return Rejection(EP_INVALID, f"expert_parallel needs an MoE model, got ep={layout.ep}", {"ep": layout.ep})
-    if moe.num_experts % layout.ep or (layout.dp * layout.cp) % layout.ep:
-        return Rejection(EP_INVALID, f"expert_parallel must divide num_experts ({moe.num_experts}) and "
-                                     f"dp x cp ({layout.dp * layout.cp}), got {layout.ep}", {"ep": layout.ep})
-    return None
-
-
-def check_batch(problem: Problem, layout: Layout) -> Rejection | None:
-    lo, hi = batch_range(problem.global_batch, problem.global_batch_tolerance)
-    b = layout.global_batch
-    if lo <= b <= hi:
-        return None
-    want = str(problem.global_batch) if lo == hi else f"{lo}-{hi}"
-    return Rejection(BATCH_NOT_DIVISIBLE,
-                     f"micro_batch x grad_accum x dp must equal the global batch ({want}), got "
-                     f"{layout.micro_batch} x {layout.grad_accum} x {layout.dp} = {b}",
-                     {"realised": b, "global_batch": problem.global_batch},
-                     fix="choose dp and micro_batch that divide the global batch, or allow "
-                         "training.global_batch_tolerance")
-    return None
-
-
-def check_offload(problem: Problem, layout: Layout) -> Rejection | None:
-    if layout.offload_optimizer != "none" and layout.zero_stage == 0:
-        return Rejection(OFFLOAD_INVALID, "optimizer offload needs zero_stage >= 1, got 0", {})
-    if layout.offload_optimizer == "nvme" and layout.zero_stage != 3:
-        return Rejection(OFFLOAD_INVALID, f"optimizer offload to NVMe needs zero_stage 3, got {layout.zero_stage}", {})
-    return None
 
 
 def check_canonical(problem: Problem, layout: Layout) -> Rejection | None:
@@ -157,37 +53,21 @@ def check_canonical(problem: Problem, layout: Layout) -> Rejection | None:
     return None
 
 
-_PIN_FIELDS = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("schedule", "schedule"), ("cp", "cp"), ("ep", "ep"),
-               ("dp", "dp"), ("dp_shard", "dp_shard"), ("zero_stage", "zero_stage"), ("micro_batch", "micro_batch"),
-               ("recompute", "recompute"), ("sequence_parallel", "sequence_parallel"),
-               ("offload_optimizer", "offload_optimizer"), ("offload_params", "offload_params"))
+_PIN_FIELDS = ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage", "micro_batch", "recompute",
+               "sequence_parallel", "offload_optimizer", "offload_params", "split")
 
 
 def check_pins(problem: Problem, layout: Layout) -> Rejection | None:
-    for pin, attr in _PIN_FIELDS:
+    for pin in _PIN_FIELDS:
         want = getattr(problem.pins, pin)
-        if want is not None and getattr(layout, attr) != want:
-            return Rejection(PIN_MISMATCH, f"layout.{pin} is pinned to {want}, got {getattr(layout, attr)}",
+        if want is not None and getattr(layout, pin) != want:
+            return Rejection(PIN_MISMATCH, f"layout.{pin} is pinned to {want}, got {getattr(layout, pin)}",
                              {"pin": pin})
     return None
 
 
-def check_schedule(problem: Problem, layout: Layout) -> Rejection | None:
-    """Interleaved 1F1B runs micro-batches in groups of pp (Megatron-LM); the cost model rejects the rest."""
-    if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
-        return Rejection(MICROBATCHES_NOT_DIVISIBLE,
-                         f"interleaved 1F1B runs micro-batches in groups of pp={layout.pp}; got grad_accum "
-                         f"{layout.grad_accum}", {"grad_accum": layout.grad_accum, "pp": layout.pp},
-                         fix="make grad_accum a multiple of pp, or use the 1f1b schedule")
-    return None
-
-
 def check_framework(problem: Problem, layout: Layout) -> Rejection | None:
-    reasons = unsupported_reasons(problem, layout)
-    if not reasons:
-        return None
-    return Rejection(FRAMEWORK_UNSUPPORTED, describe_unsupported(reasons), {"targets": dict(reasons)},
-                     fix="drop the target from `targets`, or change the layout")
+    return rules.first_violation(problem.facts, rules.Knobs.of(layout), codes=(FRAMEWORK_UNSUPPORTED,))
 
 
 def check_budget(problem: Problem, estimate: Estimate) -> Rejection | None:
@@ -215,22 +95,12 @@ def check_deadline(problem: Problem, estimate: Estimate) -> Rejection | None:
                      fix=f"extend budget.deadline by {units.format_seconds(over)} or add GPUs")
 
 
-STRUCTURAL_CHECKS: tuple[Callable[[Problem, Layout], Rejection | None], ...] = (
-    check_gpu_type, check_gpu_count, check_tp, check_tp_node, check_pp, check_cp, check_ep, check_batch,
-    check_offload, check_canonical, check_pins,
-)
-
-
 def check_structure(problem: Problem, layout: Layout) -> Rejection | None:
     """The first structural rule ``layout`` breaks, or None (the layout is in the search space)."""
-    for check in STRUCTURAL_CHECKS:
-        r = check(problem, layout)
-        if r is not None:
-            return r
-    return None
+    return (rules.first_violation(problem.facts, rules.Knobs.of(layout), codes=STRUCTURAL_CODES)
+            or check_canonical(problem, layout) or check_pins(problem, layout))
 
 
 def check_estimate(problem: Problem, estimate: Estimate) -> Rejection | None:
     """Budget and deadline, after the cost model accepted the layout."""
     return check_budget(problem, estimate) or check_deadline(problem, estimate)
-

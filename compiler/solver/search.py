@@ -4,8 +4,8 @@ The space (``candidates.Space``) is a list of shapes (GPU type, tp, pp, cp, dp, 
 holding a product of independent inner choices, so every count is exact without
 enumerating. The search
 
-1. tallies, per shape, the layouts no target framework can run (``frameworks``, cached per
-   ``support_key``) and the interleaved schedules whose micro-batch count is not a multiple
+1. tallies, per shape, the layouts no target framework can run (``compiler.targets.support``, cached per
+   ``support_key_of``) and the interleaved schedules whose micro-batch count is not a multiple
    of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
    cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
 2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Callable
 
 from compiler.estimate import Estimate, Rejection
-from compiler.frameworks import framework_notes, support_key, unsupported_reasons
+from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
+from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, Plan, SearchSummary, make_plan
+from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
 from compiler.solver.candidates import Sharding, Shape, Space
 from compiler.solver.explain import infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
-from compiler.solver.tally import MAX_MISSES, Tally, miss_dict
+from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
 
@@ -74,17 +75,17 @@ def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator |
 
 
 def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model as the search calls it: uneven stages allowed, no pipeline event list (speed)."""
+    """The cost model as the search calls it: no pipeline event list (speed)."""
     from compiler.costmodel import evaluate
 
-    return evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False)
+    return evaluate(problem, layout, pipeline_events=False)
 
 
 def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The chosen layout again, with the simulated pipeline schedule for the report."""
     from compiler.costmodel import evaluate
 
-    return evaluate(problem, layout, allow_uneven_stages=True)
+    return evaluate(problem, layout)
 
 
 @dataclass(order=True)
@@ -134,23 +135,25 @@ class _Search:
     def options(self, shape: Shape, sched: str, vpp: int) -> tuple[tuple[bool, Sharding], ...]:
         """The (sequence parallel, sharding) choices every target can run, for this shape and schedule.
 
-        Support depends only on ``frameworks.support_key``, so the lists are cached per class; the
-        unsupported rest is tallied once per shape as ``framework_unsupported``.
+        Support depends only on ``compiler.targets.support.support_key_of``, so the lists are cached per
+        class; the unsupported rest is tallied once per shape as ``framework_unsupported``.
         """
-        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1)
+        sps = self.space.sp_choices(shape.tp, shape.cp)  # (sequence parallel's legality depends on tp x cp)
+        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
         got = self._options.get(key)
         if got is not None:
             return got
         ok: list[tuple[bool, Sharding]] = []
-        for sp in self.space.sp_choices(shape.tp):
+        for sp in sps:
             for sh in self.space.sharding_choices(shape.dp):
-                skey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sp, sh.zero_stage, vpp > 1, sched,
-                        shape.dp // sh.dp_shard > 1, sh.dp_shard > 1, sh.offload_optimizer, sh.offload_params)
+                skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
+                                      zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
+                                      dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                                      offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
                 supported = self._support.get(skey)
                 if supported is None or (not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples):
                     layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
-                    assert support_key(layout) == skey, "frameworks.support_key changed: update the solver's copy"
-                    supported = self.supported(layout)
+                    supported = self.supported(layout, skey)
                     if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
                         r = F.check_framework(self.problem, layout)
                         assert r is not None
@@ -207,7 +210,7 @@ class _Search:
             if supported == 0:
                 continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
-            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp)) * bounds.shape_bubble_factor(
+            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
                 shape, space.pipeline_choices(shape.pp), batches)
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
@@ -230,7 +233,7 @@ class _Search:
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
-        sps = space.sp_choices(shape.tp)
+        sps = space.sp_choices(shape.tp, shape.cp)
         groups = []
         order = 0
         class_opts: dict[tuple[str, bool], tuple] = {}
@@ -296,11 +299,10 @@ class _Search:
                 return True
         return False
 
-    def supported(self, layout: Layout) -> bool:
-        key = support_key(layout)
+    def supported(self, layout: Layout, key: tuple) -> bool:
         ok = self._support.get(key)
         if ok is None:
-            ok = not unsupported_reasons(self.problem, layout)
+            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout))[0]
             self._support[key] = ok
         return ok
 
@@ -330,7 +332,7 @@ class _Search:
                              num_feasible=self.num_feasible, num_pruned_by_bound=self.num_pruned,
                              rejections_by_code=dict(sorted(self.tally.counts.items())), closest_misses=misses)
 
-    def relaxed_misses(self) -> tuple[dict[str, Any], ...]:
+    def relaxed_misses(self) -> tuple[ClosestMiss, ...]:
         """When the budget or the deadline is what rules layouts out: the best layout without that limit
         (the cheapest, or the fastest), and by how much it misses."""
         problem, out = self.problem, []
@@ -341,7 +343,7 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_budget(problem, e.estimate)
                 if over is not None:
-                    out.append(miss_dict(e.layout, over, "the cheapest layout " + over.message,
+                    out.append(closest_miss(e.layout, over, "the cheapest layout " + over.message,
                                           over.details["over_by_usd"] / problem.max_cost_usd))
         if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
             relaxed = _Search(replace(problem, deadline_s=None, objective="fastest"), 0, self.evaluate)
@@ -350,7 +352,7 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_deadline(problem, e.estimate)
                 if over is not None:
-                    out.append(miss_dict(e.layout, over, "the fastest layout " + over.message,
+                    out.append(closest_miss(e.layout, over, "the fastest layout " + over.message,
                                           over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from compiler import units
 from compiler.estimate import Estimate, Rejection
 from compiler.layout import Layout
+from compiler.plan import ClosestMiss
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 
@@ -109,15 +110,15 @@ class Tally:
                 rej = got if isinstance(got, Rejection) else F.check_estimate(self.problem, got)
                 if rej is None:
                     continue
-            out.append(miss_dict(miss.layout, rej, rej.message, miss.distance))
+            out.append(closest_miss(miss.layout, rej, rej.message, miss.distance))
             if len(out) == MAX_MISSES:
                 break
         return tuple(out)
 
 
-def miss_dict(layout: Layout, rej: Rejection, message: str, distance: float) -> dict[str, Any]:
-    return {"layout": layout.tag, "description": layout.describe(), "code": rej.code, "message": message,
-            "fix": rej.fix, "over_by": round(distance, 4)}
+def closest_miss(layout: Layout, rej: Rejection, message: str, distance: float) -> ClosestMiss:
+    return ClosestMiss(layout=layout.tag, description=layout.describe(), code=rej.code, message=message,
+                       fix=rej.fix, over_by=round(distance, 4))
 
 
 def memory_distance(r: Rejection) -> float:

@@ -11,7 +11,9 @@ import datetime
 import difflib
 import functools
 import io
+import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,10 +89,10 @@ class SourceMap:
         return col + max(1, len(rest))
 
     def diagnostic(self, loc: Path_, summary: str, hint: str = "", *, detail: str = "",
-                   prefer_key: bool = False) -> Diagnostic:
+                   prefer_key: bool = False, code: str = "") -> Diagnostic:
         where = self.locate(loc, prefer_key=prefer_key)
         return Diagnostic(summary=summary, location=where, hint=hint, detail=detail,
-                          source_line=self.line(where.line) if where.line else None)
+                          source_line=self.line(where.line) if where.line else None, code=code)
 
     def error(self, loc: Path_, summary: str, hint: str = "", **kw: Any) -> SpecError:
         return SpecError(self.diagnostic(loc, summary, hint, **kw))
@@ -107,25 +109,58 @@ class LoadedSpec:
 
 def load_spec(path: str | Path) -> LoadedSpec:
     """Read, parse and validate a spec file. Raises ``SpecError`` (located) on any problem."""
+    return load_spec_bytes(read_spec_bytes(path), str(path))
+
+
+def read_spec_bytes(path: str | Path) -> bytes:
+    """A spec file's bytes, read safely: a regular file (not a FIFO that blocks, a device, a socket),
+    at most MAX_SPEC_BYTES, not a symbolic link out of its folder, with a UTF-8 name."""
     p = Path(path)
     shown = str(path)
+    if _SURROGATE.search(shown):  # bytes that are not UTF-8 in the file name (surrogate escapes)
+        raise SpecError(Diagnostic(summary="the spec's file name is not valid UTF-8",
+                                   location=Location(shown), hint="rename the file (its name reaches every artifact)"))
     try:
-        if p.is_dir():
-            raise SpecError(Diagnostic(summary=f"expected a spec file, got a directory: {shown}",
-                                       hint="pass a .yaml file, e.g. specs/70b.yaml"))
-        size = p.stat().st_size
-        if size > MAX_SPEC_BYTES:
-            raise SpecError(Diagnostic(summary=f"spec file is too large ({size} bytes, at most {MAX_SPEC_BYTES})",
-                                       location=Location(shown), hint="a spec is a page of YAML"))
-        with open(p, "rb") as f:  # bounded: /dev/zero or a pipe reports size 0 and never ends
-            data = f.read(MAX_SPEC_BYTES + 1)
+        _check_link(p, shown)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: nor adopt a terminal
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise SpecError(Diagnostic(summary=f"expected a spec file, got a directory: {shown}",
+                                           hint="pass a .yaml file, e.g. specs/70b.yaml"))
+            if not stat.S_ISREG(mode):
+                kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode)
+                        or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+                raise SpecError(Diagnostic(summary=f"expected a spec file, got {kind}: {shown}",
+                                           location=Location(shown), hint="save the spec to a file and pass that"))
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_SPEC_BYTES:
+                raise SpecError(Diagnostic(summary=f"spec file is too large ({size} bytes, at most {MAX_SPEC_BYTES})",
+                                           location=Location(shown), hint="a spec is a page of YAML"))
+            data = f.read(MAX_SPEC_BYTES + 1)  # bounded, whatever the size said
         if len(data) > MAX_SPEC_BYTES:
             raise SpecError(Diagnostic(summary=f"spec file is too large (more than {MAX_SPEC_BYTES} bytes)",
                                        location=Location(shown), hint="a spec is a page of YAML"))
     except OSError as exc:
         raise SpecError(Diagnostic(summary=f"cannot read spec: {exc.strerror or exc}", location=Location(shown),
                                    hint="check the path")) from None
-    return load_spec_bytes(data, shown)
+    return data
+
+
+def _check_link(p: Path, shown: str) -> None:
+    """A spec that is a symbolic link is read only if it points inside its own folder or the working
+    folder: a committed ``specs/x.yaml -> /etc/passwd`` would print the file's lines in errors."""
+    if not p.is_symlink():
+        return
+    target = p.resolve()
+    for root in (p.parent.resolve(), Path.cwd().resolve()):
+        if target == root or root in target.parents:
+            return
+    raise SpecError(Diagnostic(
+        summary=f"the spec is a symbolic link to a file outside its folder: {shown} -> {os.readlink(p)}",
+        location=Location(shown), detail="dtc does not follow links out of the repository",
+        hint="copy the spec into the repository, or pass the file itself"))
 
 
 def load_spec_bytes(data: bytes, path: str) -> LoadedSpec:
@@ -179,6 +214,22 @@ def load_spec_text(text: str, path: str = "<spec>", *, sha256: str | None = None
     return LoadedSpec(spec=spec, source=source, sha256=sha256)
 
 
+def load_spec_data(data: dict[str, Any], path: str = "<data>") -> LoadedSpec:
+    """A spec given as data (the mapping its YAML would parse to), validated exactly like a file; a
+    SpecError names the field (there is no line to point at). What code that builds a Problem uses
+    instead of writing YAML (compiler.problem.problem_from_data)."""
+    import hashlib
+    import json
+
+    source = SourceMap(path=path, text="")
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_diagnostics(exc, data, source)) from None
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+    return LoadedSpec(spec=spec, source=source, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
 # --------------------------------------------------------------------------- YAML
 
 
@@ -207,6 +258,7 @@ class _GuardedParser(RoundTripParser):
         self.dtc_aliases = 0
         self.dtc_documents: list[Any] = []
         self.dtc_stack: list[list[int]] = []  # per open collection: [is_mapping, children so far]
+        self.dtc_open_anchors: list[str | None] = []  # per open collection: its anchor
 
     def get_event(self) -> Any:
         event = super().get_event()
@@ -214,16 +266,22 @@ class _GuardedParser(RoundTripParser):
         if self.dtc_events > MAX_EVENTS:
             raise _Limit(f"spec holds too many values (more than {MAX_EVENTS} YAML nodes)",
                          "a spec is a page of YAML", event.start_mark)
+        if isinstance(event, AliasEvent):  # counted before _node: an alias is a node too
+            self.dtc_aliases += 1
+            if self.dtc_aliases > MAX_ALIASES:
+                raise _Limit(f"spec uses more than {MAX_ALIASES} aliases (an alias bomb?)",
+                             "write the values out instead of referring to anchors", event.start_mark,
+                             whole_token=True)
+            if event.anchor in self.dtc_open_anchors:  # `a: &a {<<: *a}`: ruamel's merge crashes on it
+                raise _Limit(f"alias *{event.anchor} refers to the mapping or list that defines it (a value "
+                             "cannot contain itself)", "refer to a finished anchor, or write the values out",
+                             event.start_mark, whole_token=True)
         if isinstance(event, (ScalarEvent, AliasEvent, MappingStartEvent, SequenceStartEvent)):
             self._node(event)
         elif isinstance(event, (MappingEndEvent, SequenceEndEvent)):
             if self.dtc_stack:
                 self.dtc_stack.pop()
-        elif isinstance(event, AliasEvent):
-            self.dtc_aliases += 1
-            if self.dtc_aliases > MAX_ALIASES:
-                raise _Limit(f"spec uses more than {MAX_ALIASES} aliases (an alias bomb?)",
-                             "write the values out instead of referring to anchors", event.start_mark)
+                self.dtc_open_anchors.pop()
         elif isinstance(event, DocumentStartEvent):
             self.dtc_documents.append(event.start_mark)
         return event
@@ -246,6 +304,7 @@ class _GuardedParser(RoundTripParser):
             if len(self.dtc_stack) >= MAX_DEPTH:
                 raise _Limit(f"spec nests deeper than {MAX_DEPTH} levels", "flatten the structure", event.start_mark)
             self.dtc_stack.append([int(isinstance(event, MappingStartEvent)), 0])
+            self.dtc_open_anchors.append(getattr(event, "anchor", None))
 
 
 _FLOW_CHARS = re.compile(r"[\[\]{}\"'#\n]")

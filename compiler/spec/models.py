@@ -7,13 +7,18 @@ once, into SI numbers.
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from compiler import units
+from compiler.targets import registry as target_registry
+
+if TYPE_CHECKING:
+    from compiler.split import PipelineSplit
 
 # ---------------------------------------------------------------------------- unit types
 
@@ -43,6 +48,9 @@ Bandwidth = Annotated[float, _unit(units.parse_bandwidth, "a bandwidth"), Field(
 Flops = Annotated[float, _unit(units.parse_flops, "a FLOP rate"), Field(json_schema_extra={"examples": ["989TFLOPS"]})]
 Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(json_schema_extra={"examples": ["$2.5M", 2.49]})]
 Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
+# SLURM takes whole seconds (D-HH:MM:SS): a time limit is rounded up once, here, and exact from then on.
+WholeSeconds = Annotated[int, _unit(lambda v: math.ceil(units.parse_duration(v)), "a duration"),
+                         Field(json_schema_extra={"examples": ["30d", "12h"]})]
 PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
 NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
 
@@ -50,11 +58,21 @@ NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000
 # integer the solver chokes on; lower bounds where zero would be a division by zero.
 MAX_PARAMS = 10**14  # 100T
 MAX_TOKENS = 10**16  # 10 quadrillion
+# Dimensions the solver's work grows with (issue #16: every one capped, so that one spec costs
+# seconds, never minutes): the layer count (pipeline splits: pp and vpp range over it) and the
+# micro-batch (every micro-batch size up to the cap is a candidate when the batch has a
+# tolerance). Both are far beyond any published run (deepest: DeepNet, 1,000 layers; Megatron
+# and Llama runs use micro-batches of 1-16 sequences).
+MAX_LAYERS = 1024
+MAX_PIPELINE_PARALLEL = 128  # pipeline stages (the deepest published: 64, Narayanan et al. 2021's 1T model)
+MAX_MICRO_BATCH = 256  # sequences per GPU per micro-step
 ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
 TokenCount = Annotated[Count, Field(ge=0, le=MAX_TOKENS)]
 PosBytes = Annotated[Bytes, Field(ge=2**30, le=2**50)]  # GPU memory: 1 GiB to 1 PiB
-PosBandwidth = Annotated[Bandwidth, Field(gt=0, le=1e15)]  # at most 1 PB/s
-PosFlops = Annotated[Flops, Field(gt=0, le=1e18)]  # at most 1 EFLOP/s per GPU
+# Lower bounds far below any real part (1 MB/s, 1 GFLOP/s) but high enough that every time the cost
+# model derives stays finite (1e-300 FLOP/s overflowed to infinity: issue #16).
+PosBandwidth = Annotated[Bandwidth, Field(ge=10**6, le=1e15)]  # 1 MB/s to 1 PB/s
+PosFlops = Annotated[Flops, Field(ge=10**9, le=1e18)]  # 1 GFLOP/s to 1 EFLOP/s per GPU
 Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
 Budget = Annotated[Money, Field(gt=0, le=1e13)]
 PosDuration = Annotated[Duration, Field(gt=0, le=100 * 365 * 86400)]  # at most a century
@@ -164,7 +182,7 @@ class ModelSpec(_Strict):
 
     preset: GpuName | None = Field(None, description="A model from the catalog, e.g. llama3-70b (see `dtc catalog`).")
     params: ParamCount | None = Field(None, description="Just a size, e.g. 70B: dtc derives a dense Llama-3-style shape.")
-    num_layers: PosInt | None = Field(None, description="Transformer layers.")
+    num_layers: Annotated[PosInt, Field(le=MAX_LAYERS)] | None = Field(None, description=f"Transformer layers (at most {MAX_LAYERS}).")
     hidden_size: PosInt | None = Field(None, description="Model (embedding) width.")
     ffn_hidden_size: PosInt | None = Field(None, description="MLP hidden width (per matrix; SwiGLU uses three).")
     num_attention_heads: PosInt | None = Field(None, description="Query heads.")
@@ -341,11 +359,55 @@ class BudgetSpec(_Strict):
 # ---------------------------------------------------------------------------- layout
 
 
+class PipelineSplitSpec(_Strict):
+    """One of Megatron's pipeline split mechanisms (compiler/split.py); give exactly one of them."""
+
+    account: list[Literal["embedding", "loss"]] | None = Field(
+        None, min_length=1, max_length=2, description="Count the embedding and/or the loss as one layer each "
+        "(--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split).")
+    first: PosInt | None = Field(None, description="Layers on the first pipeline stage "
+                                                   "(--decoder-first-pipeline-num-layers).")
+    last: PosInt | None = Field(None, description="Layers on the last pipeline stage (--decoder-last-pipeline-num-layers).")
+    layout: str | None = Field(None, max_length=10_000, description="An explicit --pipeline-model-parallel-layout, "
+                               "e.g. 'Et|(tt|)*62,tL': E embedding, t a decoder layer, L the loss, | between chunks.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PipelineSplitSpec":
+        given = [k for k in ("account", "first", "layout") if getattr(self, k) is not None] + \
+            (["last"] if self.last is not None and self.first is None else [])
+        if len(given) != 1 or (self.last is not None and self.first is None and "account" in given):
+            raise PydanticCustomError(
+                "dtc_rule", "pipeline_split takes exactly one mechanism: account, first/last or layout",
+                {"field": given[-1] if given else "layout", "value": ", ".join(given) or "none",
+                 "hint": "e.g. {account: [embedding, loss]}, {first: 7, last: 7} or {layout: 'Et|(tt|)*62,tL'}"})
+        if self.layout is not None:
+            from compiler.split import SplitError, parse_layout_string
+
+            try:
+                parse_layout_string(self.layout)
+            except SplitError as exc:
+                raise PydanticCustomError("dtc_rule", "{why}", {"why": str(exc), "field": "layout",
+                                                                 "value": self.layout,
+                                                                 "hint": "E first, L last, t per decoder layer, | "
+                                                                         "between chunks"}) from None
+        return self
+
+    def to_split(self) -> "PipelineSplit":
+        from compiler.split import PipelineSplit, parse_layout_string
+
+        if self.account is not None:
+            return PipelineSplit("account", embedding="embedding" in self.account, loss="loss" in self.account)
+        if self.layout is not None:
+            return PipelineSplit("layout", chunks=parse_layout_string(self.layout))
+        return PipelineSplit("uneven", first=self.first or 0, last=self.last or 0)
+
+
 class LayoutSpec(_Strict):
     """Optional pins; whatever is absent is searched by the solver."""
 
     tensor_parallel: PosInt | None = Field(None, description="Tensor-parallel degree (tp).")
-    pipeline_parallel: PosInt | None = Field(None, description="Pipeline-parallel degree (pp).")
+    pipeline_parallel: Annotated[PosInt, Field(le=MAX_PIPELINE_PARALLEL)] | None = Field(
+        None, description=f"Pipeline-parallel degree (pp), at most {MAX_PIPELINE_PARALLEL}.")
     virtual_pipeline_stages: PosInt | None = Field(None, description="Model chunks per pipeline rank (interleaved 1F1B when > 1).")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(None, description="Pipeline schedule.")
     context_parallel: PosInt | None = Field(None, description="Context-parallel degree (cp): the sequence split across GPUs.")
@@ -356,12 +418,27 @@ class LayoutSpec(_Strict):
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
         None, description="0: replicate (DDP); 1: shard optimizer states (Megatron distributed optimizer); "
                           "2: + gradients (FSDP SHARD_GRAD_OP); 3: + parameters (FSDP FULL_SHARD / HYBRID_SHARD).")
-    micro_batch_size: PosInt | None = Field(None, description="Sequences per GPU per micro-step.")
+    micro_batch_size: Annotated[PosInt, Field(le=MAX_MICRO_BATCH)] | None = Field(
+        None, description=f"Sequences per GPU per micro-step, at most {MAX_MICRO_BATCH} (a larger batch runs as more "
+                          "micro-batches).")
     recompute: Literal["none", "selective", "full"] | None = Field(
         None, description="Activation recomputation: none, selective (attention core, Korthikanti et al. 2022) or full.")
     sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (with tp > 1).")
     offload_optimizer: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where optimizer states live.")
     offload_params: Literal["none", "cpu", "nvme"] | None = Field(None, description="Where parameters live (ZeRO-3 only).")
+    pipeline_split: Literal["even"] | PipelineSplitSpec | None = Field(
+        None, description="How Megatron splits the layers over the pipeline stages (default: the most balanced split "
+                          "Megatron can build); 'even', or one mechanism: account, first/last or layout.")
+
+    def split(self) -> "PipelineSplit | None":
+        """The pinned split mechanism (compiler.split), or None."""
+        if self.pipeline_split is None:
+            return None
+        if self.pipeline_split == "even":
+            from compiler.split import PipelineSplit
+
+            return PipelineSplit()
+        return self.pipeline_split.to_split()
 
 
 # ---------------------------------------------------------------------------- search
@@ -386,7 +463,7 @@ class SlurmSpec(_Strict):
     partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
-    time_limit: Annotated[Duration, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
     cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
@@ -428,8 +505,8 @@ class SlurmSpec(_Strict):
         return self
 
 
-TargetName = Literal["deepspeed", "fsdp", "megatron", "slurm"]
-ALL_TARGETS: tuple[str, ...] = ("deepspeed", "fsdp", "megatron", "slurm")
+ALL_TARGETS: tuple[str, ...] = target_registry.names()  # compiler/targets/registry.py
+TargetName = Literal[ALL_TARGETS]  # type: ignore[valid-type]
 
 
 class Spec(_Strict):
@@ -447,7 +524,7 @@ class Spec(_Strict):
     search: SearchSpec = Field(default_factory=SearchSpec, description="Solver settings.")
     targets: list[TargetName] = Field(
         default_factory=lambda: list(ALL_TARGETS), min_length=1,
-        description="Artifacts to emit: deepspeed, fsdp, megatron, slurm.")
+        description=f"Artifacts to emit: {', '.join(ALL_TARGETS)}.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM settings for the sbatch scripts.")
 
     @model_validator(mode="after")
@@ -455,10 +532,12 @@ class Spec(_Strict):
         if len(set(self.targets)) != len(self.targets):
             raise PydanticCustomError("dtc_rule", "targets must not repeat",
                                       {"field": "targets", "value": self.targets, "hint": "list each target once"})
-        if self.targets == ["slurm"]:
+        launched = [t.name for t in target_registry.targets() if t.slurm is not None]
+        launchers = [t for t in self.targets if target_registry.get(t).launches_others]
+        if launchers and not set(self.targets) & set(launched):
             raise PydanticCustomError(
                 "dtc_rule", "slurm needs a framework target to launch",
-                {"field": "targets", "value": self.targets, "hint": "add deepspeed, fsdp or megatron"})
+                {"field": "targets", "value": self.targets, "hint": f"add {', '.join(launched[:-1])} or {launched[-1]}"})
         return self
 
 

@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for axis in _AXES:
         p.add_argument(f"--{axis.replace('_', '-')}", type=int, default=None,
                        help=f"override the mesh degree (plan: {getattr(C.PLAN_DEGREES, axis)})")
+    p.add_argument("--stage-layers", default=None,
+                   help="comma-separated decoder layers of each (virtual) pipeline stage in model order "
+                        f"(plan: {','.join(map(str, C.STAGE_LAYERS))}); needed when --pp/--vpp/--layers change it")
     p.add_argument("--lr", type=float, default=C.LR, help=f"peak learning rate (plan: {C.LR})")
     p.add_argument("--seed", type=int, default=C.SEED)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -335,7 +338,8 @@ def train(args, degrees, cfg, device) -> int:
     pipe = None
     scaler = C.LossScaler(enabled=C.PARAM_DTYPE == "float16")
     if degrees.pp > 1:
-        pipe = C.build_pipeline(model, mesh, degrees, device=device, n_microbatches=ga,
+        split = [int(x) for x in args.stage_layers.split(",")] if args.stage_layers else None
+        pipe = C.build_pipeline(model, mesh, degrees, device=device, n_microbatches=ga, stage_layers=split,
                                 loss_fn=lambda logits, targets: scaler.scale_loss(loss_fn(logits, targets)))
         modules = pipe.modules
         pp_group = mesh["pp"].get_group()

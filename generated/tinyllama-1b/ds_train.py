@@ -88,6 +88,7 @@ PLAN = {
     'num_steps': 143052,
     'global_batch': 1024,
     'seed': 1234,
+    'stage_layers': [],
 }
 SHAPE = {
     'num_layers': 22,
@@ -131,6 +132,10 @@ def parse_args(argv=None):
                    help="gradient_accumulation_steps, = pipeline micro-batches (train_batch_size follows)")
     p.add_argument("--tp", type=int, default=None, help="AutoTP degree (tensor_parallel.autotp_size)")
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (pipeline.stages; pipeline plans only)")
+    p.add_argument("--stage-layers", default=None,
+                   help="comma-separated decoder layers of each pipeline stage (plan: "
+                        f"{','.join(map(str, PLAN['stage_layers'])) or 'no pipeline'}); needed when --pp or "
+                        "--layers change them")
     p.add_argument("--dp-shard", type=int, default=None,
                    help="ZeRO++ hpZ: ranks each secondary weight copy is sharded over "
                         "(zero_hpz_partition_size; ignored for configs without hpZ)")
@@ -381,9 +386,36 @@ class DecoderLM(nn.Module):
         return logits if labels is None else lm_loss(logits, labels)
 
 
-def pipeline_model(s, cfg):
-    """The same decoder as a deepspeed.pipe.PipelineModule (embedding, blocks, norm, head as layers)."""
+def stage_layers(args, s, stages):
+    """Decoder layers of each pipeline stage: --stage-layers, else the plan's (Megatron's split, the one dtc
+    costs), which holds only for the plan's own stage and layer counts."""
+    if args.stage_layers:
+        split = [int(x) for x in args.stage_layers.split(",")]
+    elif len(PLAN["stage_layers"]) == stages and sum(PLAN["stage_layers"]) == s["num_layers"]:
+        split = list(PLAN["stage_layers"])
+    else:
+        raise SystemExit(f"ds_train.py: the plan's stage split {PLAN['stage_layers']} does not fit {stages} stages "
+                         f"of {s['num_layers']} layers: pass --stage-layers (dtc smoke passes the split dtc costs)")
+    if len(split) != stages or sum(split) != s["num_layers"] or min(split) < 0:
+        raise SystemExit(f"ds_train.py: --stage-layers needs {stages} non-negative counts summing to "
+                         f"{s['num_layers']}, got {split}")
+    return split
+
+
+def pipeline_model(s, cfg, split):
+    """The same decoder as a deepspeed.pipe.PipelineModule (embedding, blocks, norm, head as layers), cut
+    into stages of ``split`` blocks each (the embedding on the first, norm and head on the last)."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    class SplitPipelineModule(PipelineModule):
+        def _partition_layers(self, method="uniform"):
+            # PipelineModule's own bounds, from dtc's split instead of partition_method's balancing
+            bounds = [0]
+            for n in split:
+                bounds.append(bounds[-1] + n + (1 if len(bounds) == 1 else 0))
+            bounds[-1] = len(self._layer_specs)  # the final norm and the head on the last stage
+            self.parts = bounds
+            self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
 
     pipe = cfg["pipeline"]
     if s["tied_embeddings"]:
@@ -392,12 +424,11 @@ def pipeline_model(s, cfg):
     else:
         first, last = LayerSpec(Embedding, s), LayerSpec(LMHead, s)
     layers = [first, *[LayerSpec(Block, s) for _ in range(s["num_layers"])], LayerSpec(FinalNorm, s), last]
-    return PipelineModule(layers=layers, num_stages=pipe["stages"], loss_fn=lm_loss,
-                          partition_method=pipe["partition"],
-                          activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
-                          checkpointable_layers=["Block"],  # not the embedding: its input needs no grad
-                          activation_checkpoint_func=checkpoint,
-                          base_seed=PLAN["seed"])
+    return SplitPipelineModule(layers=layers, num_stages=pipe["stages"], loss_fn=lm_loss,
+                               activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
+                               checkpointable_layers=["Block"],  # not the embedding: its input needs no grad
+                               activation_checkpoint_func=checkpoint,
+                               base_seed=PLAN["seed"])
 
 
 # ---------------------------------------------------------------------------- data
@@ -747,7 +778,7 @@ def main(argv=None):
     if s["is_moe"] and not args.model_factory:
         log("the built-in model is dense: the plan's MoE layers run as dense MLPs (use --model-factory)")
     if "pipeline" in cfg and not args.model_factory:
-        model = pipeline_model(s, cfg)
+        model = pipeline_model(s, cfg, stage_layers(args, s, cfg["pipeline"]["stages"]))
     else:
         # ZeRO-3: build the model already partitioned, so no rank ever holds all of it
         stage3 = cfg.get("zero_optimization", {}).get("stage", 0) == 3 and "pipeline" not in cfg

@@ -58,6 +58,9 @@ DP_SHARD = 16
 CP = 1
 TP = 1
 VPP = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
+# decoder layers of each of the PP x VPP (virtual) stages in model order; stage s runs on pipeline rank
+# s % PP. Megatron's split, the one the plan is costed with (even).
+STAGE_LAYERS = (22,)
 WORLD_SIZE = 16
 NPROC_PER_NODE = 8
 NUM_NODES = 2
@@ -425,22 +428,39 @@ def set_grad_sync(modules, is_last_microbatch: bool, degrees: Degrees | None = N
 
 
 # ------------------------------------------------------------------------------------------- pipeline
-def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous layer ranges per (virtual) stage; earlier stages take the remainder."""
-    base, extra = divmod(num_layers, num_stages)
+def stage_layer_ranges(stage_layers: tuple[int, ...] | list[int]) -> list[range]:
+    """Contiguous layer ranges of the (virtual) stages, from their layer counts in model order."""
     ranges, start = [], 0
-    for s in range(num_stages):
-        size = base + (1 if s < extra else 0)
+    for size in stage_layers:
         ranges.append(range(start, start + size))
         start += size
     return ranges
 
 
-def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+def plan_stage_layers(degrees: Degrees, num_layers: int,
+                      stage_layers: tuple[int, ...] | list[int] | None = None) -> tuple[int, ...]:
+    """The layers of each (virtual) stage: ``stage_layers`` when given, else the plan's STAGE_LAYERS, which
+    hold only for the plan's own pp, vpp and layer count (a scaled run passes its own, e.g. from dtc smoke)."""
+    n = degrees.pp * degrees.vpp
+    if stage_layers is None:
+        if (degrees.pp, degrees.vpp) != (PP, VPP) or sum(STAGE_LAYERS) != num_layers:
+            raise ValueError(f"the plan's stage split {list(STAGE_LAYERS)} is for pp={PP} x vpp={VPP} and "
+                             f"{sum(STAGE_LAYERS)} layers, this run has pp={degrees.pp} x vpp={degrees.vpp} and "
+                             f"{num_layers} layers: pass --stage-layers (dtc smoke passes the split dtc costs)")
+        stage_layers = STAGE_LAYERS
+    stage_layers = tuple(int(n_) for n_ in stage_layers)
+    if len(stage_layers) != n or sum(stage_layers) != num_layers or min(stage_layers) < 0:
+        raise ValueError(f"--stage-layers needs {n} non-negative counts (pp={degrees.pp} x vpp={degrees.vpp}) "
+                         f"summing to the {num_layers} layers, got {list(stage_layers)}")
+    return stage_layers
+
+
+def split_stage(model: nn.Module, stage: int, stage_layers: tuple[int, ...]) -> nn.Module:
     """A shallow copy of ``model`` holding only ``stage``'s blocks; embeddings stay on the first
     stage, norm and output on the last (set to None elsewhere). Blocks are shared, not copied."""
     named = blocks(model)
-    keep = stage_layer_ranges(len(named), num_stages)[stage]
+    num_stages = len(stage_layers)
+    keep = stage_layer_ranges(stage_layers)[stage]
     part = copy.copy(model)
     part._modules = dict(model._modules)
     part._parameters = dict(model._parameters)
@@ -480,18 +500,21 @@ class Pipeline:
 
 
 def build_pipeline(model: nn.Module, mesh, degrees: Degrees | None = None, *, device: torch.device,
-                   loss_fn: Callable, n_microbatches: int = PP_MICROBATCHES) -> Pipeline:
-    """Split into pp x vpp stages (rank r holds stages r, r + pp, ...), parallelize each stage with
-    TP/AC/FSDP and wrap them in the planned schedule."""
+                   loss_fn: Callable, n_microbatches: int = PP_MICROBATCHES,
+                   stage_layers: tuple[int, ...] | list[int] | None = None) -> Pipeline:
+    """Split into pp x vpp stages (rank r holds stages r, r + pp, ...) with ``stage_layers`` layers each
+    (default: the plan's STAGE_LAYERS), parallelize each stage with TP/AC/FSDP and wrap them in the
+    planned schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     degrees = degrees or PLAN_DEGREES
     pp_mesh = mesh["pp"]
     rank, n_stages = pp_mesh.get_local_rank(), degrees.pp * degrees.vpp
     stage_ids = [rank + v * degrees.pp for v in range(degrees.vpp)]
+    split = plan_stage_layers(degrees, len(blocks(model)), stage_layers)
     stages, modules = [], []
     for sid in stage_ids:
-        part = parallelize(split_stage(model, sid, n_stages), mesh, degrees)
+        part = parallelize(split_stage(model, sid, split), mesh, degrees)
         modules.append(part)
         stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
     schedule_name = degrees.schedule

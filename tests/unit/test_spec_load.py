@@ -76,7 +76,8 @@ def test_pydantic_errors_map_to_lines():
     with pytest.raises(SpecError) as exc:
         problem(BASE + "layout:\n  tensor_parallel: 3\n")
     assert exc.value.diagnostics[0].location.line == 13
-    assert "must divide num_attention_heads (64), got 3" in exc.value.diagnostics[0].summary
+    assert "must divide num_attention_heads (64), got tp=3" in exc.value.diagnostics[0].summary
+    assert exc.value.diagnostics[0].code == "tp_not_divisor"
 
 
 def test_custom_gpu():
@@ -95,3 +96,37 @@ def test_custom_gpu():
     g = p.gpu_options[0]
     assert g.spec.hbm_bytes == 96 * 2**30 and g.inter_node_bandwidth_bytes_per_s == 50e9
     assert g.spec.peak_flops_for("bf16") == 900e12
+
+
+def test_at_most_max_aliases():
+    """README: at most 100 aliases. The count used to sit in a branch that never ran (500 passed)."""
+    from compiler.spec.load import MAX_ALIASES
+
+    head = "name: t\nx: &v 1\n"
+    with pytest.raises(SpecError) as err:  # 100 aliases pass the YAML guard; y is then an unknown key
+        load_spec_text(head + "y: [" + ", ".join(["*v"] * MAX_ALIASES) + "]\n")
+    assert "aliases" not in err.value.render()
+    with pytest.raises(SpecError) as err:
+        load_spec_text(head + "y: [" + ", ".join(["*v"] * (MAX_ALIASES + 1)) + "]\n")
+    assert f"more than {MAX_ALIASES} aliases" in err.value.render()
+    with pytest.raises(SpecError, match=f"more than {MAX_ALIASES} aliases"):  # merge keys are aliases too
+        load_spec_text("a: &a {k: 1}\n" + "".join(f"m{i}: {{<<: *a}}\n" for i in range(MAX_ALIASES + 1)))
+
+
+def test_problem_from_data_is_the_problem_of_the_same_yaml():
+    """A Problem built from data (no YAML) equals the one lowered from the file text, and a bad field is a
+    SpecError naming it."""
+    from compiler.problem import problem_from_data
+
+    data = {"name": "d", "model": {"preset": "llama3-8b"},
+            "training": {"tokens": "1T", "sequence_length": 4096, "global_batch": 64},
+            "cluster": {"gpu": "h100-sxm", "num_gpus": 16}, "layout": {"pipeline_parallel": 2},
+            "targets": ["megatron"]}
+    text = ("name: d\nmodel: {preset: llama3-8b}\ntraining: {tokens: 1T, sequence_length: 4096, global_batch: 64}\n"
+            "cluster: {gpu: h100-sxm, num_gpus: 16}\nlayout: {pipeline_parallel: 2}\ntargets: [megatron]\n")
+    a, b = problem_from_data(data, path="d.yaml"), problem(text)
+    assert (a.shape, a.global_batch, a.pins, a.gpu_options, a.targets) == (b.shape, b.global_batch, b.pins,
+                                                                           b.gpu_options, b.targets)
+    with pytest.raises(SpecError) as exc:
+        problem_from_data({**data, "layout": {"tensor_parallel": 3}})
+    assert exc.value.diagnostics[0].code == "tp_not_divisor"

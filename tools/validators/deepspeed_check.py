@@ -456,6 +456,15 @@ def validate_ds_config(cfg: dict, dp_world_size: int, *, mpu_given: bool = False
     return validate_ds_config_full(cfg, dp_world_size, mpu_given=mpu_given)["errors"]
 
 
+def validate_folder(folder, plan) -> list[str]:
+    """The deepspeed target's validator hook (compiler/targets/deepspeed: Target.validator): the folder's
+    ds_config.json through DeepSpeed's own DeepSpeedConfig at the plan's data-parallel size."""
+    from pathlib import Path
+
+    cfg = json.loads((Path(folder) / "ds_config.json").read_text())
+    return validate_ds_config(cfg, plan.layout.dp)  # (multiplied by autotp_size here, as DeepSpeed does)
+
+
 # ----------------------------------------------------------------------------- CLI
 def _load_json(path: str):
     from deepspeed.runtime.config_utils import dict_raise_error_on_duplicate_keys  # same as DeepSpeed's loader

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Install what tools/validators/megatron_check.py needs into the current virtualenv, idempotently:
-#   megatron-core 0.19.2 (its megatron/training/arguments.py is the flag parser we validate with).
+# Install what tools/validators/megatron_check.py and `dtc smoke --target megatron` need into the
+# current virtualenv, idempotently:
+#   megatron-core 0.19.2 (its megatron/training/arguments.py is the flag parser we validate with,
+#   its megatron/training/training.py the training loop the smoke runs), triton (imported at
+#   module level by megatron/core/transformer/moe/ops/paged_stash.py:4; it imports fine without a
+#   GPU) and psutil (Megatron's checkpoint saving).
 #
 # megatron-core >= 0.17 declares Requires-Python >= 3.12; all of it that the validator imports runs
 # on 3.11 with the shims in megatron_check.py, so on 3.11 it is installed with
 # --ignore-requires-python. --no-deps so pip never tries to replace torch; its real runtime
 # dependencies (torch, numpy, packaging) plus typing_extensions (the typing.override shim) are
-# checked/installed separately. triton is NOT installed (megatron_check.py stubs the one module
-# that imports it). einops/tqdm/psutil are optional for the argument code.
+# checked/installed separately. (megatron_check.py still stubs the one module that imports triton
+# where triton is missing; the smoke runs the real one.) einops/tqdm are optional.
 #
 # Usage: . .venv/bin/activate && tools/validators/install.sh      (or PYTHON=/path/to/python ...)
 set -euo pipefail
 
 MCORE_VERSION=0.19.2
+TRITON_VERSION=3.9.0
 PY="${PYTHON:-$(command -v python || command -v python3)}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -43,6 +48,7 @@ missing=()
 have numpy || missing+=(numpy)
 have packaging || missing+=("packaging>=24.2")
 have typing_extensions || missing+=(typing_extensions)
+have psutil || missing+=(psutil)
 if ((${#missing[@]})); then
   echo "install.sh: installing ${missing[*]}"
   "$PY" -m pip install --quiet "${missing[@]}"
@@ -53,6 +59,14 @@ if have megatron-core "$MCORE_VERSION"; then
 else
   echo "install.sh: installing megatron-core==$MCORE_VERSION (--ignore-requires-python --no-deps)"
   "$PY" -m pip install --quiet --ignore-requires-python --no-deps "megatron-core==$MCORE_VERSION"
+fi
+
+if have triton "$TRITON_VERSION"; then
+  echo "install.sh: triton $TRITON_VERSION already installed"
+else
+  # --no-deps: it must not pull anything next to the CPU torch wheel
+  echo "install.sh: installing triton==$TRITON_VERSION (--no-deps)"
+  "$PY" -m pip install --quiet --no-deps "triton==$TRITON_VERSION"
 fi
 
 # Smoke check: the validator's own loader (shims included) and one known-good flag list.

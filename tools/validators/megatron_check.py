@@ -310,6 +310,14 @@ def validate_megatron_flags_full(flags: list[str], world_size: int, *, env: Mapp
             derived["num_microbatches"] = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
         except (TypeError, ZeroDivisionError):
             pass
+        if model_config and not errors:
+            # the decoder layers megatron-core builds on each chunk, in model order (see megatron_layer_split)
+            try:
+                with _env(env), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    derived["chunk_layers"] = [c["layers"] for c in config_layer_split(_split_config(A, args))]
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"building the layer split: {_describe(m, e)}")
     return {"errors": errors, "warnings": warns, "derived": derived}
 
 
@@ -319,6 +327,124 @@ def validate_megatron_flags(flags: list[str], world_size: int, **kw) -> list[str
     Keywords (see validate_megatron_flags_full): env="auto"|{VAR: value|None}, gpu_arch=9,
     model_config=True, args_defaults=None (pretrain_gpt.py's)."""
     return validate_megatron_flags_full(flags, world_size, **kw)["errors"]
+
+
+# ----------------------------------------------------------------------------- the layer split
+def megatron_layer_split(flags: list[str], world_size: int, **kw) -> dict[str, Any]:
+    """What megatron-core builds on every (pipeline rank, virtual stage) for a flag list.
+
+    Runs the full check (argparse, validate_args, core_transformer_config_from_args), then asks
+    megatron-core's own functions, rank by rank, with parallel_state's pipeline rank and sizes set as
+    its unit tests set them (no processes): transformer_block.get_num_layers_to_build and
+    transformer_layer.get_transformer_layer_offset for the decoder layers, and
+    parallel_state.is_pipeline_first_stage / is_pipeline_last_stage(ignore_virtual=False), which is
+    how training.get_model places the embedding (pre_process) and the loss (post_process); with
+    --pipeline-model-parallel-layout, the layout's own embedding/loss entries.
+
+    Returns {"errors": [...], "chunks": [{"rank", "vstage", "offset", "layers", "embedding", "loss"}, ...]}
+    in model order (virtual stage major), "chunks" empty when the flags are refused."""
+    m = _load_megatron(kw.pop("gpu_arch", 9))
+    A = m["A"]
+    errors: list[str] = []
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = copy.deepcopy(m["parser"].parse_args([str(f) for f in flags]))
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()] or ["argparse error"]
+        return {"errors": [f"argparse: {lines[-1].split('error:', 1)[-1].strip()}"], "chunks": []}
+    args._is_global_batch_size_explicitly_specified = args.global_batch_size is not None
+    args.rank, args.world_size = 0, world_size
+    fsdp = getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False)
+    out = io.StringIO()
+    with _env({"CUDA_DEVICE_MAX_CONNECTIONS": None if fsdp else "1"}), contextlib.redirect_stdout(out), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            A.validate_args(args, dict(PRETRAIN_GPT_ARGS_DEFAULTS))
+            chunks = config_layer_split(_split_config(A, args))  # the model builder's own asserts (e.g. layers per rank)
+            if any(c["layers"] < 0 for c in chunks):
+                raise ValueError("megatron-core would build a negative number of layers on some stage: "
+                                 + ", ".join(f"rank {c['rank']} vstage {c['vstage']}: {c['layers']}" for c in chunks
+                                             if c["layers"] < 0))
+        except Exception as e:  # noqa: BLE001 - AssertionError, ValueError, ...
+            errors.append(_describe(m, e))
+            return {"errors": errors, "chunks": []}
+        return {"errors": [], "chunks": chunks}
+
+
+def _split_config(A, args) -> Any:
+    """The TransformerConfig of validated ``args``, with the kernel fusions this machine lacks switched
+    off (they do not touch the layer split)."""
+    built = copy.copy(args)
+    for knob, value in _ENV_DEPENDENT_KNOBS.items():
+        setattr(built, knob, value)
+    return A.core_transformer_config_from_args(built)
+
+
+def config_layer_split(config: Any) -> list[dict[str, Any]]:
+    """Per (virtual stage, pipeline rank), in model order: the decoder layers megatron-core builds
+    for ``config`` (a TransformerConfig), with the embedding and loss placement (see
+    megatron_layer_split)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    pp = config.pipeline_model_parallel_size
+    vpp = config.virtual_pipeline_model_parallel_size
+    saved = (ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE, ps._MPU_PIPELINE_MODEL_PARALLEL_RANK,
+             ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE)
+    ps.set_pipeline_model_parallel_world_size(pp)
+    ps.set_virtual_pipeline_model_parallel_world_size(vpp)
+    layout = config.pipeline_model_parallel_layout
+    chunks = []
+    try:
+        for v in range(vpp or 1):
+            vp_stage = v if vpp is not None else None
+            for r in range(pp):
+                ps.set_pipeline_model_parallel_rank(r)
+                entry = {"rank": r, "vstage": v,
+                         "offset": get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=r),
+                         "layers": get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=r)}
+                if layout is not None:
+                    held = layout.layout[r][v]
+                    entry["embedding"] = LayerType.embedding in held
+                    entry["loss"] = LayerType.loss in held
+                else:
+                    entry["embedding"] = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+                    entry["loss"] = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+                chunks.append(entry)
+    finally:
+        ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE, ps._MPU_PIPELINE_MODEL_PARALLEL_RANK, \
+            ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = saved
+    return chunks
+
+
+def validate_folder(folder: str, plan: Any) -> list[str]:
+    """The megatron target's validator hook (compiler/targets/megatron: Target.validator): the folder's
+    megatron_args.sh, sourced by bash, through megatron-core's parser and checks at the plan's world size and
+    GPU generation; and megatron-core must build the decoder layers per chunk the plan is costed with."""
+    import subprocess
+
+    path = os.path.join(str(folder), "megatron_args.sh")
+    script = (f'source {shlex.quote(path)} || exit 9; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"; '
+              'printf "%s" "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}"')
+    env = {k: v for k, v in os.environ.items() if k not in ("CHECKPOINT_DIR", "CUDA_DEVICE_MAX_CONNECTIONS")}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    if proc.returncode != 0:
+        return [f"bash could not source {path}: {proc.stderr.strip()}"]
+    *flags, conn = proc.stdout.split("\0")
+    arch = {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}.get(str(plan.cluster.generation), 9)
+    result = validate_megatron_flags_full(flags, plan.layout.world_size, gpu_arch=arch,
+                                          env={"CUDA_DEVICE_MAX_CONNECTIONS": None if conn == "<unset>" else conn})
+    errors = list(result["errors"])
+    built = result["derived"].get("chunk_layers")
+    if not errors and built is not None and tuple(built) != plan.layer_split().chunk_layers:
+        errors.append(f"megatron-core builds {built} decoder layers per chunk, the plan is costed with "
+                      f"{list(plan.layer_split().chunk_layers)}")
+    return errors
 
 
 # ----------------------------------------------------------------------------- flag files

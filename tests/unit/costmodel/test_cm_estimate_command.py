@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from compiler.commands.estimate import build_layout, estimate_command, estimate_layout, format_estimate_text
-from compiler.errors import SpecError
+from compiler.errors import DtcError, SpecError
 
 from cm_helpers import make_problem
 
@@ -30,6 +30,7 @@ SPEC = textwrap.dedent("""
       micro_batch_size: 1
       recompute: selective
       sequence_parallel: true
+    targets: [megatron]
 """)
 
 
@@ -84,8 +85,11 @@ def test_missing_knobs_list_what_to_pin(tmp_path):
 
 
 def test_batch_must_divide(spec_path):
-    with pytest.raises(SpecError, match="global_batch / \\(micro_batch x dp\\)"):
-        build_layout(make_problem("llama3-8b", num_gpus=16, gbs=64), dict(tp=2, pp=1, zero_stage=1, micro_batch=3))
+    with pytest.raises(DtcError) as exc:
+        build_layout(make_problem("llama3-8b", num_gpus=16, gbs=64, extra="targets: [megatron]\n"),
+                     dict(tp=2, pp=1, zero_stage=1, micro_batch=3))
+    assert [d.code for d in exc.value.diagnostics] == ["batch_not_divisible"]
+    assert "must be the global batch (64 sequences)" in exc.value.render()
 
 
 def test_rejection_prints_reason_and_fix(spec_path):
@@ -98,7 +102,7 @@ def test_rejection_prints_reason_and_fix(spec_path):
 
 
 def test_format_estimate_text_is_reusable():
-    p = make_problem("llama3-8b", num_gpus=16, gbs=64)
+    p = make_problem("llama3-8b", num_gpus=16, gbs=64, extra="targets: [megatron]\n")
     lay = build_layout(p, dict(tp=2, pp=2, zero_stage=1, micro_batch=1))
     text = format_estimate_text(p, lay, estimate_layout(p, lay))
     assert "layout  tp=2 pp=2" in text

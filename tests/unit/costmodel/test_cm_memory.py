@@ -118,7 +118,7 @@ def test_out_of_memory_is_a_rejection_with_numbers_and_a_fix(problem_factory, la
 
 @pytest.mark.parametrize("kw,code", [
     (dict(tp=3), "tp_not_divisor"),
-    (dict(pp=5), "layers_not_divisible"),
+    (dict(pp=35), "pp_split_invalid"),  # 32 layers + embedding + loss fill at most 34 stages
     (dict(pp=2, vpp=2, schedule="interleaved_1f1b", grad_accum=3), "microbatches_not_divisible"),
 ])
 def test_structural_rejections(problem_factory, layout_factory, kw, code):
@@ -129,20 +129,28 @@ def test_structural_rejections(problem_factory, layout_factory, kw, code):
     assert isinstance(rej, Rejection) and rej.code == code
 
 
-def test_uneven_stages_are_modelled_when_allowed(problem_factory, layout_factory):
+def test_uneven_stages_are_modelled(problem_factory, layout_factory):
+    from compiler.split import PipelineSplit
+
     p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
     lay = layout_factory(p, pp=5, grad_accum=64)
-    assert evaluate(p, lay).code == "layers_not_divisible"
-    est = evaluate(p, lay, allow_uneven_stages=True)
+    est = evaluate(p, lay)  # 32 layers on 5 stages: Megatron's most balanced split (compiler.split)
     assert isinstance(est, Estimate)
+    assert evaluate(p, lay.with_(split=PipelineSplit("even"))).code == "pp_split_invalid"
 
 
 def test_unknown_gpu_is_rejected(problem_factory, layout_factory):
     p = problem_factory("llama3-8b")
     lay = layout_factory(p).with_(gpu="b200")
-    assert evaluate(p, lay).code == "unknown_gpu"
+    assert evaluate(p, lay).code == "gpu_not_offered"
 
 
 def test_fp8_on_ampere_is_rejected(problem_factory, layout_factory):
-    p = problem_factory("llama3-8b", gpu="a100-80gb", precision="fp8")
-    assert evaluate(p, layout_factory(p, dp_replicate=8)).code == "precision_unsupported"
+    from compiler.errors import SpecError
+
+    with pytest.raises(SpecError) as exc:  # no GPU of the spec can train in fp8: the spec is wrong
+        problem_factory("llama3-8b", gpu="a100-80gb", precision="fp8", extra="targets: [megatron]\n")
+    assert [d.code for d in exc.value.diagnostics] == ["precision_unsupported"]
+    p = problem_factory("llama3-8b", gpu="[h100-sxm, a100-80gb]", precision="fp8", extra="targets: [megatron]\n")
+    lay = layout_factory(p, dp_replicate=8).with_(gpu="a100-80gb")
+    assert evaluate(p, lay).code == "precision_unsupported"

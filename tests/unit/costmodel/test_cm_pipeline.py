@@ -78,3 +78,93 @@ def test_step_time_uses_the_simulated_makespan(problem_factory, layout_factory):
 
 def test_round_ratio_is_three_significant_digits():
     assert round_ratio(2.123456) == 2.12 and round_ratio(0.0123456) == 0.0123 and round_ratio(0) == 0
+
+
+# --- cost bounded by construction (issue #16, item 2) -------------------------------------------
+
+from compiler.costmodel import pipeline as P  # noqa: E402
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("x", [0.0, 0.05, 0.5, 3.0])
+def test_gpipe_closed_form_is_the_simulation(p, x):
+    for m in (1, 2, p - 1, p, p + 1, 3 * p + 2, 64):
+        if m >= 1:
+            for r in (1.0, 2.0, 3.3):
+                assert P.gpipe_makespan_units(p, m, r, x) == pytest.approx(simulate("gpipe", p, m, 1, r, x).makespan,
+                                                                             rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 1), ("interleaved_1f1b", 2),
+                                        ("interleaved_1f1b", 3), ("interleaved_1f1b", 5)])
+def test_in_flight_closed_form_is_the_walk(schedule, v):
+    for p in (2, 3, 4, 8):
+        for m in sorted({1, 2, p - 1, p, p + 1, 2 * p, 5 * p, 5 * p + 3}):
+            if m < 1 or (schedule == "interleaved_1f1b" and v > 1 and m % p):
+                continue
+            for s in range(p):
+                assert P.peak_inflight_chunks(schedule, s, p, m, v) == P.peak_inflight_chunks_by_walk(
+                    schedule, s, p, m, v), (schedule, s, p, m, v)
+
+
+def _extrapolated(schedule, p, m, v, r, x):
+    sizes = P.window_sizes(p, m, v)
+    assert sizes[-1] < m
+    return P._extrapolated_makespan(schedule, p, m, v, r, x, sizes)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("x", [0.0, 0.05, 0.3, 1.0])
+def test_1f1b_extrapolation_is_exact(p, x):
+    """Past the window the 1F1B makespan is the whole simulation's (to rounding)."""
+    for r in (1.0, 2.0, 3.3):
+        m = max(P.window_sizes(p, 1)[-1], 300) + 37
+        assert _extrapolated("1f1b", p, m, 1, r, x) == pytest.approx(simulate("1f1b", p, m, 1, r, x).makespan,
+                                                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (3, 3), (4, 2), (4, 4), (8, 2), (8, 4)])
+def test_interleaved_extrapolation_is_within_one_percent(p, v):
+    """Interleaved 1F1B can settle into long cycles when p2p is many forwards long; the
+    extrapolation stays within 1% there, and exact at realistic p2p costs."""
+    m = p * (P.window_sizes(p, p, v)[-1] // p + 23)
+    for r in (1.0, 2.0, 3.3):
+        for x, tolerance in ((0.0, 1e-9), (0.05, 1e-9), (1.0, 0.01), (3.7, 0.01), (40.0, 0.01)):
+            whole = simulate("interleaved_1f1b", p, m, v, r, x).makespan
+            assert _extrapolated("interleaved_1f1b", p, m, v, r, x) == pytest.approx(whole, rel=tolerance), (r, x)
+
+
+def test_makespan_cost_does_not_grow_with_the_microbatches(monkeypatch):
+    """A million micro-batches (gradient accumulation of a 10M-sequence batch on 8 GPUs) costs what
+    a few hundred do: the operations simulated per makespan stay under MAX_SIMULATED_OPS."""
+    simulated: list[int] = []
+    real = P.simulate
+
+    def counting(schedule, pp, m, v, *args, **kw):
+        simulated.append(2 * pp * v * m)
+        return real(schedule, pp, m, v, *args, **kw)
+
+    monkeypatch.setattr(P, "simulate", counting)
+    for schedule, p, v in (("1f1b", 2, 1), ("1f1b", 16, 1), ("interleaved_1f1b", 8, 4), ("interleaved_1f1b", 32, 4),
+                           ("gpipe", 8, 1)):
+        for m in (10**3, 10**4 + 7, 10**6 - 1, 10**7):
+            if schedule == "interleaved_1f1b":
+                m -= m % p
+            simulated.clear()
+            P.makespan_units.__wrapped__(schedule, p, m, v, 2.0, 0.05)
+            assert sum(simulated) <= P.MAX_SIMULATED_OPS, (schedule, p, v, m, sum(simulated))
+
+
+def test_deepest_pipeline_costs_a_bounded_window(monkeypatch):
+    from compiler.spec.models import MAX_LAYERS, MAX_PIPELINE_PARALLEL
+
+    p = MAX_PIPELINE_PARALLEL
+    v = MAX_LAYERS // p
+    sizes = P.window_sizes(p, 10**7 - 10**7 % p, v)
+    assert len(sizes) == 2 and sum(2 * p * v * s for s in sizes) <= 1.5 * P.MAX_SIMULATED_OPS
+
+
+def test_pipeline_events_are_kept_only_for_small_steps():
+    assert len(P.pipeline_events("1f1b", 4, 8, 1, 1.0, 2.0, 0.01)) == 2 * 4 * 8
+    big = P.MAX_PIPELINE_EVENTS // (2 * 4) + 1
+    assert P.pipeline_events("1f1b", 4, big, 1, 1.0, 2.0, 0.01) == ()

@@ -60,7 +60,7 @@ def _sample(problem, n: int, seed: int):
     while len(out) < n:
         shape = rng.choice(shapes)
         pipes, batches = space.pipeline_choices(shape.pp), space.batch_choices(shape.dp)
-        shards, sps = space.sharding_choices(shape.dp), space.sp_choices(shape.tp)
+        shards, sps = space.sharding_choices(shape.dp), space.sp_choices(shape.tp, shape.cp)
         if not (pipes and batches and shards and sps):
             continue
         sched, vpp = rng.choice(pipes)
@@ -81,10 +81,10 @@ def test_bounds_below_the_cost_model(name: str) -> None:
     bounds = Bounds(problem)
     checked = 0
     for shape, sched, vpp, mb, ga, rc, sp, sh, layout in samples:
-        est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+        est = evaluate(problem, layout, pipeline_events=False, check_memory=False)
         assert isinstance(est, Estimate), (layout.tag, est)
         step = est.step_time_s
-        sps = space.sp_choices(shape.tp)
+        sps = space.sp_choices(shape.tp, shape.cp)
         # shape: GPU-seconds per token
         g = bounds.gpu_s_per_token_lb(shape, sps) * bounds.shape_bubble_factor(
             shape, space.pipeline_choices(shape.pp), space.batch_choices(shape.dp))
@@ -112,7 +112,7 @@ def test_bounds_are_not_vacuous() -> None:
     bounds = Bounds(problem)
     sh = Sharding(1, 16)
     layout = space.layout(shape, "interleaved_1f1b", 2, sh, 1, 32, "none", True)
-    est = evaluate(problem, layout, allow_uneven_stages=True, pipeline_events=False, check_memory=False)
+    est = evaluate(problem, layout, pipeline_events=False, check_memory=False)
     fbs = bounds.group_stage_fb(shape, 2, 1, "none", (False, True))
     lb = bounds.layout_step_lb(shape, "interleaved_1f1b", 2, 1, 32, sh, fbs, lambda: layout)
     assert 0.75 * est.step_time_s <= lb <= est.step_time_s

@@ -1,4 +1,4 @@
-"""The search space: divisor generators, the stage-split rule, GPU counts, pins and counts."""
+"""The search space: divisor generators, GPU counts, pins and counts (the split: tests/unit/test_split.py)."""
 from __future__ import annotations
 
 import textwrap
@@ -8,7 +8,7 @@ import pytest
 from compiler.layout import Layout
 from compiler.problem import lower
 from compiler.solver import feasibility as F
-from compiler.solver.arith import GpuCounts, divisors, grad_accum_for, stage_layers
+from compiler.arith import GpuCounts, divisors, grad_accum_for
 from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
 from compiler.spec.load import load_spec_text
 
@@ -29,29 +29,6 @@ def test_divisors() -> None:
     assert divisors(1) == (1,)
     assert divisors(12) == (1, 2, 3, 4, 6, 12)
     assert divisors(1953) == (1, 3, 7, 9, 21, 31, 63, 93, 217, 279, 651, 1953)
-
-
-@pytest.mark.parametrize("layers,pp,vpp,want", [
-    (126, 16, 1, (7,) + (8,) * 14 + (7,)),  # Llama 3 405B as Meta ran it
-    (80, 8, 1, (10,) * 8),
-    (80, 8, 5, (10,) * 8),
-    (100, 8, 1, (11,) + (13,) * 6 + (11,)),
-    (80, 8, 4, (4,) + (12,) * 6 + (4,)),
-    (32, 2, 1, (16, 16)),
-    (33, 2, 1, (16, 17)),
-    (4, 4, 1, (1, 1, 1, 1)),
-    (96, 64, 1, None),  # no Megatron first/last split
-    (10, 3, 2, (2, 4, 4)),
-    (9, 3, 2, None),  # vpp must divide every stage
-    (8, 1, 2, None),
-    (8, 9, 1, None),
-])
-def test_stage_layers(layers: int, pp: int, vpp: int, want) -> None:
-    got = stage_layers(layers, pp, vpp)
-    assert got == want
-    if got is not None:
-        assert sum(got) == layers and all(n % vpp == 0 and n >= vpp for n in got)
-        assert len(set(got[1:-1])) <= 1 and max(got[0], got[-1]) <= max(got)
 
 
 def test_gpu_counts() -> None:

@@ -1,14 +1,14 @@
-"""The framework support table (compiler/frameworks.py): one rule per case, and the solver's cache key."""
+"""The targets' support rules (compiler/targets/<name>/support.py): one rule per case, and the solver's cache key."""
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.frameworks import RULES, support_key, target_reason, unsupported_reasons
+from compiler.targets import registry
+from compiler.targets.support import support_key, target_reason, unsupported_reasons
 from compiler.layout import Layout
+from compiler.rules import Knobs
 
 
 def L(**kw) -> Layout:
@@ -19,7 +19,8 @@ def L(**kw) -> Layout:
 
 
 def reason(target: str, precision: str = "bf16", **kw) -> str | None:
-    return target_reason(target, L(**kw), precision)
+    hit = target_reason(target, Knobs.of(L(**kw)), precision)
+    return None if hit is None else hit[1]
 
 
 @pytest.mark.parametrize("kw,needle", [
@@ -81,9 +82,9 @@ def test_megatron_rules(kw, ok) -> None:
 
 def test_only_the_spec_targets_are_asked() -> None:
     layout = L(zero_stage=1, cp=2, dp_shard=4)
-    got = unsupported_reasons(SimpleNamespace(targets=("megatron", "fsdp", "slurm"), precision="bf16"), layout)
-    assert set(got) == {"fsdp"}
-    assert RULES["slurm"] == ()
+    got, field = unsupported_reasons(("megatron", "fsdp", "slurm"), "bf16", Knobs.of(layout))
+    assert set(got) == {"fsdp"} and field == "zero_stage"
+    assert registry.get("slurm").support == ()
 
 
 layouts = st.builds(
@@ -111,5 +112,6 @@ def test_support_key_decides_support(a: Layout, precision: str) -> None:
     """The solver caches support per support_key: equal keys must mean equal answers, per target."""
     b = _scaled(a)
     assert support_key(a) == support_key(b)
-    for target in RULES:
-        assert (target_reason(target, a, precision) is None) == (target_reason(target, b, precision) is None), target
+    for target in registry.names():
+        assert (target_reason(target, Knobs.of(a), precision) is None) == \
+            (target_reason(target, Knobs.of(b), precision) is None), target

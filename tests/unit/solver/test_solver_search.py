@@ -42,7 +42,7 @@ def test_plan_and_alternatives() -> None:
     p = problem()
     plan = solve(p, top_k=3)
     assert plan.layout.world_size == 16 and plan.layout.global_batch == 64
-    assert plan.training["global_batch"] == 64
+    assert plan.training.global_batch == 64
     assert [c.rank for c in plan.alternatives] == [2, 3, 4]
     assert all(c.why_lost for c in plan.alternatives)
     keys = [plan.estimate.time_to_train_s] + [c.estimate.time_to_train_s for c in plan.alternatives]
@@ -75,8 +75,8 @@ def test_infeasible_reports_tally_and_closest_misses() -> None:
     assert "0 feasible" in text and "out_of_memory" in text and "closest misses" in text and "fix:" in text
     s = exc.summary
     assert s.num_feasible == 0 and s.rejections_by_code[F.OUT_OF_MEMORY] > 0
-    assert s.closest_misses and s.closest_misses[0]["code"] == F.OUT_OF_MEMORY
-    assert "more per GPU" in s.closest_misses[0]["fix"]
+    assert s.closest_misses and s.closest_misses[0].code == F.OUT_OF_MEMORY
+    assert "more per GPU" in s.closest_misses[0].fix
     accounted(s)
 
 
@@ -94,7 +94,7 @@ def test_budget_is_honoured_and_halving_it_changes_the_answer() -> None:
         solve(run("$1M"), top_k=1)
     assert info.value.summary.rejections_by_code[F.OVER_BUDGET] > 0
     miss = info.value.summary.closest_misses[0]
-    assert miss["code"] == F.OVER_BUDGET and "cheapest layout costs" in miss["message"]
+    assert miss.code == F.OVER_BUDGET and "cheapest layout costs" in miss.message
 
 
 def test_cheapest_within_deadline() -> None:
@@ -135,8 +135,8 @@ def test_batch_tolerance_realises_a_nearby_batch() -> None:
                 cluster="{gpu: h100-sxm, num_gpus: 64}")
     plan = solve(p, top_k=0)
     b = plan.layout.global_batch
-    assert 950 <= b <= 1050 and b == plan.training["global_batch"]
-    assert plan.training["requested_global_batch"] == 1000
+    assert 950 <= b <= 1050 and b == plan.training.global_batch
+    assert plan.training.requested_global_batch == 1000
     exact = problem(training="tokens: 100B, sequence_length: 4096, global_batch: 1000",
                     cluster="{gpu: h100-sxm, num_gpus: 64}")
     assert solve(exact, top_k=0).layout.global_batch == 1000

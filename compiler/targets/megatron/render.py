@@ -13,21 +13,25 @@ How Megatron runs a dtc layout: zero 0 is DDP; zero 1 the distributed optimizer;
 Megatron-FSDP (``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``
 optim_grads / optim_grads_params); HSDP is ``--num-distributed-optimizer-instances`` =
 dp_replicate for both. Megatron has no GPipe schedule, no parameter offload and no NVMe.
-Checks Megatron itself makes late or not at all (heads and KV heads divisible by tp, experts
-by ep, sequence by 2 x cp, ...) raise ``RenderError`` here.
+The layout rules (compiler.rules: heads and KV heads divisible by tp, experts by ep, sequence
+by 2 x cp, Megatron's split, ...) and Megatron's support rules are checked before any flag is
+written; a violation raises ``RenderError``.
 """
 from __future__ import annotations
 
+import re
+import shlex
 from typing import Any, Sequence
 
+from compiler import rules
 from compiler.errors import RenderError
-from compiler.frameworks import target_reason
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
-from compiler.render.deepspeed import lr_schedule_steps
-from compiler.render.report import provenance_header
+from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
+from compiler.render.report import provenance_header
+from compiler.split import LayerSplit, PipelineSplit
 
 ARGS_FILE = "megatron_args.sh"
 TEMPLATE = "megatron/megatron_args.sh.j2"
@@ -59,39 +63,9 @@ Group = tuple[str, list[list[str]]]  # (comment, [[flag, value...], ...])
 
 # ------------------------------------------------------------------------------ checks
 def render_checks(plan: Plan) -> list[str]:
-    """What Megatron-LM cannot run, or checks too late, for this plan ([] = fine).
-
-    Layout-only rules come from the solver's table (compiler.frameworks); the checks below
-    need the model or the sequence length, which that table does not see."""
-    lay, s = plan.layout, _shape(plan)
-    seq = int(plan.training["seq_len"])
-    reason = target_reason("megatron", lay, str(plan.training["precision"]))
-    out = [reason] if reason else []
-    if s.num_attention_heads % lay.tp:
-        out.append(f"num_attention_heads ({s.num_attention_heads}) must be divisible by tp, got tp={lay.tp}")
-    if s.mla is None and s.num_kv_heads % lay.tp:
-        out.append(f"num_kv_heads ({s.num_kv_heads}) must be divisible by tp, got tp={lay.tp}")
-    if s.moe is not None and s.moe.num_experts % lay.ep:
-        out.append(f"num_experts ({s.moe.num_experts}) must be divisible by ep, got ep={lay.ep}")
-    if s.moe is not None and lay.ep > 1 and lay.tp > 1 and not lay.sequence_parallel:
-        out.append(f"expert parallel with tensor parallel needs sequence parallel (core/model_parallel_config.py:"
-                   f"560), got ep={lay.ep} tp={lay.tp} without it")
-    if s.moe is None and lay.ep > 1:
-        out.append(f"expert parallel needs an MoE model, got ep={lay.ep}")
-    if lay.cp > 1 and seq % (2 * lay.cp):
-        out.append(f"seq_len ({seq}) must be divisible by 2 x cp ({2 * lay.cp}) for load-balanced context "
-                   f"parallel")
-    if lay.sequence_parallel and seq % (lay.tp * lay.cp):
-        out.append(f"seq_len ({seq}) must be divisible by tp x cp ({lay.tp * lay.cp}) for sequence parallel")
-    if lay.pp > 1 and _pipeline_split(s.num_layers, lay.pp, lay.vpp) is None:
-        out.append(f"num_layers ({s.num_layers}) cannot be split over pp={lay.pp} x vpp={lay.vpp} stages, "
-                   f"not even with uneven first/last stages")
-    if plan.training["precision"] == "fp8" and plan.cluster.get("generation") not in ("hopper", "blackwell", "ada"):
-        out.append(f"fp8 needs a Hopper, Ada or Blackwell GPU, got {plan.cluster.get('generation')}")
-    if plan.training["global_batch"] % (lay.micro_batch * lay.dp):
-        out.append(f"global_batch ({plan.training['global_batch']}) must be divisible by micro_batch x dp "
-                   f"({lay.micro_batch * lay.dp})")
-    return out
+    """What Megatron-LM cannot run for this plan ([] = fine): the layout rules and Megatron's own support
+    rules (compiler.rules), each as '[code] message'."""
+    return [f"[{r.code}] {r.message}" for r in rules.plan_violations(plan, ("megatron",))]
 
 
 def _check(plan: Plan) -> None:
@@ -103,39 +77,21 @@ def _check(plan: Plan) -> None:
 
 
 def _shape(plan: Plan) -> ModelShape:
-    return ModelShape.from_dict(dict(plan.model["shape"]))
+    return plan.model.shape
 
 
-def _pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
-    """(first, last) stage layer counts: (0, 0) when the even split works, None when nothing works.
+def pipeline_flags(pp: int, vpp: int, split: PipelineSplit) -> list[list[str]]:
+    """--pipeline-model-parallel-size, the virtual stages and the split mechanism's own flags.
 
-    Megatron's rules for uneven stages (core/transformer/transformer_config.py, "Uneven PP"):
-    first and last are multiples of vpp, the middle layers divide evenly over the pp - 2
-    middle stages, each middle stage's count is a multiple of vpp. The first and last
-    stages also hold the embedding and the output layer, so they get at most as many layers
-    as a middle stage; among the splits allowed, the most balanced one is chosen (then the
-    one with the fuller last stage).
-    """
-    if num_layers % (pp * vpp) == 0:
-        return 0, 0
-    best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
-    for first in range(vpp, num_layers, vpp):
-        for last in range(vpp, num_layers - first + 1, vpp):
-            rest, middle_stages = num_layers - first - last, pp - 2
-            if middle_stages == 0:
-                if rest:
-                    continue
-                middle = max(first, last)
-            else:
-                if rest <= 0 or rest % (middle_stages * vpp):
-                    continue
-                middle = rest // middle_stages
-                if first > middle or last > middle:
-                    continue
-            key = (max(first, last, middle) - min(first, last, middle), -last, -first)
-            if best is None or key < best[0]:
-                best = (key, (first, last))
-    return None if best is None else best[1]
+    An explicit layout fixes vpp itself (arguments.py:907-918 refuses it together with
+    --num-virtual-stages-per-pipeline-rank); otherwise vpp is --num-virtual-stages-per-pipeline-rank,
+    the only VPP spelling that also works with uneven first/last stages (arguments.py:921)."""
+    out = [_f("--pipeline-model-parallel-size", pp)]
+    if pp > 1:
+        if vpp > 1 and split.mechanism != "layout":
+            out.append(_f("--num-virtual-stages-per-pipeline-rank", vpp))
+        out += split.megatron_flags()
+    return out
 
 
 # ------------------------------------------------------------------------------ the flags
@@ -174,15 +130,8 @@ def _num(v: Any) -> str:
 
 
 def _parallelism(plan: Plan) -> list[list[str]]:
-    lay, s = plan.layout, _shape(plan)
-    out = [_f("--tensor-model-parallel-size", lay.tp), _f("--pipeline-model-parallel-size", lay.pp)]
-    if lay.pp > 1:
-        if lay.vpp > 1:
-            # the only VPP spelling that also works with uneven first/last stages (arguments.py:921)
-            out.append(_f("--num-virtual-stages-per-pipeline-rank", lay.vpp))
-        first, last = _pipeline_split(s.num_layers, lay.pp, lay.vpp) or (0, 0)
-        if first:
-            out += [_f("--decoder-first-pipeline-num-layers", first), _f("--decoder-last-pipeline-num-layers", last)]
+    lay = plan.layout
+    out = [_f("--tensor-model-parallel-size", lay.tp)] + pipeline_flags(lay.pp, lay.vpp, plan.layer_split().split)
     if lay.cp > 1:
         out.append(_f("--context-parallel-size", lay.cp))
     if lay.ep > 1:
@@ -216,7 +165,7 @@ def _data_parallel(lay: Layout) -> list[list[str]]:
 
 def _model(plan: Plan) -> list[list[str]]:
     s = _shape(plan)
-    seq = int(plan.training["seq_len"])
+    seq = int(plan.training.seq_len)
     out = [
         _f("--num-layers", s.num_layers),
         _f("--hidden-size", s.hidden_size),
@@ -289,34 +238,34 @@ def moe_layer_pattern(pattern: Sequence[int]) -> str:
 def _batch(plan: Plan) -> list[list[str]]:
     lay = plan.layout
     return [_f("--micro-batch-size", lay.micro_batch),
-            _f("--global-batch-size", int(plan.training["global_batch"])),
-            _f("--train-iters", int(plan.training["num_steps"]))]
+            _f("--global-batch-size", int(plan.training.global_batch)),
+            _f("--train-iters", int(plan.training.num_steps))]
 
 
 def _optimizer(plan: Plan) -> list[list[str]]:
     t = plan.training
     warmup, total = lr_schedule_steps(plan)
     out = []
-    if t["optimizer"] == "sgd":
+    if t.optimizer == "sgd":
         out += [_f("--optimizer", "sgd"), _f("--sgd-momentum", SGD_MOMENTUM)]
     else:
         # Megatron's "adam" applies decoupled weight decay (AdamW) for both adam and adamw
-        out += [_f("--optimizer", "adam"), _f("--adam-beta1", float(t["adam_beta1"])),
-                _f("--adam-beta2", float(t["adam_beta2"])), _f("--adam-eps", ADAM_EPS)]
+        out += [_f("--optimizer", "adam"), _f("--adam-beta1", float(t.adam_beta1)),
+                _f("--adam-beta2", float(t.adam_beta2)), _f("--adam-eps", ADAM_EPS)]
     out += [
-        _f("--lr", float(t["learning_rate"])),
-        _f("--min-lr", float(t["min_learning_rate"])),
+        _f("--lr", float(t.learning_rate)),
+        _f("--min-lr", float(t.min_learning_rate)),
         _f("--lr-decay-style", "cosine"),
         _f("--lr-warmup-iters", warmup),
         _f("--lr-decay-iters", total),
-        _f("--weight-decay", float(t["weight_decay"])),
-        _f("--clip-grad", float(t["grad_clip"])),
+        _f("--weight-decay", float(t.weight_decay)),
+        _f("--clip-grad", float(t.grad_clip)),
     ]
     return out
 
 
 def _precision(plan: Plan) -> list[list[str]]:
-    p = plan.training["precision"]
+    p = plan.training.precision
     if p == "fp16":
         return [["--fp16"]]
     if p == "bf16":
@@ -324,7 +273,7 @@ def _precision(plan: Plan) -> list[list[str]]:
     if p == "fp8":
         # fp8 GEMMs through Transformer Engine, bf16 elsewhere. Blackwell has hardware MXFP8 block
         # scaling; Hopper/Ada use delayed (per-tensor history) scaling.
-        if plan.cluster.get("generation") == "blackwell":
+        if plan.cluster.generation == "blackwell":
             return [["--bf16"], _f("--fp8-format", "e4m3"), _f("--fp8-recipe", "mxfp8")]
         return [["--bf16"], _f("--fp8-format", "hybrid"), _f("--fp8-recipe", "delayed"),
                 _f("--fp8-amax-history-len", FP8_AMAX_HISTORY_LEN), _f("--fp8-amax-compute-algo", "max")]
@@ -345,9 +294,10 @@ def _data(plan: Plan) -> list[list[str]]:
     # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
     out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
-    data_path = plan.slurm.get("data_path")
+    data_path = plan.slurm.data_path
     if data_path is None:
-        out += [["--mock-data"], _f("--eval-iters", 0)]
+        # --eval-interval even without evaluation: training.py:4481 divides train_iters by it
+        out += [["--mock-data"], _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
     else:
         out += [_f("--data-path", str(data_path)), _f("--split", DATA_SPLIT),
                 _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)]
@@ -355,14 +305,14 @@ def _data(plan: Plan) -> list[list[str]]:
 
 
 def _logging(plan: Plan) -> list[list[str]]:
-    return [_f("--log-interval", LOG_INTERVAL), ["--log-throughput"], _f("--seed", int(plan.training["seed"]))]
+    return [_f("--log-interval", LOG_INTERVAL), ["--log-throughput"], _f("--seed", int(plan.training.seed))]
 
 
 def _checkpointing(plan: Plan) -> list[list[str]]:
-    total = int(plan.training["num_steps"])
+    total = int(plan.training.num_steps)
     out = [_f("--save", ShellExpr(CHECKPOINT_DIR)), _f("--load", ShellExpr(CHECKPOINT_DIR)),
            _f("--save-interval", min(SAVE_INTERVAL, total))]
-    if int(plan.slurm.get("signal_seconds_before_end") or 0) > 0:
+    if int(plan.slurm.signal_seconds_before_end or 0) > 0:
         # the sbatch script asks SLURM for SIGUSR1 before the time limit: save and exit cleanly
         out += [["--exit-signal-handler"], _f("--exit-signal", "SIGUSR1")]
     return out
@@ -377,9 +327,20 @@ def megatron_env(plan: Plan) -> dict[str, str | None]:
     lay = plan.layout
     if lay.zero_stage >= 2:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.get("generation") != "blackwell":
+    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.generation != "blackwell":
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
+
+
+def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
+    """What train_megatron.sbatch needs besides the common SLURM values (compiler.targets.slurm): the
+    Megatron-LM checkout and the environment of megatron_env; ``check`` validates a spec value."""
+    from compiler.spec.models import PATH_RE
+
+    env = megatron_env(plan)
+    return {"megatron_dir": check("megatron_dir", plan.slurm.megatron_dir, PATH_RE),
+            "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
+            "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
 
 
 def megatron_notes(plan: Plan) -> list[str]:
@@ -391,12 +352,21 @@ def megatron_notes(plan: Plan) -> list[str]:
         notes.append(f"Megatron-LM runs zero_stage={lay.zero_stage} with Megatron-FSDP "
                      f"(--data-parallel-sharding-strategy {strategy}), which saves checkpoints in the "
                      "fsdp_dtensor format.")
-    first, last = (_pipeline_split(_shape(plan).num_layers, lay.pp, lay.vpp) or (0, 0)) if lay.pp > 1 else (0, 0)
-    if first:
-        notes.append(f"Megatron-LM splits the layers unevenly: {first} on the first stage, {last} on the last.")
-    if plan.training["optimizer"] == "adam":
+    if lay.pp > 1:
+        split = plan.layer_split()
+        if split.split.mechanism != "even":
+            notes.append(f"Megatron-LM splits the layers {split_phrase(split)}.")
+    if plan.training.optimizer == "adam":
         notes.append("Megatron-LM's adam optimizer applies decoupled weight decay (AdamW).")
     return notes
+
+
+def split_phrase(split: LayerSplit) -> str:
+    """'with --account-for-embedding-in-pipeline-split ...: 15, 16 x 6, 15 layers per pipeline rank'."""
+    from compiler.render.report_text import grouped_counts
+
+    flags = " ".join(tok for flag in split.split.megatron_flags() for tok in flag)
+    return f"with {flags}: {grouped_counts(split.rank_layers)} layers per pipeline rank"
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -409,7 +379,7 @@ def megatron_context(plan: Plan) -> dict[str, Any]:
     env = megatron_env(plan)
     return {
         "header": provenance_header(plan),
-        "megatron_core": plan.provenance["frameworks"]["megatron-core"],
+        "megatron_core": plan.provenance.frameworks["megatron-core"],
         "layout": lay.describe(),
         "tag": lay.tag,
         "world_size": lay.world_size,
@@ -423,3 +393,44 @@ def megatron_context(plan: Plan) -> dict[str, Any]:
 def render_megatron(plan: Plan) -> dict[str, str]:
     """{"megatron_args.sh": ...} for ``plan``."""
     return {ARGS_FILE: render_template(TEMPLATE, **megatron_context(plan))}
+
+
+# ------------------------------------------------------------------------------ invariants
+_ARRAY = re.compile(r"^MEGATRON_ARGS=\($(.*?)^\)$", re.S | re.M)
+
+
+def megatron_flags(text: str) -> dict[str, str | bool]:
+    """--flag value pairs and boolean flags of the MEGATRON_ARGS array (comments stripped)."""
+    m = _ARRAY.search(text)
+    tokens = shlex.split(m.group(1), comments=True) if m else []
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                flags[tok] = tokens[i + 1]
+                i += 2
+                continue
+            flags[tok] = True
+        i += 1
+    return flags
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """megatron_args.sh's flags agree with the plan (compiler.render.invariants)."""
+    text = files[ARGS_FILE]
+    lay = c.plan.layout
+    f = megatron_flags(text)
+    as_int = lambda key, default: int(f.get(key, default))  # noqa: E731
+    c.expect("megatron_args.sh", "--tensor-model-parallel-size", as_int("--tensor-model-parallel-size", 1), lay.tp)
+    c.expect("megatron_args.sh", "--pipeline-model-parallel-size", as_int("--pipeline-model-parallel-size", 1), lay.pp)
+    c.expect("megatron_args.sh", "--context-parallel-size", as_int("--context-parallel-size", 1), lay.cp)
+    c.expect("megatron_args.sh", "--expert-model-parallel-size", as_int("--expert-model-parallel-size", 1), lay.ep)
+    c.expect("megatron_args.sh", "--micro-batch-size", as_int("--micro-batch-size", 0), lay.micro_batch)
+    c.expect("megatron_args.sh", "--global-batch-size", as_int("--global-batch-size", 0),
+             c.plan.training.global_batch)
+    c.expect("megatron_args.sh", "--seq-length", as_int("--seq-length", 0), c.plan.training.seq_len)
+    c.expect("megatron_args.sh", "--use-distributed-optimizer", bool(f.get("--use-distributed-optimizer")),
+             lay.zero_stage == 1)
+    c.expect("megatron_args.sh", "--sequence-parallel", bool(f.get("--sequence-parallel")), lay.sequence_parallel)

@@ -32,18 +32,11 @@ from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
-from compiler.render.megatron import megatron_env
+from compiler.targets import registry
+from compiler.targets.base import Target, load
 from compiler.spec.models import IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE, env_name_problem
 
-# framework target -> (script, template, launcher)
-SCRIPTS: dict[str, tuple[str, str, str]] = {
-    "fsdp": ("train_fsdp.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
-    "deepspeed": ("train_deepspeed.sbatch", "slurm/torchrun.sbatch.j2", "torchrun"),
-    "megatron": ("train_megatron.sbatch", "slurm/srun.sbatch.j2", "srun"),
-}
 PRIMARY = "train.sbatch"
-# slurm.launcher -> the targets it can mean, in order of preference
-LAUNCHER_TARGETS = {"torchrun": ("fsdp", "deepspeed"), "deepspeed": ("deepspeed",), "srun": ("megatron",)}
 DEFAULT_CPUS_PER_GPU = 16
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # What an #SBATCH value may contain at all (sbatch splits its lines on blanks and quotes).
@@ -85,15 +78,15 @@ def _common(plan: Plan) -> dict[str, Any]:
         raise _fail(f"world size {lay.world_size} does not split evenly over {nodes} nodes of "
                     f"{lay.gpus_per_node} GPUs",
                     hint="use a GPU count that is a multiple of the node size (or below one node)")
-    job_name = _check("job_name", s.get("job_name") or plan.name, NAME_RE, sbatch=True)
-    optional = {key: _check(key, s[key], SLURM_NAME_RE, sbatch=True)
-                for key in ("partition", "account", "qos") if s.get(key) is not None}
-    output_dir = _check("output_dir", s.get("output_dir", "logs"), PATH_RE, sbatch=True).rstrip("/") or "/"
-    time_limit = s.get("time_limit")
+    job_name = _check("job_name", s.job_name or plan.name, NAME_RE, sbatch=True)
+    optional = {key: _check(key, getattr(s, key), SLURM_NAME_RE, sbatch=True)
+                for key in ("partition", "account", "qos") if getattr(s, key) is not None}
+    output_dir = _check("output_dir", s.output_dir, PATH_RE, sbatch=True).rstrip("/") or "/"
+    time_limit = s.time_limit
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not 0 < time_limit < 10**9):
         raise _fail(f"slurm.time_limit must be a positive number of seconds, got {time_limit!r}")
-    env = s.get("environment") or {}
+    env = dict(s.environment)
     if not isinstance(env, dict):
         raise _fail(f"slurm.environment must be a mapping, got {type(env).__name__}")
     for name, value in env.items():
@@ -102,7 +95,7 @@ def _common(plan: Plan) -> dict[str, Any]:
             raise _fail(f"slurm.environment name {name!r} cannot be set: {problem}")
         if not isinstance(value, str) or any(ch in value for ch in "\n\r\x00"):
             raise _fail(f"slurm.environment.{name} must be a one-line string, got {value!r}")
-    image = s.get("container_image")
+    image = s.container_image
     return {
         "header": provenance_header(plan),
         "job_name": job_name,
@@ -111,13 +104,13 @@ def _common(plan: Plan) -> dict[str, Any]:
         "world_size": lay.world_size,
         "optional": optional,
         "time": format_time(time_limit) if time_limit is not None else None,
-        "exclusive": bool(s.get("exclusive", True)),
-        "requeue": bool(s.get("requeue", True)),
-        "signal_seconds": _int("signal_seconds_before_end", s.get("signal_seconds_before_end", 120), 0, 65535),
+        "exclusive": bool(s.exclusive),
+        "requeue": bool(s.requeue),
+        "signal_seconds": _int("signal_seconds_before_end", s.signal_seconds_before_end, 0, 65535),
         "output": f"{output_dir}/%x-%j.out",
         "error": f"{output_dir}/%x-%j.err",
         "output_dir": output_dir,
-        "modules": [_check("modules", m, MODULE_RE) for m in s.get("modules") or []],
+        "modules": [_check("modules", m, MODULE_RE) for m in s.modules],
         "environment": [{"name": k, "value": env[k]} for k in sorted(env)],
         # ShellCheck notes '$' and '`' inside single quotes (SC2016) and a backslash before a
         # closing quote (SC1003): here the literal, unexpanded value is the point.
@@ -125,13 +118,13 @@ def _common(plan: Plan) -> dict[str, Any]:
             code for code, hit in (("SC1003", any("\\" in v for v in env.values())),
                                    ("SC2016", any("$" in v or "`" in v for v in env.values()))) if hit),
         "container_image": _check("container_image", image, IMAGE_RE) if image is not None else None,
-        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.get("container_mounts") or []),
-        "workdir": _check("workdir", s["workdir"], PATH_RE) if s.get("workdir") is not None else None,
-        "port": _int("rdzv_port", s.get("rdzv_port", 29500), 1, 65535),
-        "train_script": (_check("train_script", s["train_script"], PATH_RE)
-                         if s.get("train_script") is not None else None),
+        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.container_mounts),
+        "workdir": _check("workdir", s.workdir, PATH_RE) if s.workdir is not None else None,
+        "port": _int("rdzv_port", s.rdzv_port, 1, 65535),
+        "train_script": (_check("train_script", s.train_script, PATH_RE)
+                         if s.train_script is not None else None),
         "describe": plan.layout.describe(),
-        "gpu": str(plan.cluster.get("display_name") or plan.cluster.get("gpu")),
+        "gpu": str(plan.cluster.display_name or plan.cluster.gpu),
     }
 
 
@@ -139,33 +132,31 @@ def _cpus_per_task(plan: Plan, tasks_per_node: int, gpus_per_node: int) -> int:
     """CPUs of one SLURM task. ``slurm.cpus_per_task`` counts CPUs per training process (per GPU,
     default 16): srun's task under Megatron, G of them in torchrun's one task per node. One value
     then asks every script for the same CPUs per node."""
-    per_process = plan.slurm.get("cpus_per_task")
+    per_process = plan.slurm.cpus_per_task
     per_process = DEFAULT_CPUS_PER_GPU if per_process is None else _int("cpus_per_task", per_process, 1, 1024)
     return per_process * gpus_per_node // tasks_per_node
 
 
-def _script_context(plan: Plan, target: str, common: dict[str, Any]) -> dict[str, Any]:
-    script, template, launcher = SCRIPTS[target]
+def launched(plan: Plan) -> list[Target]:
+    """The plan's framework targets, each with its own sbatch script (Target.slurm), in registry order."""
+    return [t for t in registry.targets() if t.slurm is not None and t.name in plan.targets]
+
+
+def _script_context(plan: Plan, target: Target, common: dict[str, Any]) -> dict[str, Any]:
+    launch = target.slurm
+    assert launch is not None
     gpn = common["gpus_per_node"]
-    tasks_per_node = 1 if launcher == "torchrun" else gpn
-    ctx = dict(common, target=target, script=script, template=template, launcher=launcher,
+    tasks_per_node = 1 if launch.launcher == "torchrun" else gpn
+    ctx = dict(common, target=target.name, script=launch.script, template=launch.template, launcher=launch.launcher,
                tasks_per_node=tasks_per_node, cpus_per_task=_cpus_per_task(plan, tasks_per_node, gpn),
-               torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[])
+               torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[], framework=launch.framework,
+               needs=list(launch.needs))
     own = common["train_script"]
-    if target == "fsdp":
-        ctx.update(framework="FSDP2", program=own, program_default="fsdp_train.py", config_flag=None,
-                   needs=["fsdp_train.py", "fsdp_config.py"])
-    elif target == "deepspeed":
-        # the generated ds_train.py takes --config; a user entry gets DeepSpeed's own --deepspeed_config
-        flag = "--deepspeed_config" if own else "--config"
-        ctx.update(framework="DeepSpeed", program=own, program_default="ds_train.py", config_flag=flag,
-                   needs=["ds_train.py", "ds_config.json"])
-    else:
-        env = megatron_env(plan)
-        ctx.update(framework="Megatron-LM", needs=["megatron_args.sh"],
-                   megatron_dir=_check("megatron_dir", plan.slurm.get("megatron_dir", "/opt/Megatron-LM"), PATH_RE),
-                   env_exports=[{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
-                   env_unsets=[k for k, v in sorted(env.items()) if v is None])
+    if launch.program_default is not None:  # a torchrun entry point: the generated one, or slurm.train_script
+        ctx.update(program=own, program_default=launch.program_default,
+                   config_flag=launch.config_flag[1] if own else launch.config_flag[0])
+    if launch.context is not None:  # what the target's own script needs (Megatron: its directory and environment)
+        ctx.update(load(launch.context)(plan, _check))
     directives = [f"--job-name={common['job_name']}", f"--nodes={common['nodes']}",
                   f"--ntasks-per-node={tasks_per_node}", f"--gpus-per-node={gpn}",
                   f"--cpus-per-task={ctx['cpus_per_task']}"]
@@ -185,25 +176,32 @@ def _script_context(plan: Plan, target: str, common: dict[str, Any]) -> dict[str
 
 
 def primary_target(plan: Plan) -> str:
-    """The framework ``train.sbatch`` launches: slurm.launcher's, else the first framework target."""
-    present = [t for t in plan.targets if t in SCRIPTS]
+    """The framework ``train.sbatch`` launches: slurm.launcher's (the best ranked target it can mean), else the
+    first framework target of the plan."""
+    present = [t.name for t in launched(plan)]
     if not present:
-        raise _fail("the slurm target needs a framework target (deepspeed, fsdp or megatron)",
+        names = [t.name for t in registry.targets() if t.slurm is not None]
+        raise _fail(f"the slurm target needs a framework target ({', '.join(names)})",
                     hint="add a framework to targets")
-    launcher = plan.slurm.get("launcher")
+    launcher = plan.slurm.launcher
     if launcher is None:
-        return present[0]
-    for target in LAUNCHER_TARGETS.get(launcher, ()):
-        if target in present:
-            return target
+        return next(t for t in plan.targets if t in present)
+    ranked = sorted((t.slurm.launchers[launcher], t.name) for t in launched(plan)  # type: ignore[union-attr]
+                    if launcher in t.slurm.launchers)  # type: ignore[union-attr]
+    if ranked:
+        return ranked[0][1]
+    means = {}
+    for t in registry.targets():
+        for name in (t.slurm.launchers if t.slurm else {}):
+            means.setdefault(name, []).append(t.name)
     raise _fail(f"slurm.launcher {launcher!r} launches none of the targets {', '.join(present)}",
-                hint="torchrun: fsdp or deepspeed; deepspeed: deepspeed; srun: megatron")
+                hint="; ".join(f"{name}: {' or '.join(ts)}" for name, ts in means.items()))
 
 
 def slurm_context(plan: Plan) -> dict[str, Any]:
     """{"scripts": {target: context}, "primary": target}: every value the sbatch templates place."""
     common = _common(plan)
-    scripts = {t: _script_context(plan, t, common) for t in SCRIPTS if t in plan.targets}
+    scripts = {t.name: _script_context(plan, t, common) for t in launched(plan)}
     return {"scripts": scripts, "primary": primary_target(plan)}
 
 
@@ -213,3 +211,37 @@ def render_slurm(plan: Plan) -> dict[str, str]:
     files = {ctx["script"]: render_template(ctx["template"], **ctx) for ctx in context["scripts"].values()}
     files[PRIMARY] = files[context["scripts"][context["primary"]]["script"]]
     return files
+
+
+# ------------------------------------------------------------------------------ invariants
+def _sbatch_directives(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line[len("#SBATCH "):].partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _check_sbatch(c: Any, rel: str, text: str) -> None:
+    d = _sbatch_directives(text)
+    cl = c.plan.cluster
+    c.expect(rel, "--nodes", int(d.get("--nodes", 0)), cl.num_nodes)
+    gpn = min(int(cl.gpus_per_node), int(cl.num_gpus))
+    if "--gpus-per-node" in d:
+        c.expect(rel, "--gpus-per-node", int(d["--gpus-per-node"]), gpn)
+    m = re.search(r'NPROC_PER_NODE="\$\{DTC_NPROC_PER_NODE:-(\d+)\}"', text)
+    per_node = int(m.group(1)) if m else None
+    c.expect(rel, "processes per node", per_node, gpn)
+    if per_node is not None:
+        c.expect(rel, "launcher world (nodes x processes per node)", int(d.get("--nodes", 0)) * per_node,
+                 cl.num_gpus)
+    one_task_per_gpu = "megatron" in rel or (rel == "train.sbatch" and "pretrain_gpt.py" in text)
+    c.expect(rel, "--ntasks-per-node", int(d.get("--ntasks-per-node", 0)), gpn if one_task_per_gpu else 1)
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """Every sbatch script launches the plan's world (compiler.render.invariants)."""
+    for rel, text in files.items():
+        if rel.endswith(".sbatch"):
+            _check_sbatch(c, rel, text)

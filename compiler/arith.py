@@ -1,19 +1,6 @@
-"""Integer arithmetic the search space is built from: divisors, stage splits, GPU counts.
+"""Integer arithmetic the search space is built from: divisors, GPU counts, batch splits.
 
-The pipeline stage rule (Megatron's uneven first/last stages, the one
-``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
-implement; megatron-core ``TransformerConfig.__post_init__``):
-
-* ``pp == 1``: one stage holds every layer (``vpp`` must be 1).
-* ``num_layers % (pp * vpp) == 0``: every stage holds ``num_layers / pp`` layers.
-* otherwise the middle ``pp - 2`` stages hold ``m`` layers each and the first and last
-  stages ``f`` and ``l`` (all multiples of vpp, ``vpp <= f, l <= m``: the first and last
-  stages also carry the embedding and the output layer); among the splits that exist the
-  most balanced one is used (least ``m - min(f, l)``, then the fuller last stage, then the
-  fuller first), which is what compiler/render/megatron.py emits as
-  --decoder-first/last-pipeline-num-layers (Llama 3 405B: 126 layers on pp=16 -> 7, 8 x 14, 7).
-* no other split is generated (Megatron's --account-for-embedding/loss-in-pipeline-split and
-  --pipeline-model-parallel-layout are not searched); ``stage_layers`` returns None then.
+The pipeline split (which layers each stage holds) is Megatron's, in compiler.split.
 """
 from __future__ import annotations
 
@@ -35,37 +22,6 @@ def divisors(n: int) -> tuple[int, ...]:
                 large.append(n // i)
         i += 1
     return tuple(small + large[::-1])
-
-
-@lru_cache(maxsize=8192)
-def stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
-    """Layers per pipeline stage (pp entries, each a multiple of vpp), or None if no split exists."""
-    if pp < 1 or vpp < 1 or pp * vpp > num_layers:
-        return None
-    if pp == 1:
-        return (num_layers,) if vpp == 1 else None
-    if num_layers % (pp * vpp) == 0:
-        return (num_layers // pp,) * pp
-    if num_layers % vpp:
-        return None
-    if pp == 2:
-        first = num_layers // (2 * vpp) * vpp
-        return (first, num_layers - first) if first >= vpp else None
-    best: tuple[tuple[int, int, int], tuple[int, ...]] | None = None
-    middle = -(-num_layers // (pp * vpp)) * vpp  # pp * middle >= num_layers, so first, last <= middle
-    while num_layers - (pp - 2) * middle >= 2 * vpp:
-        rest = num_layers - (pp - 2) * middle
-        first = rest // (2 * vpp) * vpp
-        last = rest - first
-        key = (middle - first, -last, -first)
-        if last <= middle and (best is None or key < best[0]):
-            best = (key, (first,) + (middle,) * (pp - 2) + (last,))
-        middle += vpp
-    return None if best is None else best[1]
-
-
-def allowed_gpu_counts(min_gpus: int, max_gpus: int, gpus_per_node: int, exact: int | None) -> "GpuCounts":
-    return GpuCounts(min_gpus, max_gpus, gpus_per_node, exact)
 
 
 class GpuCounts:

@@ -2,9 +2,9 @@
 
 ``fsdp_context(plan)`` computes every value the templates place; the templates
 ``fsdp/fsdp_config.py.j2`` and ``fsdp/fsdp_train.py.j2`` hold the code, which depends
-only on torch 2.13 (``compiler.plan.FRAMEWORK_VERSIONS``).
+only on torch 2.13 (the fsdp target's versions, compiler/targets/fsdp/__init__.py).
 
-How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp"):
+How FSDP2 runs a dtc layout (the support rules are ``compiler.targets.support`` "fsdp"):
 
 - ZeRO-0: ``fully_shard`` over a 2-D (dp_replicate, dp_shard=1) mesh, i.e. replicated
   parameters with all-reduced gradients (DDP semantics, and it composes with TP/PP);
@@ -13,7 +13,8 @@ How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp
 - HSDP: the same 2-D (dp_replicate, dp_shard) mesh with dp_shard > 1.
 - TP/SP: DTensor ``parallelize_module`` with torchtitan's Llama plan.
 - PP: ``torch.distributed.pipelining`` with a manual split into pp x vpp stages
-  (GPipe, 1F1B, interleaved 1F1B); microbatches = grad_accum.
+  (GPipe, 1F1B, interleaved 1F1B) holding Megatron's split of the layers (compiler.split, the
+  split the plan is costed with: ``STAGE_LAYERS``); microbatches = grad_accum.
 - CP: ``context_parallel`` on CUDA only (torch 2.13 has no CPU sharding rule for SDPA).
 - Offload: ``CPUOffloadPolicy`` (parameters + optimizer together, ZeRO-3).
 - Precision: MixedPrecisionPolicy(bf16 or fp16 params, fp32 reduce); fp16 adds dynamic
@@ -21,13 +22,14 @@ How FSDP2 runs a dtc layout (the support rules are ``compiler.frameworks`` "fsdp
 """
 from __future__ import annotations
 
+import ast
 from typing import Any
 
+from compiler import rules
 from compiler.errors import Diagnostic, RenderError
-from compiler.frameworks import target_reason
 from compiler.plan import Plan
 from compiler.render.environment import render_template
-from compiler.render.report import display_path, provenance_header
+from compiler.render.report import provenance_header
 
 CONFIG_FILE = "fsdp_config.py"
 TRAIN_FILE = "fsdp_train.py"
@@ -39,10 +41,10 @@ _MODEL_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_he
 
 
 def _check_supported(plan: Plan) -> None:
-    reason = target_reason("fsdp", plan.layout, str(plan.training["precision"]))
-    if reason:
+    bad = rules.plan_violations(plan, ("fsdp",))
+    if bad:
         raise RenderError(Diagnostic(
-            summary=f"FSDP2 cannot run layout {plan.layout.tag}: {reason}",
+            summary=f"FSDP2 cannot run layout {plan.layout.tag}: {rules.describe(bad)}",
             detail="the solver should not have chosen this layout for a plan with the fsdp target",
             hint="remove fsdp from targets, or pin a layout FSDP2 supports; if the solver chose it, please report"))
 
@@ -59,9 +61,10 @@ def _sharding(plan: Plan) -> tuple[str, str]:
 
 
 def _model(plan: Plan) -> dict[str, Any]:
-    shape = dict(plan.model["shape"])
-    shape["head_dim"] = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
-    return {key: shape[key] for key in _MODEL_KEYS}
+    shape = plan.model.shape
+    values = {key: getattr(shape, key) for key in _MODEL_KEYS}
+    values["head_dim"] = shape.kv_channels
+    return values
 
 
 def fsdp_context(plan: Plan) -> dict[str, Any]:
@@ -73,15 +76,15 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         raise RenderError(Diagnostic(
             summary=f"world size {world} does not split evenly over {nodes} nodes of {lay.gpus_per_node} GPUs",
             hint="use a GPU count that is a multiple of the node size (or below one node)"))
-    precision = str(t["precision"])
+    precision = str(t.precision)
     sharding, sharding_note = _sharding(plan)
-    tokens = int(t["tokens"])
+    tokens = int(t.tokens)
     return {
         "header": provenance_header(plan),
         "plan_name": plan.name,
         "describe": lay.describe(),
         "layout_tag": lay.tag,
-        "torch_version": plan.provenance["frameworks"]["torch"],
+        "torch_version": plan.provenance.frameworks["torch"],
         "mesh_dim_names": MESH_DIM_NAMES,
         "degrees": {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp,
                     "tp": lay.tp, "vpp": lay.vpp},
@@ -101,18 +104,20 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         "micro_batch": lay.micro_batch,
         "grad_accum": lay.grad_accum,
         "global_batch": lay.global_batch,
-        "seq_len": int(t["seq_len"]),
+        "seq_len": int(t.seq_len),
         "pp_schedule": lay.schedule,
         "pp_microbatches": lay.grad_accum,
-        "optimizer": str(t["optimizer"]),
-        "lr": float(t["learning_rate"]),
-        "min_lr": float(t["min_learning_rate"]),
-        "warmup_fraction": round(int(t["warmup_tokens"]) / tokens, 6) if tokens else 0.0,
-        "weight_decay": float(t["weight_decay"]),
-        "betas": (float(t["adam_beta1"]), float(t["adam_beta2"])),
-        "grad_clip": float(t["grad_clip"]),
-        "seed": int(t["seed"]),
+        "optimizer": str(t.optimizer),
+        "lr": float(t.learning_rate),
+        "min_lr": float(t.min_learning_rate),
+        "warmup_fraction": round(int(t.warmup_tokens) / tokens, 6) if tokens else 0.0,
+        "weight_decay": float(t.weight_decay),
+        "betas": (float(t.adam_beta1), float(t.adam_beta2)),
+        "grad_clip": float(t.grad_clip),
+        "seed": int(t.seed),
         "model": _model(plan),
+        "stage_layers": plan.layer_split().chunk_layers,
+        "split_note": plan.layer_split().split.describe(),
     }
 
 
@@ -123,3 +128,33 @@ def render_fsdp(plan: Plan) -> dict[str, str]:
         CONFIG_FILE: render_template("fsdp/fsdp_config.py.j2", **context),
         TRAIN_FILE: render_template("fsdp/fsdp_train.py.j2", **context),
     }
+
+
+# ------------------------------------------------------------------------------ invariants
+def _module_constants(text: str) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return values
+
+
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """fsdp_config.py's constants agree with the plan (compiler.render.invariants)."""
+    text = files[CONFIG_FILE]
+    lay = c.plan.layout
+    k = _module_constants(text)
+    for name, want in (("TP", lay.tp), ("PP", lay.pp), ("CP", lay.cp), ("DP_REPLICATE", lay.dp_replicate),
+                       ("DP_SHARD", lay.dp_shard), ("WORLD_SIZE", lay.world_size), ("ZERO_STAGE", lay.zero_stage),
+                       ("MICRO_BATCH", lay.micro_batch), ("GRAD_ACCUM", lay.grad_accum),
+                       ("GLOBAL_BATCH", c.plan.training.global_batch)):
+        c.expect("fsdp_config.py", name, k.get(name), want)
+    mesh = 1
+    for name in ("TP", "PP", "CP", "DP_REPLICATE", "DP_SHARD"):
+        mesh *= int(k.get(name, 1))  # type: ignore[arg-type]
+    c.expect("fsdp_config.py", "the mesh size", mesh, lay.world_size)
+    if lay.zero_stage in (2, 3):
+        c.expect("fsdp_config.py", "RESHARD_AFTER_FORWARD", k.get("RESHARD_AFTER_FORWARD"), lay.zero_stage == 3)

@@ -6,7 +6,7 @@ template ``deepspeed/ds_train.py.j2`` with plan constants only. Every key is one
 pinned release reads (tools/validators/deepspeed_check.py checks each generated config
 with DeepSpeed's own ``DeepSpeedConfig`` at the plan's real data-parallel size).
 
-How DeepSpeed runs a dtc layout (which layouts it can run is compiler.frameworks' table):
+How DeepSpeed runs a dtc layout (which layouts it can run is compiler.targets.support' table):
 
 - pp > 1: DeepSpeed's pipeline engine (``deepspeed.pipe.PipelineModule``), ZeRO 0/1,
   its own 1F1B schedule, no virtual stages, no tensor parallelism.
@@ -18,14 +18,14 @@ How DeepSpeed runs a dtc layout (which layouts it can run is compiler.frameworks
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+from compiler import rules
 from compiler.errors import RenderError
-from compiler.frameworks import target_reason
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
+from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
 from compiler.render.report import display_path, provenance_header
 
@@ -78,20 +78,13 @@ def train_batch_size(layout: Layout) -> int:
     return layout.micro_batch * layout.grad_accum * deepspeed_dp_size(layout)
 
 
-def lr_schedule_steps(plan: Plan) -> tuple[int, int]:
-    """(warmup steps, total steps): warmup_tokens rounded up to whole steps, at least 1, at most all."""
-    total = int(plan.training["num_steps"])
-    warmup = math.ceil(int(plan.training["warmup_tokens"]) / int(plan.training["tokens_per_step"]))
-    return max(1, min(warmup, total)), total
-
-
 # ------------------------------------------------------------------------------ support
 def _check(plan: Plan) -> None:
-    """The solver's table (compiler.frameworks) decides what DeepSpeed can run; render nothing else."""
-    reason = target_reason("deepspeed", plan.layout, str(plan.training["precision"]))
-    if reason:
-        raise RenderError(f"DeepSpeed {plan.provenance['frameworks']['deepspeed']} cannot run layout "
-                          f"{plan.layout.tag}: {reason}",
+    """The layout rules and DeepSpeed's support rules (compiler.rules) decide what it can run; render nothing else."""
+    bad = rules.plan_violations(plan, ("deepspeed",))
+    if bad:
+        raise RenderError(f"DeepSpeed {plan.provenance.frameworks['deepspeed']} cannot run layout "
+                          f"{plan.layout.tag}: {rules.describe(bad)}",
                           hint="the solver should not have chosen this layout for the deepspeed target; "
                                "please report, or remove deepspeed from targets")
 
@@ -122,20 +115,20 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
     """The ds_config for ``plan`` as data (JSON-ready; serialised with sorted keys)."""
     _check(plan)
     lay = plan.layout
-    shape = ModelShape.from_dict(dict(plan.model["shape"]))
+    shape = plan.model.shape
     cfg: dict[str, Any] = {
         "train_batch_size": train_batch_size(lay),
         "train_micro_batch_size_per_gpu": lay.micro_batch,
         "gradient_accumulation_steps": lay.grad_accum,
-        "gradient_clipping": float(plan.training["grad_clip"]),
+        "gradient_clipping": float(plan.training.grad_clip),
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(lay, shape),
         "optimizer": _optimizer(plan),
         "scheduler": _scheduler(plan),
     }
-    cfg.update(_precision(str(plan.training["precision"])))
-    if lay.zero_stage > 0 and plan.training["optimizer"] == "sgd":
+    cfg.update(_precision(str(plan.training.precision)))
+    if lay.zero_stage > 0 and plan.training.optimizer == "sgd":
         # engine.py _do_optimizer_sanity_check: torch.optim.SGD is not in ZERO_SUPPORTED_OPTIMIZERS
         cfg["zero_allow_untested_optimizer"] = True
         if lay.offload_optimizer != "none":
@@ -146,9 +139,7 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
         cfg["activation_checkpointing"] = _activation_checkpointing(lay, shape)
     if lay.pp > 1:
         cfg["pipeline"] = {
-            "stages": lay.pp,
-            # balance stages by parameter count (PipelineModule partition_method; ds_train.py reads it)
-            "partition": "parameters",
+            "stages": lay.pp,  # the layers of each stage are ds_train.py's PLAN["stage_layers"]
             # full recompute: checkpoint every layer (runtime/pipe/engine.py); selective is done
             # inside the layer by ds_train.py's attention
             "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0,
@@ -215,16 +206,16 @@ def _zero(lay: Layout, shape: ModelShape) -> dict[str, Any]:
 
 def _optimizer(plan: Plan) -> dict[str, Any]:
     t = plan.training
-    if t["optimizer"] == "sgd":
-        return {"type": "SGD", "params": {"lr": float(t["learning_rate"]), "momentum": SGD_MOMENTUM,
-                                          "weight_decay": float(t["weight_decay"])}}
+    if t.optimizer == "sgd":
+        return {"type": "SGD", "params": {"lr": float(t.learning_rate), "momentum": SGD_MOMENTUM,
+                                          "weight_decay": float(t.weight_decay)}}
     params: dict[str, Any] = {
-        "lr": float(t["learning_rate"]),
-        "betas": [float(t["adam_beta1"]), float(t["adam_beta2"])],
+        "lr": float(t.learning_rate),
+        "betas": [float(t.adam_beta1), float(t.adam_beta2)],
         "eps": ADAM_EPS,
-        "weight_decay": float(t["weight_decay"]),
+        "weight_decay": float(t.weight_decay),
     }
-    if t["optimizer"] == "adam":
+    if t.optimizer == "adam":
         # "Adam" alone means AdamW in DeepSpeed (engine.py: adam_w_mode defaults to True)
         return {"type": "Adam", "params": {**params, "adam_w_mode": False}}
     return {"type": "AdamW", "params": params}
@@ -240,13 +231,13 @@ def _scheduler(plan: Plan) -> dict[str, Any]:
     peak x k / warmup_num_steps, as Megatron and fsdp_train.py count.
     """
     warmup, total = lr_schedule_steps(plan)
-    lr = float(plan.training["learning_rate"])
+    lr = float(plan.training.learning_rate)
     return {"type": "WarmupCosineLR", "params": {
         "total_num_steps": total,
         "warmup_num_steps": warmup,
         "warmup_type": "linear",  # DeepSpeed's default is "log"; Megatron warms up linearly
         "warmup_min_ratio": 0.0,
-        "cos_min_ratio": float(plan.training["min_learning_rate"]) / lr,
+        "cos_min_ratio": float(plan.training.min_learning_rate) / lr,
     }}
 
 
@@ -271,8 +262,8 @@ def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
 def ds_train_context(plan: Plan) -> dict[str, Any]:
     """Plan constants for ds_train.py (everything else in the script is fixed code)."""
     lay = plan.layout
-    shape = ModelShape.from_dict(dict(plan.model["shape"]))
-    spec = display_path(str(plan.provenance.get("spec_path", "")))
+    shape = plan.model.shape
+    spec = display_path(str(plan.provenance.spec_path))
     model = {
         "num_layers": shape.num_layers,
         "hidden_size": shape.hidden_size,
@@ -284,7 +275,7 @@ def ds_train_context(plan: Plan) -> dict[str, Any]:
         "mlp": shape.mlp,
         "norm": shape.norm,
         "position": shape.position,
-        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training["seq_len"])),
+        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training.seq_len)),
         "tied_embeddings": shape.tied_embeddings,
         "attention_bias": shape.attention_bias or shape.linear_bias,
         "linear_bias": shape.linear_bias,
@@ -300,11 +291,13 @@ def ds_train_context(plan: Plan) -> dict[str, Any]:
         "dp": lay.dp,
         "zero_stage": lay.zero_stage,
         "recompute": lay.recompute,
-        "precision": str(plan.training["precision"]),
-        "seq_len": int(plan.training["seq_len"]),
-        "num_steps": int(plan.training["num_steps"]),
-        "global_batch": int(plan.training["global_batch"]),
-        "seed": int(plan.training["seed"]),
+        "precision": str(plan.training.precision),
+        "seq_len": int(plan.training.seq_len),
+        "num_steps": int(plan.training.num_steps),
+        "global_batch": int(plan.training.global_batch),
+        "seed": int(plan.training.seed),
+        # decoder layers of each pipeline stage: Megatron's split (compiler.split), the one dtc costs
+        "stage_layers": list(plan.layer_split().chunk_layers) if lay.pp > 1 else [],
         "model": model,
     }
     return {"header": provenance_header(plan), "plan": constants, "model_keys": list(model),
@@ -318,3 +311,25 @@ def render_deepspeed(plan: Plan) -> dict[str, str]:
         CONFIG_FILE: json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
         TRAIN_FILE: render_template(TRAIN_TEMPLATE, **ds_train_context(plan)),
     }
+
+
+# ------------------------------------------------------------------------------ invariants
+def check_artifacts(c: Any, files: dict[str, str]) -> None:
+    """ds_config.json agrees with the plan (compiler.render.invariants)."""
+    cfg = json.loads(files[CONFIG_FILE])
+    lay = c.plan.layout
+    c.expect("ds_config.json", "train_micro_batch_size_per_gpu", cfg.get("train_micro_batch_size_per_gpu"),
+             lay.micro_batch)
+    c.expect("ds_config.json", "gradient_accumulation_steps", cfg.get("gradient_accumulation_steps"), lay.grad_accum)
+    # DeepSpeed's identity: train_batch_size = micro x accumulation x the world it divides by
+    # (dp, or dp x tp under AutoTP, which counts every TP rank; see deepspeed_dp_size above).
+    ranks = lay.dp * (lay.tp if lay.tp > 1 else 1)
+    c.expect("ds_config.json", "train_batch_size", cfg.get("train_batch_size"),
+             lay.micro_batch * lay.grad_accum * ranks)
+    c.expect("ds_config.json", "zero_optimization.stage", cfg.get("zero_optimization", {}).get("stage"),
+             lay.zero_stage)
+    if lay.pp > 1:
+        c.expect("ds_config.json", "pipeline.stages", cfg.get("pipeline", {}).get("stages"), lay.pp)
+    if lay.tp > 1:
+        c.expect("ds_config.json", "tensor_parallel.autotp_size", cfg.get("tensor_parallel", {}).get("autotp_size"),
+                 lay.tp)

@@ -1,0 +1,149 @@
+"""The cost model's parts, for the solver's lower bounds: the one public door to the cost model's insides.
+
+The solver (compiler/solver/bounds.py) bounds whole families of layouts from below with the cost
+model's own quantity functions, stage by stage and piece by piece, so that a bound is never above
+what ``evaluate`` returns. It goes through this module only; the cost model's modules (memory,
+comm, compute, step, stages, context) may change behind it as long as these keep their meaning.
+
+    setup_for(problem, layout, gpu, *, stages)    the inputs every function below reads (a Setup)
+    stages_of(problem, pp, vpp)                   Megatron's layers per pipeline stage (the pinned split)
+    distinct_stages(stages)                       the stages whose maximum is the maximum over all
+    unit_stage(kind)                              one dense / MoE layer, or the first / last stage's extras
+    stage_params_of(problem, stage, tp, ep, pp)   parameters one GPU of a stage holds before sharding
+    stage_forward_backward_s(setup, stage, params) a stage's time per micro-batch, without ZeRO-2/3 traffic
+    pipeline_send_s(setup)                        one activation send between pipeline stages
+    zero_traffic(setup, params)                   the ZeRO/FSDP collectives of a stage: per micro-batch and per step
+    step_extras_s(setup, params)                  optimizer step + offload traffic that cannot overlap
+    activations_in_flight_bytes(setup, stage)     saved activations (and logits on the last stage)
+    model_state_bytes(problem, params, sharding)  weights + gradients + master + optimizer states per GPU
+    fixed_bytes(layout)                           the CUDA context and the communicators' buffers
+    fragmentation_factor(), dp_overlap_window()   the allowances the memory and time models apply
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.costmodel import comm, memory, step
+from compiler.costmodel.compute import StageCompute
+from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup, make_setup
+from compiler.costmodel.efficiency import load_efficiency
+from compiler.costmodel.stages import StageLayers, StageParams, stage_layers, stage_params
+from compiler.layout import Layout
+from compiler.problem import GpuOption, Problem
+
+__all__ = ["Setup", "StageLayers", "StageParams", "ZeroTraffic", "setup_for", "stages_of", "distinct_stages",
+           "unit_stage", "stage_params_of", "stage_forward_backward_s", "pipeline_send_s", "zero_traffic",
+           "step_extras_s", "activations_in_flight_bytes", "model_state_bytes", "fixed_bytes",
+           "fragmentation_factor", "dp_overlap_window"]
+
+_NEVER_S = 1e30  # a compute window no traffic fills (the offload terms that cannot overlap whatever runs)
+
+
+def setup_for(problem: Problem, layout: Layout, gpu: GpuOption, *,
+              stages: tuple[StageLayers, ...] | None = None) -> Setup:
+    """The Setup ``evaluate`` builds for (problem, layout, gpu); ``stages`` may pass the stages already known."""
+    return make_setup(problem, layout, gpu, stages=stages)
+
+
+def stages_of(problem: Problem, pp: int, vpp: int) -> tuple[StageLayers, ...]:
+    """The layers of every pipeline stage under the spec's pinned split (else Megatron's default one)."""
+    return stage_layers(problem.shape, pp, vpp, problem.pins.split if pp > 1 else None)
+
+
+def distinct_stages(stages: tuple[StageLayers, ...]) -> tuple[StageLayers, ...]:
+    """One stage per distinct (dense, MoE, first, last), the earliest of each: any stage's time equals one of
+    theirs, and memory.candidate_stages shows the earliest holds the most micro-batches in flight."""
+    seen: dict[tuple, StageLayers] = {}
+    for sl in stages:
+        seen.setdefault((sl.dense, sl.moe, sl.first, sl.last), sl)
+    return tuple(seen.values())
+
+
+def unit_stage(kind: str) -> StageLayers:
+    """One piece a stage is built of: "dense" / "moe" (one decoder layer), "first" (the embedding) or "last"
+    (the final norm and the output layer). A stage's time without ZeRO-2/3 traffic is the sum of its pieces'."""
+    assert kind in ("dense", "moe", "first", "last"), kind
+    return StageLayers(0, int(kind == "dense"), int(kind == "moe"), 1, kind == "first", kind == "last")
+
+
+def stage_params_of(problem: Problem, stage: StageLayers, *, tp: int, ep: int, pp: int) -> StageParams:
+    return stage_params(problem.shape, problem.params, stage, tp=tp, ep=ep, pp=pp)
+
+
+def stage_forward_backward_s(setup: Setup, stage: StageLayers, params: StageParams) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch on ``stage``, with its tp/cp/ep communication and
+    without the ZeRO-2/3 collectives."""
+    st = step.stage_time(setup, stage, params, [])
+    return st.forward_s, st.backward_s
+
+
+def pipeline_send_s(setup: Setup) -> float:
+    return comm.pp_p2p_time_s(setup)
+
+
+@dataclass(frozen=True)
+class ZeroTraffic:
+    """A stage's ZeRO/FSDP collectives: per micro-batch (forward, backward) and per step (total, and the last
+    bucket's share that cannot hide) for the gradient reduction and the parameter gather."""
+
+    forward_s: float
+    backward_s: float
+    grad_total_s: float
+    grad_tail_s: float
+    param_total_s: float
+    param_tail_s: float
+
+
+def zero_traffic(setup: Setup, params: StageParams) -> ZeroTraffic:
+    coll = comm.dp_collectives(setup, params)
+    last = setup.eff.last_bucket_bytes
+    pieces: list[float] = []
+    for phase in ("step_grad", "step_param"):
+        total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == phase)
+        nbytes = sum(x.bytes_per_call for x in coll if x.phase == phase)
+        pieces += [total, total * min(1.0, last / nbytes) if nbytes else 0.0]
+    return ZeroTraffic(sum(x.time_per_call_s for x in coll if x.phase == "forward"),
+                       sum(x.time_per_call_s for x in coll if x.phase == "backward"), *pieces)
+
+
+def step_extras_s(setup: Setup, params: StageParams, stage: int = 0) -> float:
+    """The optimizer step and the offload traffic that cannot overlap any compute."""
+    never = step.StageTime(stage, StageCompute(_NEVER_S, 0.0, 0.0, 0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0),
+                           (0.0, 0.0))
+    return step.optimizer_step_time_s(setup, params) + step.offload_time_s(setup, params, never)[0]
+
+
+def activations_in_flight_bytes(setup: Setup, stage: StageLayers) -> float:
+    """The activations ``stage`` keeps for the micro-batches in flight under the schedule, with the logits
+    (saved and transient) on the last stage."""
+    inflight = memory.inflight_for_stage(setup, stage.stage)
+    out = memory.stage_activation_bytes_per_microbatch(setup, stage) * inflight
+    if stage.last:
+        saved, transient = memory.logits_bytes(setup, inflight)
+        out += saved + transient
+    return out
+
+
+def model_state_bytes(problem: Problem, params: StageParams, sharding: Any) -> float:
+    """Weights + gradients + fp32 master + optimizer states per GPU; ``sharding`` has the layout's tp, cp,
+    ep, dp_shard, dp_replicate, zero_stage, offload_optimizer and offload_params (a Layout will do)."""
+    r = RECIPES[problem.precision]
+    states = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
+    return (memory.weight_bytes_per_gpu(params, sharding, r.weight_bytes)
+            + memory.gradient_bytes_per_gpu(params, sharding, r.grad_bytes)
+            + memory.master_weight_bytes_per_gpu(params, sharding, r.master_bytes)
+            + memory.optimizer_state_bytes_per_gpu(params, sharding, states))
+
+
+def fixed_bytes(layout: Layout) -> float:
+    eff = load_efficiency()
+    return eff.cuda_context_bytes + memory.num_process_groups(layout) * eff.nccl_bytes_per_group
+
+
+def fragmentation_factor() -> float:
+    return 1.0 + load_efficiency().fragmentation_fraction
+
+
+def dp_overlap_window() -> float:
+    return load_efficiency().dp_overlap_window_fraction

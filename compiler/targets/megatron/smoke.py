@@ -1,0 +1,482 @@
+"""The Megatron target of ``dtc smoke``: the generated megatron_args.sh through Megatron-LM's own training loop.
+
+    run_megatron_smoke(ctx, slurm=False) -> TargetResult
+
+1. The artifact's arguments are read as bash reads them (``source megatron_args.sh`` with
+   CHECKPOINT_DIR set to a private folder; its CUDA_DEVICE_MAX_CONNECTIONS export or unset is
+   kept for the launch).
+2. ``megatron_smoke_args`` rewrites them for the smoke world (``compiler.smoke.scale``'s
+   SmokeSetup: degrees, reduced model, batch, steps) and, without GPUs, for the CPU path
+   (local transformer implementation, gloo, CPU initialisation, fusions off). Every rewrite is
+   a ``Change``, listed in the report; what cannot run on CPU (context parallel, fp8 /
+   Transformer Engine, expert-TP > 1, Megatron-FSDP) is a skipped *part*: its degree or
+   feature is mapped to what runs, and the rest of the layout still runs. Every other
+   argument is the artifact's.
+3. ``torchrun -m compiler.targets.megatron.pretrain`` runs them: megatron.training.pretrain with
+   pretrain_gpt.py's providers (compiler/targets/megatron/pretrain.py). Each rank first checks the
+   artifact's *unscaled* arguments with Megatron's own parser, validate_args and
+   TransformerConfig at the plan's world size, so a defect the scale-down would hide (a global batch the real dp does not
+   divide, a layer split Megatron rejects) fails with Megatron's own message.
+4. Megatron's own log lines are read back: the per-iteration line of training.py training_log
+   (``iteration N/ M | ... | elapsed time per iteration (ms): T | ... | lm loss: L |``), the
+   memory report of training/utils/common_utils.py report_memory (``[Rank R] (after N
+   iterations) memory (MB) | allocated: ... | max allocated: ...``), and the worker's
+   per-rank ``dtc_megatron_rank`` record (parameter / gradient / optimizer bytes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from compiler.layout import Layout
+from compiler.model import ModelShape
+from compiler.smoke import launch as L
+from compiler.smoke.report import RankMeasure, TargetResult
+from compiler.smoke.scale import Change, SmokeSetup, smoke_ep
+
+ARGS_FILE = "megatron_args.sh"
+WORKER_MODULE = "compiler.targets.megatron.pretrain"
+PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
+PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
+PLAN_CONNECTIONS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONNECTIONS"  # the artifact's own, for that check
+PLAN_CONFIG_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_CONFIG_ARGS"  # {"args", "connections"}: same, CPU path
+SUMMARY_KEY = "dtc_megatron_rank"
+UNSET = "<unset>"
+
+_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+) \|.*?elapsed time per iteration \(ms\): ([0-9.]+)"
+                        r".*?\| lm loss: ([-+0-9.Ee]+|nan|inf) \|")
+_MEMORY = re.compile(r"^\[Rank (\d+)\] \(after \d+ iterations\) memory \(MB\) \| allocated: ([0-9.]+) \| "
+                     r"max allocated: ([0-9.]+)")
+_PREFIX = re.compile(r"^\[(?:default)?\d+\]:")
+
+# the CPU path (what-runs-here 3b): no Transformer Engine or apex; gloo; weights initialised on
+# the host; every fused kernel off (they are CUDA kernels or torch.compile'd ones)
+CPU_FLAGS: tuple[tuple[str, str | None, str], ...] = (
+    ("--transformer-impl", "local", "Transformer Engine is CUDA-only: megatron-core's local (torch) layers"),
+    ("--distributed-backend", "gloo", "no NCCL without GPUs"),
+    ("--use-cpu-initialization", None, "weights are initialised on the host (the same values on every layout)"),
+    ("--no-gradient-accumulation-fusion", None, "the fused wgrad accumulation is a CUDA kernel"),
+    ("--no-masked-softmax-fusion", None, "fused softmax is a CUDA kernel"),
+    ("--no-bias-gelu-fusion", None, "fused kernel off on CPU"),
+    ("--no-bias-swiglu-fusion", None, "fused kernel off on CPU"),
+    ("--no-bias-dropout-fusion", None, "fused kernel off on CPU"),
+    ("--no-rope-fusion", None, "fused RoPE is a Transformer Engine / CUDA kernel"),
+    ("--no-persist-layer-norm", None, "persistent layer norm is an apex CUDA kernel"),
+)
+FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather")
+FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
+UNEVEN_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+
+
+@dataclass
+class MegatronArgs:
+    """The smoke's arguments for the worker, and everything it changed."""
+
+    args: list[str]
+    env: dict[str, str | None]  # CUDA_DEVICE_MAX_CONNECTIONS: a value, or None for unset
+    plan_env: dict[str, str | None] = field(default_factory=dict)  # the artifact's own
+    changes: list[Change] = field(default_factory=list)
+    skipped: list[Change] = field(default_factory=list)  # parts of the layout that cannot run here
+    layout: Layout | None = None  # the layout that runs (the prediction's)
+    shape: ModelShape | None = None
+
+
+# ------------------------------------------------------------------------------------------- reading
+def read_megatron_args(generated_dir: Path, checkpoint_dir: Path) -> tuple[list[str], dict[str, str | None]]:
+    """MEGATRON_ARGS and the CUDA_DEVICE_MAX_CONNECTIONS the file leaves, as bash sees them."""
+    script = (f'source {shlex.quote(str(generated_dir / ARGS_FILE))} || exit 3; '
+              f'printf "%s\\0" "${{CUDA_DEVICE_MAX_CONNECTIONS-{UNSET}}}" "${{MEGATRON_ARGS[@]}}"')
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    env["CHECKPOINT_DIR"] = str(checkpoint_dir)
+    r = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, env=env, cwd=generated_dir)
+    if r.returncode != 0:
+        raise ValueError(f"sourcing {ARGS_FILE} failed (exit {r.returncode}): "
+                         f"{r.stderr.decode(errors='replace').strip()}")
+    tokens = [t.decode() for t in r.stdout.split(b"\0")[:-1]]
+    connections = tokens[0]
+    return tokens[1:], {"CUDA_DEVICE_MAX_CONNECTIONS": None if connections == UNSET else connections}
+
+
+def split_flags(args: list[str]) -> list[tuple[str, list[str]]]:
+    """[(--flag, [values...])] in order; values are the tokens up to the next ``--`` token."""
+    out: list[tuple[str, list[str]]] = []
+    for tok in args:
+        if tok.startswith("--") or not out:
+            out.append((tok, []))
+        else:
+            out[-1][1].append(tok)
+    return out
+
+
+def join_flags(flags: list[tuple[str, list[str]]]) -> list[str]:
+    return [tok for flag, values in flags for tok in (flag, *values)]
+
+
+# ------------------------------------------------------------------------------------------- scaling
+def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
+    """flag -> the smoke's value (None: drop the flag) for every flag the scale-down rewrites."""
+    from compiler.targets.megatron.render import moe_layer_pattern
+
+    d, s = setup.degrees, setup.shape
+    values: dict[str, Any] = {
+        "--tensor-model-parallel-size": d.tp, "--pipeline-model-parallel-size": d.pp,
+        "--context-parallel-size": d.cp if d.cp > 1 else None,
+        "--num-virtual-stages-per-pipeline-rank": d.vpp if d.vpp > 1 else None,
+        "--num-layers-per-virtual-pipeline-stage": s.num_layers // (d.pp * d.vpp) if d.vpp > 1 else None,
+        "--expert-model-parallel-size": ep if ep > 1 else None,
+        "--num-distributed-optimizer-instances": d.dp_replicate if d.dp_replicate > 1 else None,
+        "--num-layers": s.num_layers, "--hidden-size": s.hidden_size, "--ffn-hidden-size": s.ffn_hidden_size,
+        "--num-attention-heads": s.num_attention_heads, "--num-query-groups": s.num_kv_heads,
+        "--kv-channels": s.kv_channels, "--seq-length": setup.seq_len,
+        "--max-position-embeddings": max(setup.seq_len, s.max_position_embeddings),
+        "--vocab-size": s.vocab_size, "--micro-batch-size": setup.micro_batch,
+        "--global-batch-size": setup.global_batch, "--train-iters": setup.steps,
+        "--lr-warmup-iters": 1, "--lr-decay-iters": setup.steps, "--log-interval": 1,
+    }
+    for flag in UNEVEN_SPLIT_FLAGS:
+        values[flag] = None
+    if not (setup.layout.sequence_parallel and d.tp > 1):
+        values["--sequence-parallel"] = None
+    if s.moe is not None:
+        m = s.moe
+        pattern = [int(s.is_moe_layer(i)) for i in range(s.num_layers)]
+        values.update({"--num-experts": m.num_experts, "--moe-router-topk": m.top_k,
+                       "--moe-ffn-hidden-size": m.expert_ffn_hidden_size,
+                       "--moe-shared-expert-intermediate-size": (m.num_shared_experts * m.shared_ffn
+                                                                 if m.num_shared_experts else None),
+                       "--moe-layer-freq": moe_layer_pattern(pattern) if not all(pattern) else None})
+    if s.mla is not None:
+        values.update({"--q-lora-rank": s.mla.q_lora_rank or None, "--kv-lora-rank": s.mla.kv_lora_rank,
+                       "--qk-head-dim": s.mla.qk_nope_head_dim, "--qk-pos-emb-head-dim": s.mla.qk_rope_head_dim,
+                       "--v-head-dim": s.mla.v_head_dim})
+    return values
+
+
+_WHY = {
+    "--tensor-model-parallel-size": "parallel degrees of the smoke world", "--num-layers": "the reduced model",
+    "--global-batch-size": "micro-batch x accumulation x smoke dp", "--train-iters": "the smoke's steps",
+    "--lr-warmup-iters": "the learning-rate schedule fitted to the smoke's steps",
+    "--lr-decay-iters": "the learning-rate schedule fitted to the smoke's steps",
+    "--log-interval": "a loss line for every iteration",
+    "--decoder-first-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
+    "--decoder-last-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
+    "--sequence-parallel": "tensor parallel was dropped",
+}
+
+
+def _why(flag: str) -> str:
+    if flag in _WHY:
+        return _WHY[flag]
+    if flag.startswith(("--pipeline", "--num-virtual", "--context", "--expert-model", "--num-distributed",
+                        "--num-layers-per")):
+        return "parallel degrees of the smoke world"
+    if flag in ("--micro-batch-size",):
+        return "the smoke batch"
+    return "the reduced model"
+
+
+def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: SmokeSetup,
+                        plan_layout: Layout) -> MegatronArgs:
+    """The artifact's arguments rewritten for the smoke world (and the CPU path without GPUs)."""
+    cpu = setup.device == "cpu"
+    flags = split_flags(args)
+    present = {f for f, _ in flags}
+    ep = smoke_ep(plan_layout, setup.degrees) if "--num-experts" in present else 1
+    values = _scaled_values(setup, ep)
+    out = MegatronArgs(args=[], env=dict(env), plan_env=dict(env))
+    drop, add = _cpu_parts(flags, setup.degrees.tp, out) if cpu else (set(), [])
+    rewritten: list[tuple[str, list[str]]] = []
+    for flag, vals in flags:
+        if flag in drop:
+            continue
+        if flag not in values:
+            rewritten.append((flag, vals))
+            continue
+        new, old = values[flag], " ".join(vals) if vals else "on"
+        if new is None:
+            out.changes.append(Change(flag, old, "(dropped)", _why(flag)))
+            continue
+        if vals and [str(new)] != vals:
+            out.changes.append(Change(flag, old, str(new), _why(flag)))
+        rewritten.append((flag, [str(new)] if vals else []))
+    for flag in ("--train-iters", "--log-interval", "--lr-decay-iters"):
+        if flag not in present:
+            rewritten.append((flag, [str(values[flag])]))
+            out.changes.append(Change(flag, "(default)", str(values[flag]), _why(flag)))
+    rewritten += add
+    if cpu:
+        _cpu_flags(rewritten, out)
+    out.args = join_flags(rewritten)
+    zero = 1 if cpu and "--use-megatron-fsdp" in present else setup.layout.zero_stage
+    out.layout = replace(setup.layout, ep=ep, zero_stage=zero)
+    out.shape = setup.shape
+    return out
+
+
+def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
+        -> tuple[set[str], list[tuple[str, list[str]]]]:
+    """What of the layout cannot run on CPU, each mapped to what runs and recorded as a skipped
+    part: (flags to drop, flags to add)."""
+    vals = dict(flags)
+    drop: set[str] = set()
+    add: list[tuple[str, list[str]]] = []
+
+    def shown(names: list[str]) -> str:
+        return " ".join(join_flags([(f, vals[f]) for f in names]))
+
+    if vals.get("--context-parallel-size", ["1"]) != ["1"]:
+        drop.add("--context-parallel-size")
+        out.skipped.append(Change("context parallel", shown(["--context-parallel-size"]), "cp=1",
+                                  "skipped on CPU: megatron-core's attention for cp > 1 is Transformer Engine's "
+                                  "(core/transformer/dot_product_attention.py:59 asserts it)"))
+    fp8 = [f for f in FP8_FLAGS if f in vals]
+    if fp8:
+        drop.update(fp8)
+        out.skipped.append(Change("fp8", shown(fp8), "(bf16 GEMMs)",
+                                  "skipped on CPU: fp8 GEMMs are Transformer Engine CUDA kernels"))
+    if "--use-megatron-fsdp" in vals:
+        fsdp = [f for f in FSDP_FLAGS if f in vals]
+        drop.update(fsdp)
+        if "--use-distributed-optimizer" not in vals:
+            add.append(("--use-distributed-optimizer", []))
+        out.skipped.append(Change(
+            "Megatron-FSDP", shown(fsdp), "--use-distributed-optimizer",
+            "skipped on CPU: Megatron-FSDP builds its buffers on cuda:<current device> "
+            "(core/distributed/fsdp/mcore_fsdp_adapter.py:156); the distributed optimizer (ZeRO-1) shards the "
+            "optimizer states instead"))
+        connections = "1" if tp > 1 else None
+        if out.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != connections:
+            out.env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
+            out.changes.append(Change("CUDA_DEVICE_MAX_CONNECTIONS", "(unset, as Megatron-FSDP requires)",
+                                      connections or "(unset)", "tensor parallel without Megatron-FSDP requires 1 "
+                                                                "(training/arguments.py:1437)"))
+    if "--num-experts" in vals and tp > 1:
+        etp = vals.get("--expert-tensor-parallel-size", [str(tp)])[0]
+        if etp != "1":
+            drop.add("--expert-tensor-parallel-size")
+            add.append(("--expert-tensor-parallel-size", ["1"]))
+            out.skipped.append(Change("expert tensor parallel", f"etp={etp}", "etp=1",
+                                      "skipped on CPU: expert-TP > 1 all-gathers uneven token counts, which gloo "
+                                      "rejects (core/tensor_parallel/mappings.py:154)"))
+    return drop, add
+
+
+def cpu_path_args(args: list[str], env: dict[str, str | None], tp: int) -> tuple[list[str], str | None]:
+    """The artifact's arguments with only the CPU path's changes (no scale-down), and the
+    CUDA_DEVICE_MAX_CONNECTIONS they need: what the plan-scale model-build check parses on a
+    machine without GPUs."""
+    flags = split_flags(args)
+    scratch = MegatronArgs(args=[], env=dict(env))
+    drop, add = _cpu_parts(flags, tp, scratch)
+    kept = [(f, v) for f, v in flags if f not in drop] + add
+    _cpu_flags(kept, scratch)
+    return join_flags(kept), scratch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def _cpu_flags(rewritten: list[tuple[str, list[str]]], out: MegatronArgs) -> None:
+    """Set each of CPU_FLAGS (replacing the artifact's value where it has the flag)."""
+    index = {f: i for i, (f, _) in enumerate(rewritten)}
+    for flag, value, why in CPU_FLAGS:
+        new = [value] if value is not None else []
+        if flag in index:
+            old = rewritten[index[flag]][1]
+            if old != new:
+                rewritten[index[flag]] = (flag, new)
+                out.changes.append(Change(flag, " ".join(old) or "on", value or "on", why))
+        else:
+            rewritten.append((flag, new))
+            out.changes.append(Change(flag, "(default)", value or "on", why))
+
+
+# ------------------------------------------------------------------------------------------- results
+@dataclass
+class MegatronLog:
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)
+    memory_max_allocated: dict[int, int] = field(default_factory=dict)  # rank -> bytes
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> dtc_megatron_rank record
+
+
+def parse_megatron_log(lines: list[str]) -> MegatronLog:
+    """Megatron's iteration and memory lines and the worker's per-rank records (any rank's output)."""
+    log = MegatronLog()
+    for raw in lines:
+        line = _PREFIX.sub("", raw, count=1).strip()
+        m = _ITERATION.search(line)
+        if m:
+            it = int(m.group(1))
+            if it in log.iterations:
+                continue
+            log.iterations.append(it)
+            log.step_times_s.append(float(m.group(3)) / 1000.0)
+            log.losses.append(float(m.group(4)))
+            continue
+        m = _MEMORY.match(line)
+        if m:
+            rank, peak = int(m.group(1)), int(float(m.group(3)) * 2**20)
+            log.memory_max_allocated[rank] = max(peak, log.memory_max_allocated.get(rank, 0))
+            continue
+        if line.startswith("{") and SUMMARY_KEY in line:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            log.ranks[int(record["rank"])] = record
+    _unaverage_second_line(log)
+    return log
+
+
+def _unaverage_second_line(log: MegatronLog) -> None:
+    """Megatron does not reset its loss and timer sums after a process's first logged iteration
+    (training/training.py:2594 ``should_reset = not is_first_iteration``, used at 2824 and 2883),
+    so with --log-interval 1 the second line reports the mean of the process's first two
+    iterations, fresh or resumed (NVIDIA/Megatron-LM issue 6237). Each launch is one process:
+    its second value is recovered as 2 x logged - first."""
+    if len(log.iterations) >= 2 and log.iterations[1] == log.iterations[0] + 1:
+        log.losses[1] = 2 * log.losses[1] - log.losses[0]
+        log.step_times_s[1] = max(0.0, 2 * log.step_times_s[1] - log.step_times_s[0])
+
+
+def rank_measures(log: MegatronLog, world: int) -> list[RankMeasure]:
+    """Per rank: parameters, gradient buffers, optimizer states + fp32 masters, saved activations;
+    peak: Megatron's 'max allocated' (GPU) or the sum of the parts (CPU, where rss is the process's)."""
+    out = []
+    for rank in range(world):
+        r = log.ranks.get(rank)
+        if r is None:
+            continue
+        m = RankMeasure(rank=rank, param_bytes=r.get("param_bytes"), grad_bytes=r.get("grad_bytes"),
+                        optimizer_bytes=(r.get("optimizer_bytes") or 0) + (r.get("master_bytes") or 0),
+                        activation_bytes=r.get("saved_activation_bytes"))
+        if r.get("device") == "cuda":
+            m.peak_bytes = log.memory_max_allocated.get(rank, r.get("peak_memory_bytes"))
+        else:
+            m.rss_bytes = r.get("peak_memory_bytes")
+            m.peak_bytes = sum(x or 0 for x in (m.param_bytes, m.grad_bytes, m.optimizer_bytes, m.activation_bytes))
+        out.append(m)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- running
+def worker_env(run: MegatronArgs, plan_args: list[str], plan_layout: Layout, device: str) -> dict[str, str]:
+    """What the worker processes get on top of the launch environment."""
+    planned = run.plan_env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_layout.world_size),
+           PLAN_CONNECTIONS_ENV: UNSET if planned is None else planned}
+    if device == "cpu":
+        args, connections = cpu_path_args(plan_args, run.plan_env, plan_layout.tp)
+        env[PLAN_CONFIG_ARGS_ENV] = json.dumps({"args": args, "connections": UNSET if connections is None
+                                                else connections})
+    value = run.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if value is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = value
+    return env
+
+
+def prepare(ctx) -> tuple[MegatronArgs, list[str]]:
+    """(the smoke's arguments, the artifact's own) for ``ctx``."""
+    checkpoints = ctx.workdir / "megatron-checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    plan_args, env = read_megatron_args(ctx.generated_dir, checkpoints)
+    return megatron_smoke_args(plan_args, env, ctx.setup, ctx.plan.layout), plan_args
+
+
+def worker_argv(ctx, run: MegatronArgs, log_dir: Path) -> list[str]:
+    from compiler.smoke.targets import torchrun_argv
+
+    return torchrun_argv(ctx.setup.world_size, log_dir) + ["-m", WORKER_MODULE] + run.args
+
+
+def run_megatron(ctx, target: str = "megatron", *, slurm: bool = False) -> TargetResult:
+    """The target's smoke hook (compiler.targets.base.SmokeHooks, ``complete``)."""
+    return run_megatron_smoke(ctx, slurm=slurm)
+
+
+def run_megatron_smoke(ctx, *, slurm: bool = False, extra_args: tuple[str, ...] = ()) -> TargetResult:
+    """Run the generated megatron_args.sh through Megatron-LM's training loop on the smoke world."""
+    from compiler.smoke import targets as T
+
+    setup: SmokeSetup = ctx.setup
+    try:
+        run, plan_args = prepare(ctx)
+    except (ValueError, OSError, subprocess.SubprocessError) as exc:
+        return TargetResult("megatron", "failed", reason=str(exc), steps_requested=setup.steps)
+    run.args += list(extra_args)
+    if slurm:
+        from compiler.smoke.slurm import run_slurm_megatron
+
+        result = run_slurm_megatron(ctx, run, worker_env(run, plan_args, ctx.plan.layout, setup.device))
+    else:
+        log_dir = ctx.workdir / "logs-megatron"
+        argv = worker_argv(ctx, run, log_dir)
+        result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv),
+                              steps_requested=setup.steps)
+        launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan.layout, setup.device))
+        fill_result(result, launch.all_lines, setup)
+        result.wall_s = launch.wall_s
+        T.judge(result, launch)
+    describe(result, run, setup)
+    predict(result, run, setup)
+    return result
+
+
+def launch_local(ctx, argv: list[str], log_dir: Path, extra_env: dict[str, str]) -> L.LaunchResult:
+    """torchrun with the launch environment of every target; CUDA_DEVICE_MAX_CONNECTIONS only as
+    the artifact leaves it (megatron_args.sh exports it, or unsets it for Megatron-FSDP)."""
+    from compiler.smoke.targets import rank_env
+
+    env = rank_env(ctx, "megatron")
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    env.update(extra_env)
+    spec = L.LaunchSpec(argv=argv, env=env, cwd=ctx.generated_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
+                        setup_timeout_s=min(ctx.timeout_s, L.LaunchSpec.setup_timeout_s),
+                        stall_timeout_s=min(ctx.timeout_s, L.LaunchSpec.stall_timeout_s))
+    on_line = (lambda line: ctx.on_line("[megatron] " + line)) if ctx.on_line else None
+    return L.run_launch(spec, on_line=on_line)
+
+
+def fill_result(result: TargetResult, lines: list[str], setup: SmokeSetup) -> MegatronLog:
+    log = parse_megatron_log(lines)
+    result.losses, result.steps_done = log.losses, len(log.losses)
+    if log.step_times_s:
+        after_first = log.step_times_s[1:] or log.step_times_s
+        result.step_time_s = sum(after_first) / len(after_first)
+    result.ranks = rank_measures(log, setup.world_size)
+    return log
+
+
+def describe(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
+    result.changes = [{"what": "megatron_args " + c.what, "plan": c.plan, "smoke": c.smoke, "why": c.why}
+                      for c in run.changes]
+    result.changes += [{"what": "skipped part: " + c.what, "plan": c.plan, "smoke": c.smoke, "why": c.why}
+                       for c in run.skipped]
+    if run.layout is not None and run.layout.ep > 1:
+        result.notes.append(f"experts run for real: ep={run.layout.ep}, {setup.shape.moe.num_experts} experts "
+                            f"(the setup's ep -> 1 is the dense fsdp/deepspeed reference models')")
+    if setup.device == "cpu":
+        result.notes.append("CPU: megatron-core runs through compiler/targets/megatron/cpu.py (the CUDA-to-CPU "
+                            "layer of the smoke worker processes); Megatron's memory lines report each "
+                            "process's resident set there")
+    result.model_shape = setup.shape.to_dict()
+
+
+def predict(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
+    """The cost model's memory for the layout and model that ran (same machinery as the others)."""
+    from compiler.smoke.predict import compare, predict_memory
+
+    if result.status == "skipped" or run.layout is None:
+        return
+    ran = replace(setup, layout=run.layout)
+    memory = predict_memory(ran, setup.shape, "megatron")
+    if isinstance(memory, str):
+        result.prediction_note = memory
+        return
+    result.comparisons = compare(memory, result.ranks, host_offload=setup.device == "cpu",
+                                 gpus_per_node=run.layout.gpus_per_node)

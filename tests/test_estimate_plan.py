@@ -1,0 +1,82 @@
+"""`dtc estimate --plan` re-costs every committed plan from plan.json alone and reproduces its estimate
+exactly; `dtc estimate SPEC` accepts the layout the solver chose for that spec (whatever its split)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compiler.plan import Plan, as_in_plan, plan_data
+from compiler.recost import recost
+from helpers import REPO, run_cli
+
+PLANS = sorted(p.parent.name for p in (REPO / "generated").glob("*/plan.json"))
+
+
+def _plan(name: str) -> Plan:
+    return Plan.from_json((REPO / "generated" / name / "plan.json").read_text())
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_recost_reproduces_the_committed_estimate(name: str) -> None:
+    plan = _plan(name)
+    _, estimate = recost(plan)
+    assert plan_data(as_in_plan(estimate)) == plan.to_dict()["estimate"]
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_cli_estimate_plan(name: str) -> None:
+    path = f"generated/{name}/plan.json"
+    out = json.loads(run_cli(["estimate", "--plan", str(REPO / path), "--json"]).stdout)
+    want = json.loads((REPO / path).read_text())["estimate"]
+    assert out["reproduces_plan"] is True
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "time_to_train_s", "gpu_hours", "cost_usd", "num_steps"):
+        assert out[key] == want[key], key
+    assert out["memory"]["total_bytes_per_gpu"] == want["memory"]["total_bytes_per_gpu"]
+    assert [i["bytes"] for i in out["memory"]["items"]] == [int(i["value"]) for i in want["memory"]["items"]]
+    text = run_cli(["estimate", "--plan", str(REPO / path)]).stdout
+    assert text.rstrip().endswith("plan.json's estimate: reproduced exactly.")
+
+
+def _layout_options(plan: Plan) -> list[str]:
+    lay = plan.layout
+    return ["--tp", str(lay.tp), "--pp", str(lay.pp), "--vpp", str(lay.vpp), "--cp", str(lay.cp), "--ep", str(lay.ep),
+            "--dp", str(lay.dp), "--dp-shard", str(lay.dp_shard), "--zero", str(lay.zero_stage),
+            "--micro-batch", str(lay.micro_batch), "--recompute", lay.recompute, "--schedule", lay.schedule,
+            "--sequence-parallel" if lay.sequence_parallel else "--no-sequence-parallel",
+            "--offload-optimizer", lay.offload_optimizer, "--offload-params", lay.offload_params, "--gpu", lay.gpu]
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_estimate_accepts_the_layout_the_solver_chose(name: str) -> None:
+    """The chosen layout given to `dtc estimate SPEC` as options: the same split, the same numbers."""
+    plan = _plan(name)
+    out = json.loads(run_cli(["estimate", str(REPO / plan.provenance.spec_path), "--json", *_layout_options(plan)])
+                     .stdout)
+    assert out["layout"]["split"] == plan.to_dict()["layout"]["split"]
+    assert out["layout"]["grad_accum"] == plan.layout.grad_accum
+    est = plan.to_dict()["estimate"]
+    assert round(out["step_time_s"], 3) == pytest.approx(est["step_time_s"], rel=1e-3)
+    assert out["memory"]["total_bytes_per_gpu"] == est["memory"]["total_bytes_per_gpu"]
+
+
+def test_plan_or_spec_not_both(tmp_path: Path) -> None:
+    res = run_cli(["estimate", "specs/7b.yaml", "--plan", "generated/llama2-7b-8xh100/plan.json"], exit_code=2)
+    assert "one of them" in res.output
+    res = run_cli(["estimate", "--plan", "generated/llama2-7b-8xh100/plan.json", "--tp", "2"], exit_code=2)
+    assert "layout options do not apply" in res.output
+
+
+def test_bad_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
+    data = json.loads((REPO / "generated/llama2-7b-8xh100/plan.json").read_text())
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**data, "schema_version": 1}))
+    assert "schema_version 1" in run_cli(["estimate", "--plan", str(path)], exit_code=2).stderr
+    data["layout"]["tp"] = "8"
+    path.write_text(json.dumps(data))
+    assert "plan.layout.tp must be an integer" in run_cli(["estimate", "--plan", str(path)], exit_code=2).stderr
+    data["layout"]["tp"] = 3  # a layout rule, with the code validate and plan give
+    path.write_text(json.dumps(data))
+    err = run_cli(["estimate", "--plan", str(path)], exit_code=2).stderr
+    assert "error[tp_not_divisor]: tensor_parallel must divide num_attention_heads (32), got tp=3" in err

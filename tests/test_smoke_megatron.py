@@ -1,0 +1,275 @@
+"""`dtc smoke --target megatron`: the generated megatron_args.sh through Megatron-LM's own training loop.
+
+Fast: the argument rewrite (scale-down, CPU path, skipped parts) and the log parsing.
+Slow (real torchrun + gloo + megatron-core 0.19.2 on CPU; they FAIL, not skip, without
+megatron-core): TP2 + SP with the distributed optimizer (= TP1's losses), PP2 1F1B (= PP1's
+losses from the same checkpoint), PP2 x VPP2, TP2 x PP2, EP2 MoE, a --save then --load
+resume (= the uninterrupted run), and broken generated arguments failing with Megatron's own
+message. Every plan is rendered by the real renderer (tests/plan_fixtures.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compiler.targets.megatron.smoke import megatron_smoke_args, parse_megatron_log, split_flags
+from compiler.smoke.scale import scale_plan
+from test_smoke import assert_no_leftovers, make_generated, make_plan
+
+LOSS_TOL = 2e-3  # bf16 parameters: the same math in another reduction order
+
+
+def _flags(args: list[str]) -> dict[str, list[str]]:
+    return dict(split_flags(args))
+
+
+# ------------------------------------------------------------------------------------------- fast
+def test_rewrite_scales_and_lists_every_change():
+    plan = make_plan("mg", targets="megatron, slurm", tp=2, dp_shard=4, zero_stage=1, micro_batch=1,
+                     sequence_parallel=True)
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    assert (setup.degrees.tp, setup.degrees.dp_shard) == (2, 2)
+    from compiler.targets.megatron.render import megatron_args
+
+    artifact = [str(t) for t in megatron_args(plan)]
+    run = megatron_smoke_args(artifact, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, setup, plan.layout)
+    f = _flags(run.args)
+    assert f["--tensor-model-parallel-size"] == [str(setup.degrees.tp)]
+    assert f["--pipeline-model-parallel-size"] == [str(setup.degrees.pp)]
+    assert f["--num-layers"] == [str(setup.shape.num_layers)] and f["--seq-length"] == [str(setup.seq_len)]
+    assert f["--global-batch-size"] == [str(setup.global_batch)] and f["--train-iters"] == ["4"]
+    assert "--use-distributed-optimizer" in f and "--sequence-parallel" in f
+    assert f["--transformer-impl"] == ["local"] and f["--distributed-backend"] == ["gloo"]
+    assert "--use-cpu-initialization" in f and "--no-rope-fusion" in f
+    changed = {c.what for c in run.changes}
+    assert {"--num-layers", "--global-batch-size", "--transformer-impl", "--distributed-backend"} <= changed
+    untouched = [fl for fl in _flags(artifact) if fl not in changed]
+    assert all(_flags(artifact)[fl] == f[fl] for fl in untouched), "only listed flags may change"
+    assert run.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} and not run.skipped
+
+
+def test_cpu_parts_are_skipped_not_dropped():
+    plan = make_plan("mg", targets="megatron, slurm", tp=2, dp_shard=2, zero_stage=3, micro_batch=1,
+                     sequence_parallel=True)
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    artifact = ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2", "--use-megatron-fsdp",
+                "--data-parallel-sharding-strategy", "optim_grads_params", "--ckpt-format", "fsdp_dtensor",
+                "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--num-experts", "8",
+                "--num-layers", "8"]
+    run = megatron_smoke_args(artifact, {"CUDA_DEVICE_MAX_CONNECTIONS": None}, setup, plan.layout)
+    f = _flags(run.args)
+    parts = {c.what: c for c in run.skipped}
+    assert set(parts) == {"context parallel", "fp8", "Megatron-FSDP", "expert tensor parallel"}
+    assert "dot_product_attention.py:59" in parts["context parallel"].why
+    assert "--context-parallel-size" not in f and "--fp8-format" not in f and "--use-megatron-fsdp" not in f
+    assert "--use-distributed-optimizer" in f and f["--expert-tensor-parallel-size"] == ["1"]
+    assert run.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # tp > 1 without Megatron-FSDP
+    assert run.layout.zero_stage == 1  # the prediction is for what runs
+    on_gpu = megatron_smoke_args(artifact, {"CUDA_DEVICE_MAX_CONNECTIONS": None},
+                                 dataclasses.replace(setup, device="cuda", backend="nccl"), plan.layout)
+    assert not on_gpu.skipped and "--use-megatron-fsdp" in _flags(on_gpu.args)
+    assert "--transformer-impl" not in _flags(on_gpu.args)
+
+
+def test_parse_megatron_log():
+    lines = [
+        "[1]: [2026-12-01 11:58:25.240786] iteration        1/       4 | consumed samples:            4 | "
+        "elapsed time per iteration (ms): 97.7 | learning rate: 1.000000E-03 | global batch size:     4 | "
+        "lm loss: 5.575032E+00 | loss scale: 1.0 | grad norm: 0.920 |",
+        "[1]: [2026-12-01 11:58:25.276639] iteration        2/       4 | consumed samples:            8 | "
+        "elapsed time per iteration (ms): 66.7 | lm loss: 5.403772E+00 | loss scale: 1.0 |",
+        "[0]:[Rank 0] (after 1 iterations) memory (MB) | allocated: 543.08 | max allocated: 542.80 | reserved: 5",
+        '[1]:{"dtc_megatron_rank": true, "rank": 1, "param_bytes": 10, "grad_bytes": 20, "optimizer_bytes": 40, '
+        '"master_bytes": 20, "saved_activation_bytes": 7, "peak_memory_bytes": 99, "device": "cpu"}',
+    ]
+    log = parse_megatron_log(lines)
+    # the second line of a process is Megatron's mean of its first two iterations (issue 6237)
+    assert log.losses == pytest.approx([5.575032, 2 * 5.403772 - 5.575032]) and log.iterations == [1, 2]
+    assert log.step_times_s == pytest.approx([0.0977, 2 * 0.0667 - 0.0977])
+    resumed = parse_megatron_log(lines[1:2] + ["[1]: iteration        4/       4 | elapsed time per iteration (ms): "
+                                               "50.0 | lm loss: 5.5 |"])
+    assert resumed.iterations == [2, 4] and resumed.losses == [5.403772, 5.5]  # not consecutive: as logged
+    assert log.memory_max_allocated == {0: int(542.80 * 2**20)} and log.ranks[1]["param_bytes"] == 10
+
+
+# ------------------------------------------------------------------------------------------- slow
+MOE_SPEC = """
+name: {name}
+model:
+  num_layers: 4
+  hidden_size: 512
+  ffn_hidden_size: 1408
+  num_attention_heads: 8
+  num_kv_heads: 2
+  vocab_size: 32000
+  moe:
+    num_experts: 8
+    top_k: 2
+    expert_ffn_hidden_size: 1408
+training:
+  tokens: 1B
+  sequence_length: 1024
+  global_batch: 8
+  precision: bf16
+cluster:
+  gpu: a100-80gb
+  num_gpus: 8
+targets: [megatron]
+"""
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    return tmp_path_factory.mktemp("megatron-gen")
+
+
+def _run(folder: Path, workdir: Path, *, steps: int = 4, extra: tuple[str, ...] = (), **degrees):
+    """One Megatron smoke launch of ``folder`` (optionally with other degrees, same model and batch)."""
+    from compiler.smoke import load_plan
+    from compiler.targets.megatron.smoke import run_megatron_smoke
+    from compiler.smoke.report import format_target
+    from compiler.smoke.targets import RunContext
+
+    plan, _ = load_plan(folder)
+    setup = scale_plan(plan, device="cpu", max_ranks=4, steps=steps)
+    if degrees:
+        d = dataclasses.replace(setup.degrees, **degrees)
+        setup = dataclasses.replace(setup, degrees=d, world_size=d.world_size)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(generated_dir=folder, plan=plan, setup=setup, workdir=workdir, timeout_s=400)
+    result = run_megatron_smoke(ctx, extra_args=extra)
+    print("\n".join(format_target(result)))
+    return result
+
+
+def _passed(t, *, ranks: int, steps: int = 4) -> None:
+    assert t.status == "passed", f"{t.reason}\n{t.error}\n{t.error_tail}"
+    assert t.steps_done == steps and t.last_loss < t.first_loss
+    assert len(t.ranks) == ranks and all(r.param_bytes and r.optimizer_bytes for r in t.ranks)
+    assert any(c.name == "model_states" and c.ratio for c in t.comparisons)
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_megatron_core_installed():
+    from importlib import metadata
+
+    from compiler.targets.megatron.cpu import python_shims
+
+    python_shims()
+    import megatron.training  # noqa: F401 - scripts/setup.sh installs it; missing is a failure
+    import triton  # noqa: F401 - megatron/core/transformer/moe/ops/paged_stash.py:4 imports it
+    import psutil  # noqa: F401 - checkpoint saving
+
+    assert metadata.version("megatron-core") == "0.19.2"
+
+
+@pytest.mark.slow
+def test_tp2_sequence_parallel_distributed_optimizer_equals_tp1(gen, tmp_path):
+    from compiler.smoke import run_smoke
+
+    folder = make_generated(gen, "mg-tp2", targets="megatron, slurm", gbs=8, tp=2, dp_shard=2, zero_stage=1,
+                            micro_batch=1, sequence_parallel=True)
+    report = run_smoke(folder, target="megatron", timeout_s=400)  # the command's own path
+    tp2 = report.targets[0]
+    _passed(tp2, ranks=4)
+    assert "--sequence-parallel" in tp2.command and "--use-distributed-optimizer" in tp2.command
+    assert "--tensor-model-parallel-size 2" in tp2.command
+    tp1 = _run(folder, tmp_path / "tp1", tp=1)  # same reduced model, batch and seed
+    _passed(tp1, ranks=2)
+    print(f"TP2 {tp2.losses}\nTP1 {tp1.losses}\nmax |diff| {_max_diff(tp2.losses, tp1.losses):.2e}")
+    assert _max_diff(tp2.losses, tp1.losses) < LOSS_TOL
+    assert_no_leftovers()
+
+
+@pytest.mark.slow
+def test_pp2_1f1b_equals_pp1_and_resumes(gen, tmp_path):
+    folder = make_generated(gen, "mg-pp2", targets="megatron, slurm", gbs=4, pp=2, micro_batch=1)
+    full = _run(folder, tmp_path / "full")  # PP2, 4 steps uninterrupted
+    _passed(full, ranks=2)
+    assert "--pipeline-model-parallel-size 2" in full.command
+    # the same 4-step run stopped after iteration 2 by Megatron's --exit-interval, which saves first
+    first = _run(folder, tmp_path / "first", extra=("--exit-interval", "2"))
+    assert first.steps_done == 2 and first.losses == full.losses[:2], (first.reason, first.error)
+    checkpoint = tmp_path / "first" / "megatron-checkpoints"
+    assert (checkpoint / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    for name in ("resume-pp2", "resume-pp1"):
+        shutil.copytree(checkpoint, tmp_path / name / "megatron-checkpoints")
+    resumed = _run(folder, tmp_path / "resume-pp2")  # --load: iterations 3 and 4
+    assert resumed.reason == "only 2 of 4 steps ran" and resumed.steps_done == 2, (resumed.reason, resumed.error)
+    print(f"uninterrupted {full.losses}\nresumed {resumed.losses}")
+    assert _max_diff(resumed.losses, full.losses[2:]) < LOSS_TOL
+    pp1 = _run(folder, tmp_path / "resume-pp1", pp=1)  # the same checkpoint on one pipeline stage
+    assert pp1.reason == "only 2 of 4 steps ran" and pp1.steps_done == 2, (pp1.reason, pp1.error)
+    print(f"PP2 {resumed.losses}\nPP1 {pp1.losses}\nmax |diff| {_max_diff(resumed.losses, pp1.losses):.2e}")
+    assert _max_diff(resumed.losses, pp1.losses) < LOSS_TOL
+    assert_no_leftovers()
+
+
+@pytest.mark.slow
+def test_pp2_vpp2_interleaved(gen, tmp_path):
+    folder = make_generated(gen, "mg-vpp", targets="megatron, slurm", gbs=4, pp=2, vpp=2, micro_batch=1,
+                            schedule="interleaved_1f1b")
+    t = _run(folder, tmp_path)
+    _passed(t, ranks=2)
+    assert "--num-virtual-stages-per-pipeline-rank 2" in t.command
+
+
+@pytest.mark.slow
+def test_tp2_pp2(gen, tmp_path):
+    folder = make_generated(gen, "mg-tp2pp2", targets="megatron, slurm", gbs=4, tp=2, pp=2, micro_batch=1,
+                            sequence_parallel=True)
+    t = _run(folder, tmp_path)
+    _passed(t, ranks=4)
+    assert "--tensor-model-parallel-size 2" in t.command and "--pipeline-model-parallel-size 2" in t.command
+
+
+@pytest.mark.slow
+def test_ep2_moe(tmp_path):
+    from compiler.artifacts import write_artifacts
+    from compiler.render import render
+    from plan_fixtures import layout_for, plan_for, problem_for
+
+    problem = problem_for(MOE_SPEC.format(name="mg-moe"))
+    plan = plan_for(problem, layout_for(problem, ep=2, dp_shard=8, zero_stage=1, micro_batch=1))
+    folder = tmp_path / "mg-moe"
+    write_artifacts(render(plan, targets=plan.targets), folder)
+    t = _run(folder, tmp_path / "work")
+    _passed(t, ranks=2)
+    assert "--expert-model-parallel-size 2" in t.command and "--num-experts 4" in t.command
+    assert any("experts run for real: ep=2" in n for n in t.notes)
+
+
+BROKEN = {
+    "rope-base-typo": (("--normalization RMSNorm", "--normalization RMSNorm --rotary-base 50000O"),
+                       "argument --rotary-base: invalid int value: '50000O'"),
+    "global-batch": (("--global-batch-size 8", "--global-batch-size 9"), "must be divisible by"),
+    "layer-split": (("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 2 "
+                     "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 3"),
+                    "Mismatch: 2 middle layers remaining but 0 middle PP stages available"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_argument_fails_with_megatrons_message(gen, tmp_path, case):
+    from compiler.smoke import run_smoke
+
+    (old, new), message = BROKEN[case]
+    folder = make_generated(gen, f"mg-broken-{case}", targets="megatron, slurm", gbs=8, pp=2, dp_shard=2,
+                            zero_stage=1, micro_batch=1)
+    args = folder / "megatron_args.sh"
+    text = args.read_text()
+    assert old in text
+    args.write_text(text.replace(old, new))
+    t = run_smoke(folder, target="megatron", timeout_s=300, write_json=False).targets[0]
+    assert t.status == "failed"
+    assert t.error and message in t.error, t.error
+    assert t.error.startswith("megatron_args.sh: error:") and "Traceback" not in t.error
+    assert_no_leftovers()
