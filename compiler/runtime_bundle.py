@@ -33,7 +33,7 @@ def runtime_files() -> dict[str, str]:
     return out
 
 
-def entry_script(module: str, doc: str) -> str:
+def entry_script(module: str, doc: str, config_file: str = CONFIG_FILE) -> str:
     """A generated folder's entry point (``fsdp_train.py``, ``ds_train.py``): run ``module`` of the
     runtime package beside it, with the config beside it, from any current directory."""
     return (
@@ -45,7 +45,7 @@ def entry_script(module: str, doc: str) -> str:
         f"from {RUNTIME_DIR}.common import finish  # noqa: E402\n"
         f"from {RUNTIME_DIR}.{module} import main  # noqa: E402\n\n"
         'if __name__ == "__main__":\n'
-        f'    argv = sys.argv[1:] if "--config" in sys.argv[1:] else ["--config", str(HERE / "{CONFIG_FILE}"), '
+        f'    argv = sys.argv[1:] if "--config" in sys.argv[1:] else ["--config", str(HERE / "{config_file}"), '
         "*sys.argv[1:]]\n"
         "    finish(main(argv))\n"
     )
@@ -112,3 +112,65 @@ def dump(config: Mapping[str, Any]) -> str:
 
 __all__ = ["runtime_files", "entry_script", "model_config", "data_section", "run_config", "dump", "RUNTIME_DIR",
            "CONFIG_FILE", "UnsupportedModel"]
+
+
+# ------------------------------------------------------------------------------------------- from a plan
+_PARAM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+
+
+def plan_run_config(plan: Any, *, checkpoint_interval_steps: int) -> dict[str, Any]:
+    """train_config.json for ``plan`` (a compiler.plan.Plan): the planned model with its catalog
+    hyperparameters, the layout with Megatron's pipeline split (the one costed), the batch, the
+    schedule, the data (or the synthetic task), ``model.init`` and the checkpoint interval."""
+    lay, t = plan.layout, plan.training
+    split = plan.layer_split()
+    warmup = min(t.num_steps, -(-int(t.warmup_tokens) // int(t.tokens_per_step))) if t.warmup_tokens else 0
+    data = plan.data
+    datasets = [(d.path, d.weight) for d in data.datasets] if data is not None and not data.synthetic else None
+    notes = []
+    if datasets is None:
+        notes.append("synthetic data: " + ("asked for (data: synthetic: true)" if data is not None
+                                           else "the spec has no data: section"))
+    return run_config(
+        name=plan.name, layout_tag=lay.tag, model=model_config(plan.model.shape, plan.model.hyperparameters, t.seq_len),
+        parallel={"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard,
+                  "vpp": lay.vpp, "zero_stage": lay.zero_stage, "sequence_parallel": lay.sequence_parallel,
+                  "pp_schedule": lay.schedule, "recompute": lay.recompute,
+                  "stage_layers": ([list(split.layers(c % lay.pp, c // lay.pp)) for c in range(split.num_chunks)]
+                                   if lay.pp > 1 else None),
+                  "offload": "cpu" if lay.offload_params == "cpu" else "none"},
+        micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, seq_len=t.seq_len, train_steps=t.num_steps,
+        peak_lr=float(t.learning_rate), min_lr=float(t.min_learning_rate), warmup_steps=warmup,
+        optimizer={"name": t.optimizer, "weight_decay": float(t.weight_decay), "beta1": float(t.adam_beta1),
+                   "beta2": float(t.adam_beta2), "eps": 1e-8, "grad_clip": float(t.grad_clip)},
+        data=data_section(datasets, data.tokenizer if data is not None else None),
+        checkpoint={"dir": "checkpoints", "interval_steps": checkpoint_interval_steps, "keep": 2},
+        param_dtype=_PARAM_DTYPES[t.precision], init=plan.model.init, seed=t.seed, notes=notes)
+
+
+def checkpoint_policy(plan: Any, target: str) -> Any:
+    """compiler.checkpointing.policy for ``plan`` run by ``target`` (the plan's step time and size)."""
+    from compiler import checkpointing
+
+    lay, est = plan.layout, plan.estimate
+    return checkpointing.policy(target=target, num_params=plan.model.params_total, optimizer=plan.training.optimizer,
+                                num_gpus=lay.world_size, num_nodes=lay.num_nodes, step_s=est.step_time_s,
+                                run_s=est.time_to_train_s, time_limit_s=plan.slurm.time_limit)
+
+
+def render_runtime_target(plan: Any, *, target: str, config_file: str, entry_file: str, module: str,
+                          doc: str) -> dict[str, str]:
+    """The files of a runtime target: dtc_runtime/ verbatim, its train config, its entry script."""
+    from compiler.errors import Diagnostic, RenderError
+
+    policy = checkpoint_policy(plan, target)
+    try:
+        config = plan_run_config(plan, checkpoint_interval_steps=policy.interval_steps)
+    except (UnsupportedModel, ValueError) as exc:
+        raise RenderError(Diagnostic(
+            summary=f"the {target} trainer cannot build this model: {exc}",
+            hint="use the megatron target for it, or change the model")) from None
+    files = runtime_files()
+    files[config_file] = dump(config)
+    files[entry_file] = entry_script(module, doc, config_file)
+    return files

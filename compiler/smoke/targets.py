@@ -84,6 +84,8 @@ def rank_env(ctx: RunContext, target: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if hooks(target).jit_extensions:
         env["TORCH_EXTENSIONS_DIR"] = str(L.extensions_dir())
+    # the runtime trainers checkpoint into the smoke's private folder, never into the generated one
+    env["DTC_SMOKE_CHECKPOINT_DIR"] = str(ctx.workdir / f"checkpoints-{target}")
     return env
 
 
