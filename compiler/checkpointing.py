@@ -87,7 +87,7 @@ class CheckpointPolicy:
     interval_steps: int
     expected_loss_per_failure_s: float
     signal_lead_s: int
-    segments: int
+    segments: int | None  # None: a job of the time limit cannot even save and restart
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,11 +100,16 @@ def policy(*, target: str, num_params: int, optimizer: str, num_gpus: int, num_n
     save = save_seconds(nbytes, num_nodes, write_bytes_per_s_per_node)
     interval = save_interval_s(save, num_gpus)
     lead = signal_lead_s(save, step_s)
+    try:
+        jobs: int | None = segments(run_s, time_limit_s, lead)
+    except ValueError:
+        jobs = None
     return CheckpointPolicy(
         target=target, checkpoint_bytes=nbytes, save_s=save, write_bytes_per_s=num_nodes * write_bytes_per_s_per_node,
-        mtbf_h=mtbf_hours(num_gpus), interval_s=interval, interval_steps=max(1, round(interval / step_s)),
+        mtbf_h=mtbf_hours(num_gpus), interval_s=interval,
+        interval_steps=max(1, round(interval / step_s)) if step_s > 0 else 1,
         expected_loss_per_failure_s=expected_loss_per_failure_s(interval), signal_lead_s=lead,
-        segments=segments(run_s, time_limit_s, lead))
+        segments=jobs)
 
 
 __all__ = ["checkpoint_bytes", "save_seconds", "mtbf_hours", "save_interval_s", "expected_loss_per_failure_s",

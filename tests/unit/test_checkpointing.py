@@ -40,3 +40,9 @@ def test_small_jobs_save_rarely_and_lead_time_is_capped():
 def test_a_time_limit_too_short_to_save_is_an_error():
     with pytest.raises(ValueError, match="cannot save"):
         ck.segments(10**6, 600, 500)
+
+
+def test_policy_of_a_too_short_time_limit_has_no_segments():
+    p = ck.policy(target="fsdp", num_params=10**9, optimizer="adamw", num_gpus=8, num_nodes=1, step_s=1.0,
+                  run_s=10**5, time_limit_s=90)
+    assert p.segments is None and p.interval_steps >= 1
