@@ -7,7 +7,6 @@ A plan.json that is not a plan (`[]`, `null`, NaN, nested 100,000 deep) is exit 
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
