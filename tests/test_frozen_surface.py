@@ -25,7 +25,7 @@ EXPECTED_OPTIONS = {
     "estimate": ["--cp", "--dp", "--dp-shard", "--ep", "--gpu", "--json", "--micro-batch", "--offload-optimizer",
                  "--offload-params", "--plan", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
                  "--zero"],  # --plan: re-cost a compiled plan.json (issue #14)
-    "smoke": ["--json", "--slurm", "--steps", "--target", "--timeout"],
+    "smoke": ["--json", "--preempt-at", "--slurm", "--steps", "--target", "--timeout"],
     "check": ["--generated", "--json", "--specs-dir"],
     "diff": ["--base", "--format", "--unified"],
     "schema": [],
