@@ -33,11 +33,12 @@ def runtime_files() -> dict[str, str]:
     return out
 
 
-def entry_script(module: str, doc: str, config_file: str = CONFIG_FILE) -> str:
+def entry_script(module: str, doc: str, config_file: str = CONFIG_FILE, header: str = "") -> str:
     """A generated folder's entry point (``fsdp_train.py``, ``ds_train.py``): run ``module`` of the
     runtime package beside it, with the config beside it, from any current directory."""
     return (
-        f'"""{doc}"""\n'
+        (header + "\n" if header else "")
+        + f'"""{doc}"""\n'
         "import sys\n"
         "from pathlib import Path\n\n"
         "HERE = Path(__file__).resolve().parent\n"
@@ -172,5 +173,7 @@ def render_runtime_target(plan: Any, *, target: str, config_file: str, entry_fil
             hint="use the megatron target for it, or change the model")) from None
     files = runtime_files()
     files[config_file] = dump(config)
-    files[entry_file] = entry_script(module, doc, config_file)
+    from compiler.render.report import provenance_header
+
+    files[entry_file] = entry_script(module, doc, config_file, header=provenance_header(plan))
     return files
