@@ -58,7 +58,8 @@ def test_data_flags_pass_megatrons_parser():
 
     from megatron_check import validate_megatron_flags
 
-    script = f'source {shlex.quote(str(REPO / "generated/llama3-405b/megatron_args.sh"))}; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"'
+    args_file = shlex.quote(str(REPO / "generated/llama3-405b/megatron_args.sh"))
+    script = f'source {args_file}; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"'
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True, timeout=30).stdout
     flags = [a.decode() for a in out.split(b"\0") if a]
     start = flags.index("--tokenizer-type")
