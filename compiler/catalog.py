@@ -20,13 +20,15 @@ from typing import Any, Callable, Mapping
 
 from ruamel.yaml import YAML
 
-from .model import MLAShape, ModelShape, MoEShape
+from .model import ROPE_SCALING_KINDS, MLAShape, ModelHyperparameters, ModelShape, MoEShape, RopeScaling
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_flops, parse_money
 
-__all__ = ["GpuSpec", "ModelPreset", "Catalog", "load_catalog", "normalize_name", "PRECISIONS"]
+__all__ = ["GpuSpec", "ModelPreset", "Catalog", "load_catalog", "normalize_name", "PRECISIONS", "TrainingRecipe",
+           "recipe_for"]
 
 GPUS_FILE = "gpus.yaml"
 MODELS_FILE = "models.yaml"
+RECIPES_FILE = "recipes.yaml"
 
 PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 _REQUIRED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # fp8 is absent on Ampere
@@ -62,8 +64,9 @@ _GPU_FIELDS = (
     "inter_node_bandwidth", "pcie_bandwidth", "price_per_gpu_hour", "sources",
 )
 _MODEL_FIELDS = (
-    "display_name", "aliases", "published_params", "published_active_params", "source", "shape",
+    "display_name", "aliases", "published_params", "published_active_params", "source", "shape", "hyperparameters",
 )
+_HYPER_FIELDS = ("rope_theta", "rope_scaling", "norm_eps", "init_std", "sources")
 
 
 def normalize_name(name: str) -> str:
@@ -123,6 +126,7 @@ class ModelPreset:
     published_params: int
     published_active_params: int | None
     source: str
+    hyperparameters: ModelHyperparameters
 
 
 @dataclass(frozen=True)
@@ -315,6 +319,44 @@ def _parse_shape(ctx: _Ctx, raw: Any) -> ModelShape:
     return shape
 
 
+def _float(ctx: _Ctx, value: Any, field: str, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
+        raise ctx.error(f"{field} must be a {'positive ' if positive else ''}number, got {value!r}")
+    return float(value)
+
+
+def _parse_hyper(ctx: _Ctx, raw: Any, shape: ModelShape) -> ModelHyperparameters:
+    raw = _check_keys(ctx, raw, _HYPER_FIELDS, _HYPER_FIELDS, "hyperparameters")
+    theta = raw["rope_theta"]
+    if (theta is None) != (shape.position == "learned"):
+        raise ctx.error("hyperparameters.rope_theta must be given exactly for rotary (position: rope) models")
+    scaling = None
+    if raw["rope_scaling"] is not None:
+        names = tuple(_field_types(RopeScaling))
+        sc = _check_keys(ctx, raw["rope_scaling"], names, ("kind", "factor", "original_max_position_embeddings"),
+                         "hyperparameters.rope_scaling")
+        kw: dict[str, Any] = {"kind": _str(ctx, sc["kind"], "rope_scaling.kind", ROPE_SCALING_KINDS),
+                              "original_max_position_embeddings": _int(ctx, sc["original_max_position_embeddings"],
+                                                                       "rope_scaling.original_max_position_embeddings", 1)}
+        for key in names:
+            if key in sc and key not in kw:
+                kw[key] = _float(ctx, sc[key], f"rope_scaling.{key}")
+        scaling = RopeScaling(**kw)
+    sources_raw = _check_keys(ctx, raw["sources"], ("rope_theta", "rope_scaling", "norm_eps", "init_std"),
+                              ("norm_eps", "init_std"), "hyperparameters.sources")
+    needed = [k for k, v in (("rope_theta", theta), ("rope_scaling", scaling)) if v is not None]
+    missing = [k for k in needed if k not in sources_raw]
+    if missing:
+        raise ctx.error(f"hyperparameters.sources needs {', '.join(missing)}")
+    return ModelHyperparameters(
+        rope_theta=None if theta is None else _float(ctx, theta, "hyperparameters.rope_theta"),
+        rope_scaling=scaling,
+        norm_eps=_float(ctx, raw["norm_eps"], "hyperparameters.norm_eps"),
+        init_std=_float(ctx, raw["init_std"], "hyperparameters.init_std"),
+        sources=tuple((k, _str(ctx, v, f"hyperparameters.sources.{k}")) for k, v in sources_raw.items()),
+    )
+
+
 def _parse_model(name: str, raw: Any) -> ModelPreset:
     ctx = _Ctx(MODELS_FILE, name)
     if normalize_name(name) != name:
@@ -331,6 +373,7 @@ def _parse_model(name: str, raw: Any) -> ModelPreset:
         display_name=_str(ctx, raw["display_name"], "display_name"),
         aliases=_aliases(ctx, raw["aliases"]),
         shape=shape,
+        hyperparameters=_parse_hyper(ctx, raw["hyperparameters"], shape),
         published_params=_unit(ctx, parse_count, raw["published_params"], "published_params"),
         published_active_params=None if active_raw is None
         else _unit(ctx, parse_count, active_raw, "published_active_params"),
@@ -359,3 +402,68 @@ def load_catalog() -> Catalog:
         gpus=_parse_file(GPUS_FILE, _parse_gpu, "gpu"),
         models=_parse_file(MODELS_FILE, _parse_model, "model"),
     )
+
+
+# --- training recipes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """Learning-rate schedule defaults for one model-size band (compiler/data/recipes.yaml)."""
+
+    max_params: int | None  # None: the open last band
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int | None
+    warmup_tokens: int | None
+    source: str
+
+    @property
+    def min_lr(self) -> float:
+        return self.lr * self.min_lr_ratio
+
+    def warmup_tokens_for(self, tokens_per_step: int) -> int:
+        """The warm-up in tokens (a band stated in steps, times the run's tokens per step)."""
+        if self.warmup_tokens is not None:
+            return self.warmup_tokens
+        return int(self.warmup_steps or 0) * tokens_per_step
+
+
+_RECIPE_FIELDS = ("max_params", "lr", "min_lr_ratio", "warmup_steps", "warmup_tokens", "source")
+
+
+@functools.cache
+def load_recipes() -> tuple[TrainingRecipe, ...]:
+    data = _read_yaml(RECIPES_FILE)
+    bands = data.get("bands")
+    if not isinstance(bands, list) or not bands:
+        raise ValueError(f"compiler/data/{RECIPES_FILE}: expected a non-empty list under bands")
+    out = []
+    for i, raw in enumerate(bands):
+        ctx = _Ctx(RECIPES_FILE, f"bands[{i}]")
+        raw = _check_keys(ctx, raw, _RECIPE_FIELDS, ("max_params", "lr", "min_lr_ratio", "source"), "the band")
+        if ("warmup_steps" in raw) == ("warmup_tokens" in raw):
+            raise ctx.error("give exactly one of warmup_steps and warmup_tokens")
+        ratio = _float(ctx, raw["min_lr_ratio"], "min_lr_ratio")
+        if ratio > 1:
+            raise ctx.error("min_lr_ratio must be at most 1")
+        out.append(TrainingRecipe(
+            max_params=None if raw["max_params"] is None else _unit(ctx, parse_count, raw["max_params"], "max_params"),
+            lr=_float(ctx, raw["lr"], "lr"), min_lr_ratio=ratio,
+            warmup_steps=_int(ctx, raw["warmup_steps"], "warmup_steps", 1) if "warmup_steps" in raw else None,
+            warmup_tokens=_unit(ctx, parse_count, raw["warmup_tokens"], "warmup_tokens") if "warmup_tokens" in raw
+            else None,
+            source=_str(ctx, raw["source"], "source")))
+    bounds = [r.max_params for r in out]
+    inner = [b for b in bounds[:-1] if b is not None]
+    if bounds[-1] is not None or len(inner) != len(bounds) - 1 or inner != sorted(inner):
+        raise ValueError(f"compiler/data/{RECIPES_FILE}: bands must rise in max_params and end with max_params: null")
+    return tuple(out)
+
+
+def recipe_for(num_params: int) -> TrainingRecipe:
+    """The recipe band of a model with ``num_params`` total parameters."""
+    for recipe in load_recipes():
+        if recipe.max_params is None or num_params <= recipe.max_params:
+            return recipe
+    raise AssertionError("the last band is open")  # load_recipes checks it

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "smoke": ("compiler.commands.smoke", "smoke_command"),
     "schema": ("compiler.commands.schema", "schema_command"),
     "catalog": ("compiler.commands.catalog", "catalog_command"),
+    "data": ("compiler.commands.data", "data_command"),
 }
 
 

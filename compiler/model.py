@@ -94,6 +94,56 @@ class ModelShape:
         return cls(**d)
 
 
+ROPE_SCALING_KINDS = ("llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequency scaling for long context: ``llama3`` (Llama 3.1: low/high_freq_factor) or
+    ``yarn`` (DeepSeek-V3: beta_fast/beta_slow), over ``original_max_position_embeddings``."""
+
+    kind: str
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelHyperparameters:
+    """What a model needs besides its shape to be trained as published: the RoPE base and scaling,
+    the norm epsilon and the initialisation std (each with its source in the catalog)."""
+
+    rope_theta: float | None  # None: learned positions
+    rope_scaling: RopeScaling | None
+    norm_eps: float
+    init_std: float
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Small init (Nguyen & Salazar 2019, "Transformers without Tears", arXiv:1910.05895; GPT-NeoX's
+# "small_init" and NeMo's Llama 3 70B init_method_std 0.008944 are of this size): std = sqrt(2 / (5 h)).
+def small_init_std(hidden_size: int) -> float:
+    return round(math.sqrt(2.0 / (5.0 * hidden_size)), 6)
+
+
+def derived_hyperparameters(shape: ModelShape) -> ModelHyperparameters:
+    """For a shape not in the catalog: Llama 3's RoPE base (500,000; Meta, "The Llama 3 Herd of
+    Models", section 3.2) and norm epsilon (1e-5), learned positions without a base, and the small
+    init above."""
+    return ModelHyperparameters(
+        rope_theta=500000.0 if shape.position == "rope" else None, rope_scaling=None, norm_eps=1e-5,
+        init_std=small_init_std(shape.hidden_size),
+        sources=(("rope_theta", "Llama 3 (arXiv:2407.21783) section 3.2: RoPE base 500,000"),
+                 ("norm_eps", "Llama 3 config.json rms_norm_eps 1e-05"),
+                 ("init_std", "sqrt(2 / (5 x hidden)), Nguyen & Salazar 2019 (arXiv:1910.05895) small init")))
+
+
 @dataclass(frozen=True)
 class ParamCount:
     """Parameters by part; ``total`` and ``active`` (per token, MoE) in count."""

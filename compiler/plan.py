@@ -25,14 +25,14 @@ from pydantic import BaseModel
 
 from compiler.estimate import Estimate
 from compiler.layout import Layout
-from compiler.model import ModelShape
-from compiler.spec.models import SlurmSpec
+from compiler.model import ModelHyperparameters, ModelShape
+from compiler.spec.models import DataSpec, SlurmSpec
 from compiler.units import round_sig
 
 if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
-PLAN_SCHEMA_VERSION = 2  # 2: typed sections, layout.split (Megatron's pipeline split); 1 costed another split
+PLAN_SCHEMA_VERSION = 3  # 3: model.hyperparameters, model.init, data; 2: typed sections, layout.split
 ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
@@ -84,6 +84,10 @@ class ModelSection:
     params_active: int
     params_embedding: int  # embedding + output layer
     is_moe: bool
+    # rope base and scaling, norm eps, init std: the catalog's for a preset (with sources), else
+    # compiler.model.derived_hyperparameters
+    hyperparameters: ModelHyperparameters
+    init: str | None = None  # model.init: a Hugging Face safetensors folder to start from
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Plan:
     alternatives: tuple[Candidate, ...]
     search: SearchSummary
     notes: tuple[str, ...] = ()  # target-specific remarks (e.g. how DeepSpeed runs this layout)
+    data: DataSpec | None = None  # the spec's data section; None: no data given (synthetic, said in PLAN.md)
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +311,18 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
     return data
 
 
+def model_hyperparameters(problem: Any) -> ModelHyperparameters:
+    """The catalog's hyperparameters of the problem's preset (when its shape kept the preset's kind of
+    positions), else the derived ones (compiler.model.derived_hyperparameters)."""
+    from compiler.catalog import load_catalog
+    from compiler.model import derived_hyperparameters
+
+    preset = load_catalog().find_model(problem.model_name)
+    if preset is not None and (preset.hyperparameters.rope_theta is None) == (problem.shape.position == "learned"):
+        return preset.hyperparameters
+    return derived_hyperparameters(problem.shape)
+
+
 def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives: tuple[Candidate, ...],
               search: SearchSummary, notes: tuple[str, ...] = ()) -> Plan:
     """Assemble the Plan from a Problem and the chosen layout; the result is already normalised.
@@ -330,7 +347,8 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
                               cost_model_version=COST_MODEL_VERSION, frameworks=dict(registry.framework_versions())),
         model=ModelSection(name=problem.model_name, shape=problem.shape, params_total=pc.total,
                            params_active=pc.active, params_embedding=pc.embedding + pc.output,
-                           is_moe=problem.shape.is_moe),
+                           is_moe=problem.shape.is_moe, hyperparameters=model_hyperparameters(problem),
+                           init=problem.init),
         training=TrainingSection(
             tokens=problem.tokens, seq_len=problem.seq_len,
             global_batch=layout.global_batch,  # sequences actually trained per step
@@ -357,5 +375,6 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
         alternatives=alternatives,
         search=search,
         notes=notes,
+        data=problem.data,
     )
     return plan.normalized()

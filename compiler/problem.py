@@ -19,7 +19,7 @@ from compiler.model import ModelShape, MoEShape, ParamCount, count_params, deriv
 from compiler.rules import some
 from compiler.split import PipelineSplit
 from compiler.spec.load import LoadedSpec, SourceMap
-from compiler.spec.models import SlurmSpec, Spec, parse_global_batch
+from compiler.spec.models import DataSpec, SlurmSpec, Spec, parse_global_batch
 from compiler import units
 
 if TYPE_CHECKING:
@@ -107,6 +107,8 @@ class Problem:
     top_k: int
     targets: tuple[str, ...]
     slurm: SlurmSpec = field(default_factory=SlurmSpec)  # the validated slurm section
+    data: DataSpec | None = None  # the spec's data section (None: none given)
+    init: str | None = None  # model.init: a Hugging Face safetensors folder to start from
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
 
     @property
@@ -189,6 +191,8 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         top_k=spec.search.top_k,
         targets=tuple(spec.targets),
         slurm=spec.slurm,
+        data=spec.data,
+        init=spec.model.init,
     )
 
 

@@ -30,7 +30,7 @@ def test_compile_check_then_write_then_check(tmp_path: Path) -> None:
     assert "to add" in first.stdout and not any(tmp_path.iterdir())  # --check writes nothing
     run_cli(["compile", SPEC, "--out", out])
     folder = tmp_path / "llama2-7b-8xh100"
-    for name in ("plan.json", "PLAN.md", "ds_config.json", "fsdp_config.py", "megatron_args.sh",
+    for name in ("plan.json", "PLAN.md", "ds_config.json", "fsdp_config.json", "dtc_runtime/model.py", "megatron_args.sh",
                  "train.sbatch", "MANIFEST.sha256"):
         assert (folder / name).exists(), name
     again = run_cli(["compile", SPEC, "--out", out, "--check"], exit_code=0)

@@ -44,11 +44,10 @@ def test_hyperparameters_are_exact_in_every_artifact(out: Path) -> None:
     params = ds["optimizer"]["params"]
     assert params["lr"] == HYPER["learning_rate"] and params["betas"] == [HYPER["adam_beta1"], HYPER["adam_beta2"]]
     assert params["weight_decay"] == HYPER["weight_decay"] and ds["gradient_clipping"] == HYPER["grad_clip"]
-    fsdp = {t.id: node.value for node in ast.parse((out / "fsdp_config.py").read_text()).body
-            if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
-    assert ast.literal_eval(fsdp["LR"]) == HYPER["learning_rate"]
-    assert ast.literal_eval(fsdp["BETAS"]) == (HYPER["adam_beta1"], HYPER["adam_beta2"])
-    assert ast.literal_eval(fsdp["GRAD_CLIP"]) == HYPER["grad_clip"]
+    fsdp = json.loads((out / "fsdp_config.json").read_text())
+    assert fsdp["schedule"]["peak_lr"] == HYPER["learning_rate"]
+    assert (fsdp["optimizer"]["beta1"], fsdp["optimizer"]["beta2"]) == (HYPER["adam_beta1"], HYPER["adam_beta2"])
+    assert fsdp["optimizer"]["grad_clip"] == HYPER["grad_clip"]
     words = shlex.split((out / "megatron_args.sh").read_text(), comments=True)
     flags = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
     for flag, key in (("--lr", "learning_rate"), ("--min-lr", "min_learning_rate"), ("--weight-decay", "weight_decay"),

@@ -25,11 +25,12 @@ EXPECTED_OPTIONS = {
     "estimate": ["--cp", "--dp", "--dp-shard", "--ep", "--gpu", "--json", "--micro-batch", "--offload-optimizer",
                  "--offload-params", "--plan", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
                  "--zero"],  # --plan: re-cost a compiled plan.json (issue #14)
-    "smoke": ["--allow-edited", "--json", "--slurm", "--steps", "--target", "--timeout"],
+    "smoke": ["--allow-edited", "--json", "--preempt-at", "--slurm", "--steps", "--target", "--timeout"],
     "check": ["--generated", "--json", "--specs-dir"],
     "diff": ["--base", "--format", "--unified"],
     "schema": [],
     "catalog": ["--json"],
+    "data": [],
 }
 
 

@@ -182,7 +182,7 @@ def test_launch_lines() -> None:
     ds = files["train_deepspeed.sbatch"]
     assert 'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES"' in ds
     assert '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"' in ds
-    assert '"$ARTIFACT_DIR/ds_train.py" --config "$ARTIFACT_DIR/ds_config.json" &' in ds
+    assert '"$ARTIFACT_DIR/ds_train.py" --ds-config "$ARTIFACT_DIR/ds_config.json" &' in ds
     assert ("--container-image='nvcr.io#nvidia/pytorch:24.05-py3' "
             "--container-mounts=/data:/data,/scratch/ckpt:/ckpt") in ds
     assert "module load cuda/12.4 nccl/2.21+cuda12" in ds

@@ -343,3 +343,19 @@ def test_cli_refuses_before_launch(tmp_path):
     assert time.monotonic() - t0 < 20
     r = run_cli(["smoke", str(gen), "--target", "fsdp"], exit_code=2)
     assert "no fsdp artifacts" in r.stderr
+
+
+@pytest.mark.slow
+def test_preempt_at_resumes_both_torch_targets_exactly(tmp_path):
+    """Issue 13's check: dtc smoke DIR --target fsdp,deepspeed --steps 6 --preempt-at 3 --json."""
+    import json as _json
+
+    from helpers import run_cli
+
+    gen = make_generated(tmp_path, "preempt", dp_shard=2, zero_stage=2, targets="fsdp, deepspeed")
+    out = run_cli(["smoke", str(gen), "--target", "fsdp,deepspeed", "--steps", "6", "--preempt-at", "3", "--json"])
+    report = _json.loads(out.stdout)
+    for t in report["targets"]:
+        assert t["status"] == "passed", t
+        assert t["preemption"]["resumed_from_step"] == 3 and t["preemption"]["losses_match"] is True, t
+        assert t["preemption"]["compared_steps"] == [4, 5, 6] and t["preemption"]["max_abs_diff"] <= 1e-6

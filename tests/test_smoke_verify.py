@@ -7,7 +7,6 @@ A plan.json that is not a plan (`[]`, `null`, NaN, nested 100,000 deep) is exit 
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -39,11 +38,13 @@ def test_untouched_folder_is_verified(folder: Path) -> None:
 
 
 def test_edited_degree_is_refused(folder: Path) -> None:
-    config = folder / "fsdp_config.py"
-    config.write_text(re.sub(r"^TP = 1$", "TP = 3", config.read_text(), flags=re.M))
-    smoke_refuses(folder, "was changed after dtc wrote it", "  fsdp_config.py")
+    config = folder / "fsdp_config.json"
+    data = json.loads(config.read_text())
+    data["parallel"]["tp"] = 3
+    config.write_text(json.dumps(data))
+    smoke_refuses(folder, "was changed after dtc wrote it", "  fsdp_config.json")
     refresh_manifest(folder)  # a manifest edited to match: the degrees still have to be plan.json's
-    smoke_refuses(folder, "disagree with plan.json", "fsdp_config.py: TP is 3, the plan says 1")
+    smoke_refuses(folder, "disagree with plan.json", "fsdp_config.json: parallel.tp is 3, the plan says 1")
 
 
 def test_plan_with_other_degrees_is_refused(folder: Path) -> None:
@@ -52,7 +53,7 @@ def test_plan_with_other_degrees_is_refused(folder: Path) -> None:
     (folder / "plan.json").write_text(json.dumps(plan))
     smoke_refuses(folder, "was changed after dtc wrote it", "  plan.json")
     refresh_manifest(folder)
-    smoke_refuses(folder, "disagree with plan.json", "DP_SHARD is 2, the plan says 1")
+    smoke_refuses(folder, "disagree with plan.json", "parallel.dp_shard is 2, the plan says 1")
 
 
 @pytest.mark.parametrize("entry", ["extra-file", "link", "missing", "no-manifest"])

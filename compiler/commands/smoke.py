@@ -18,21 +18,35 @@ from compiler.targets import registry
 SMOKE_TARGETS = [t.name for t in registry.targets() if t.smoke is not None]
 
 
+def _targets(value: str) -> str:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in (*SMOKE_TARGETS, "all")] or (["all"] if "all" in names and len(names) > 1
+                                                                    else [])
+    if not names or bad:
+        raise click.BadParameter(f"{value!r}: give one of {', '.join([*SMOKE_TARGETS, 'all'])}, or a comma-separated "
+                                 "list of targets")
+    return ",".join(names)
+
+
 @click.command("smoke")
 @click.argument("generated_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--target", "target", type=click.Choice([*SMOKE_TARGETS, "all"]), default="all",
-              show_default=True, help="Which generated framework to run (all: every one the folder holds).")
+@click.option("--target", "target", default="all", show_default=True, metavar="|".join([*SMOKE_TARGETS, "all"]),
+              callback=lambda ctx, param, value: _targets(value),
+              help="Which generated frameworks to run, comma-separated (all: every one the folder holds).")
 @click.option("--steps", type=click.IntRange(2, 1000), default=4, show_default=True,
               help="Optimizer steps per target (the loss must fall between the first and the last).")
 @click.option("--slurm", is_flag=True, help="Submit the generated sbatch script (rewritten for one local node) "
                                             "to the SLURM cluster on PATH and wait for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--preempt-at", "preempt_at", type=click.IntRange(1, 999), default=None,
+              help="Also stop each torch target with SIGUSR1 during this step, relaunch it and check that it "
+                   "resumes from the checkpoint with the uninterrupted run's losses.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(10, 86400), default=600, show_default=True,
               help="Seconds per target before every process of the launch is ended.")
 @click.option("--allow-edited", is_flag=True,
               help="Run a folder edited after dtc wrote it (refused otherwise); every edit is a warning in the report.")
 def smoke_command(generated_dir: Path, target: str, steps: int, slurm: bool, as_json: bool, timeout_s: float,
-                  allow_edited: bool) -> None:
+                  allow_edited: bool, preempt_at: int | None) -> None:
     """Run GENERATED_DIR's training scripts for real on a scaled-down world.
 
     Same ZeRO stage / sharding, precision, recompute, micro-batch and accumulation as the plan; a
@@ -49,7 +63,7 @@ def smoke_command(generated_dir: Path, target: str, steps: int, slurm: bool, as_
             click.echo(line, err=True)
 
     report = run_smoke(generated_dir, target=target, steps=steps, slurm=slurm, timeout_s=timeout_s,
-                       on_line=progress, allow_edited=allow_edited)
+                       on_line=progress, allow_edited=allow_edited, preempt_at=preempt_at)
     if as_json:
         click.echo(report.to_json(), nl=False)
     else:

@@ -50,6 +50,19 @@ def report_context(plan: Plan) -> dict[str, Any]:
     return _context(plan, _pipeline_picture(plan), None)
 
 
+def _data_line(plan: Plan) -> str:
+    """What the jobs train on, said first: the synthetic task is never a silent default."""
+    data = plan.data
+    if data is None:
+        return ("**Data: synthetic.** The spec has no `data:` section, so every target trains on a synthetic task "
+                "(Megatron: `--mock-data`); add `data: {tokenizer: ..., datasets: [...]}` prepared with "
+                "`dtc data prepare` to train on real data.")
+    if data.synthetic:
+        return "**Data: synthetic** (asked for: `data: synthetic: true`)."
+    sets = ", ".join(f"`{printable(d.path)}` ({d.weight:g})" for d in data.datasets)
+    return f"**Data:** {sets}; tokenizer `{printable(str(data.tokenizer))}`."
+
+
 def _context(plan: Plan, picture: PipelinePicture | None,
              rendered: Sequence[tuple[str, str]] | None) -> dict[str, Any]:
     est, lay = plan.estimate, plan.layout
@@ -58,6 +71,7 @@ def _context(plan: Plan, picture: PipelinePicture | None,
         "title": f"Training plan: {plan.name}",
         "description": printable(" ".join(plan.description.split())),  # no ESC, BEL or NUL in the Markdown
         "summary": _summary(plan),
+        "data": _data_line(plan),
         "layout": {"describe": lay.describe(), "tag": lay.tag, "whys": layout_whys(plan),
                    "choice": choice(plan), "batch": batch_arithmetic(plan)},
         "memory": _memory(plan),
@@ -273,9 +287,10 @@ def target_files(plan: Plan, rendered: Sequence[tuple[str, str]] | None = None) 
         out.append(("report", PIPELINE_SVG))
     if rendered is not None:
         return out + list(rendered)
+    seen: set[str] = set()  # a file two targets ship (dtc_runtime/) is listed once, under the first
     for target in registry.targets():
         if target.name in plan.targets:
-            out += [(target.name, name) for name in target.render(plan)]
+            out += [(target.name, name) for name in target.render(plan) if not (name in seen or seen.add(name))]
     return out
 
 

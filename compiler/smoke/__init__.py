@@ -71,6 +71,11 @@ def resolve_targets(generated_dir: Path, requested: str) -> tuple[list[str], boo
     from compiler.smoke.targets import available_targets
 
     present = available_targets(generated_dir)
+    if "," in requested:  # a list: each must be present
+        names = [n.strip() for n in requested.split(",") if n.strip()]
+        for n in names:
+            resolve_targets(generated_dir, n)
+        return names, True
     if requested == "all":
         if not present:
             raise SmokeError(Diagnostic(summary=f"{generated_dir} holds no framework artifacts to run",
@@ -159,7 +164,8 @@ def machine_world() -> tuple[str, int, int]:
 
 def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DEFAULT_STEPS, slurm: bool = False,
               timeout_s: float = DEFAULT_TIMEOUT_S, write_json: bool = True,
-              on_line: Callable[[str], None] | None = None, allow_edited: bool = False) -> SmokeReport:
+              on_line: Callable[[str], None] | None = None, allow_edited: bool = False,
+              preempt_at: int | None = None) -> SmokeReport:
     """Run the requested targets of a generated folder and return the report (also written to
     ``smoke.json`` in the folder). ``allow_edited``: run a folder edited after dtc wrote it, with every
     edit and disagreement with plan.json listed as a warning (refused otherwise)."""
@@ -178,7 +184,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     workdir = Path(tempfile.mkdtemp(prefix="dtc-smoke-"))
     try:
         ctx = T.RunContext(generated_dir=generated_dir, plan=plan, setup=setup, workdir=workdir,
-                           timeout_s=timeout_s, on_line=on_line)
+                           timeout_s=timeout_s, on_line=on_line, preempt_at=preempt_at)
         for name in names:
             report.targets.append(_run_target(ctx, name, slurm=slurm, gpus=gpus))
     finally:

@@ -217,7 +217,8 @@ def _reader(stream, out: "queue.Queue[str | None]") -> None:
 
 
 # ------------------------------------------------------------------------------------------- launch
-def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None) -> LaunchResult:
+def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None,
+               watch: Callable[[str], None] | None = None) -> LaunchResult:
     """Run ``spec.argv`` to completion under the three clocks; never leaves a process behind."""
     run_id = uuid.uuid4().hex
     env = dict(spec.env)
@@ -283,6 +284,8 @@ def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None
                 result.lines.append(text)
                 if on_line is not None and m is not None:
                     on_line(text)
+                if watch is not None:  # every rank-0 line, prefixed or not (the preemption signaller)
+                    watch(text)
         if result.hang is None:
             result.returncode = proc.wait(timeout=60)
     except KeyboardInterrupt:

@@ -80,6 +80,7 @@ class TargetResult:
     jit_build_s: float | None = None
     slurm: dict[str, Any] | None = None
     model_shape: dict[str, Any] | None = None  # the shape the target built, where it differs from the setup's
+    preemption: dict[str, Any] | None = None  # --preempt-at: compiler.smoke.preempt.PreemptionResult
 
     @property
     def first_loss(self) -> float | None:
@@ -220,6 +221,12 @@ def format_target(t: TargetResult) -> list[str]:
         ratio = "-" if c.ratio is None else f"x{c.ratio:.2f}"
         lines.append(f"  {c.name:<16} measured {_b(c.measured_bytes):>10}  predicted {_b(c.predicted_bytes):>10}"
                      f"  ratio {ratio}")
+    if t.preemption is not None:
+        pre = t.preemption
+        diff = "-" if pre["max_abs_diff"] is None else f"{pre['max_abs_diff']:.2g}"
+        lines.append(f"  preempt  SIGUSR1 during step {pre['requested_at']}: stopped after step "
+                     f"{pre['stopped_after_step']}, resumed from step {pre['resumed_from_step']}; steps "
+                     f"{pre['compared_steps']} match the uninterrupted run: {pre['losses_match']} (max diff {diff})")
     if t.prediction_note:
         lines.append(f"  note     {t.prediction_note}")
     for n in t.notes:

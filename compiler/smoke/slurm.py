@@ -296,7 +296,7 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup
-    script = ctx.generated_dir / SCRIPTS["megatron"]
+    script = ctx.generated_dir / registry.get("megatron").slurm.script
     if not script.is_file():
         return TargetResult("megatron", "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
     out_dir = ctx.workdir / "slurm"

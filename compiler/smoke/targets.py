@@ -49,6 +49,7 @@ class RunContext:
     workdir: Path  # private: logs, the SLURM job's script and output
     timeout_s: float
     on_line: Callable[[str], None] | None = None
+    preempt_at: int | None = None  # --preempt-at: SIGUSR1 during this step, then resume (compiler.smoke.preempt)
 
 
 def smoke_targets() -> list[Target]:
@@ -84,6 +85,8 @@ def rank_env(ctx: RunContext, target: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     if hooks(target).jit_extensions:
         env["TORCH_EXTENSIONS_DIR"] = str(L.extensions_dir())
+    # the runtime trainers checkpoint into the smoke's private folder, never into the generated one
+    env["DTC_SMOKE_CHECKPOINT_DIR"] = str(ctx.workdir / f"checkpoints-{target}")
     return env
 
 
@@ -238,7 +241,47 @@ def run_entry(ctx: RunContext, target: str) -> TargetResult:
     judge(result, launch)
     if result.status == "passed" and not summary:
         result.status, result.reason = "failed", f"{entry} printed no {hooks(target).summary_key} line"
+    if result.status == "passed" and ctx.preempt_at is not None:
+        preemption_check(ctx, target, entry, summary, result)
     return result
+
+
+def preemption_check(ctx: RunContext, target: str, entry: str, reference: dict[str, Any],
+                     result: TargetResult) -> None:
+    """The run again, stopped by SIGUSR1 during step ``ctx.preempt_at`` and relaunched from its
+    checkpoint; the resumed losses must equal the reference run's (compiler.smoke.preempt)."""
+    from compiler.smoke import preempt as P
+
+    at = ctx.preempt_at
+    assert at is not None
+    if not 1 <= at < ctx.setup.steps:
+        result.status, result.reason = "failed", f"--preempt-at {at} must be a step before the last ({ctx.setup.steps})"
+        return
+    key = hooks(target).summary_key or ""
+    mark = P.new_mark()
+    env = {P.MARK_ENV: mark, "DTC_SMOKE_CHECKPOINT_DIR": str(ctx.workdir / f"preempt-{target}")}
+    exe = Path(sys.executable).with_name("torchrun")
+    head = [str(exe)] if exe.is_file() else [sys.executable, "-m", "torch.distributed.run"]
+    # no --tee: torchrun tails the log files late; the workers print straight to the pipe
+    argv = head + ["--standalone", f"--nproc-per-node={ctx.setup.world_size}", "--max-restarts=0",
+                   str(ctx.generated_dir / entry)] + as_argv(smoke_options(ctx.setup, target))
+    summaries = []
+    for attempt, watch in (("stopped", P.Signaller(mark, at, (entry,))), ("resumed", None)):
+        log_dir = ctx.workdir / f"logs-{target}-{attempt}"
+        launch = run_launch(ctx, target, argv, log_dir, extra_env=env, watch=watch)
+        summary = summary_line(launch.lines, key) or {}
+        if launch.returncode != 0 or not summary:
+            result.status = "failed"
+            result.reason = f"preemption: the {attempt} launch failed (exit {launch.returncode})"
+            result.error, result.error_tail = launch.error, launch.error_tail
+            return
+        summaries.append(summary)
+    verdict = P.compare(reference, summaries[0], summaries[1], at)
+    result.preemption = verdict.to_dict()
+    if not verdict.losses_match:
+        result.status, result.reason = "failed", f"preemption: {verdict.reason}"
+    elif verdict.reason:
+        result.notes.append(f"preemption: {verdict.reason}")
 
 
 def run_target(ctx: RunContext, target: str) -> TargetResult:
@@ -247,11 +290,13 @@ def run_target(ctx: RunContext, target: str) -> TargetResult:
 
 
 def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,
-               extra_env: dict[str, str] | None = None) -> L.LaunchResult:
+               extra_env: dict[str, str] | None = None,
+               watch: Callable[[str], None] | None = None) -> L.LaunchResult:
     env = rank_env(ctx, target)
     env.update(extra_env or {})
     spec = L.LaunchSpec(argv=argv, env=env, cwd=ctx.generated_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
                         setup_timeout_s=min(ctx.timeout_s, L.LaunchSpec.setup_timeout_s),
                         stall_timeout_s=min(ctx.timeout_s, L.LaunchSpec.stall_timeout_s))
     prefix = f"[{target}] "
-    return L.run_launch(spec, on_line=(lambda line: ctx.on_line(prefix + line)) if ctx.on_line else None)
+    return L.run_launch(spec, on_line=(lambda line: ctx.on_line(prefix + line)) if ctx.on_line else None,
+                        watch=watch)

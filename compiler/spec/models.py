@@ -197,10 +197,14 @@ class ModelSpec(_Strict):
     attention_bias: bool | None = Field(None, description="Biases on the q/k/v projections (Qwen).")
     linear_bias: bool | None = Field(None, description="Biases on every linear layer (GPT-2/3 style).")
     moe: MoESpec | None = Field(None, description="Mixture-of-experts settings; absent for a dense model.")
+    init: str | None = Field(
+        None, pattern=PATH_RE,
+        description="Start from these weights: a local Hugging Face Llama-architecture folder (config.json + "
+                    "safetensors), loaded sharded by the FSDP2 and DeepSpeed trainers; absent: random init.")
 
     def shape_fields(self) -> dict[str, Any]:
-        """The explicitly given shape fields (not preset/params)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("preset", "params") and v is not None}
+        """The explicitly given shape fields (not preset/params/init)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("preset", "params", "init") and v is not None}
 
 
 # ---------------------------------------------------------------------------- training
@@ -240,6 +244,46 @@ class TrainingSpec(_Strict):
                 "dtc_rule", "tokens must be at least one sequence ({s})",
                 {"s": self.sequence_length, "field": "tokens", "value": self.tokens,
                  "hint": "write tokens with a unit, e.g. 15T"})
+        return self
+
+
+# ---------------------------------------------------------------------------- data
+
+
+class DatasetSpec(_Strict):
+    """One tokenized dataset of the blend."""
+
+    path: str = Field(pattern=PATH_RE, description="Dataset prefix written by `dtc data prepare` (PREFIX.bin and "
+                                                   "PREFIX.idx, Megatron's indexed format), as the jobs see it.")
+    weight: float = Field(1.0, gt=0, le=1e9, description="Blend weight, relative to the other datasets.")
+
+
+class DataSpec(_Strict):
+    """What to train on: prepared datasets with blend weights and the tokenizer that made them, or
+    the synthetic task (only when asked for: PLAN.md then says so in its first lines)."""
+
+    datasets: list[DatasetSpec] = Field(default_factory=list, max_length=1024,
+                                        description="Prepared datasets (`dtc data prepare`), blended by weight.")
+    tokenizer: str | None = Field(
+        None, pattern=PATH_RE,
+        description="The tokenizer the datasets were prepared with: a local Hugging Face tokenizer folder, or a "
+                    "tiktoken / SentencePiece model file (Megatron's --tokenizer-model).")
+    synthetic: bool = Field(False, description="Train on a synthetic task instead of data (smoke tests, benchmarks).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSpec":
+        if self.synthetic and (self.datasets or self.tokenizer):
+            raise PydanticCustomError(
+                "dtc_rule", "synthetic: true takes no datasets or tokenizer",
+                {"field": "synthetic", "value": True, "hint": "remove synthetic, or remove datasets and tokenizer"})
+        if not self.synthetic and not self.datasets:
+            raise PydanticCustomError(
+                "dtc_rule", "data needs datasets (prepared with `dtc data prepare`) or synthetic: true",
+                {"field": "datasets", "value": [], "hint": "add datasets: [{path: /data/corpus_text_document}]"})
+        if self.datasets and self.tokenizer is None:
+            raise PydanticCustomError(
+                "dtc_rule", "datasets need the tokenizer that prepared them",
+                {"field": "tokenizer", "value": None, "hint": "add tokenizer: /path/to/tokenizer (a folder or file)"})
         return self
 
 
@@ -472,6 +516,8 @@ class Spec(_Strict):
     description: str | None = Field(None, max_length=2000, description="Free text for PLAN.md.")
     model: ModelSpec = Field(description="The model.")
     training: TrainingSpec = Field(description="What to train.")
+    data: DataSpec | None = Field(
+        None, description="Training data (prepared datasets and their tokenizer) or synthetic: true.")
     cluster: ClusterSpec = Field(description="Where it runs.")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Money, time and the objective.")
     layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Pinned layout knobs; the rest is solved.")

@@ -28,6 +28,9 @@ MEGATRON_ARGS=(
   --max-position-embeddings 4096
   --position-embedding-type rope
   --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --init-method-std 0.006988
+  --rotary-base 500000
   --swiglu
   --untie-embeddings-and-output-weights
   --disable-bias-linear

@@ -31,6 +31,11 @@ MEGATRON_ARGS=(
   --max-position-embeddings 131072
   --position-embedding-type rope
   --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --init-method-std 0.02
+  --rotary-base 500000
+  --use-rope-scaling
+  --rope-scaling-factor 8.0
   --swiglu
   --untie-embeddings-and-output-weights
   --disable-bias-linear

@@ -25,6 +25,9 @@ MEGATRON_ARGS=(
   --max-position-embeddings 32768
   --position-embedding-type rope
   --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --init-method-std 0.02
+  --rotary-base 1000000
   --swiglu
   --untie-embeddings-and-output-weights
   --disable-bias-linear

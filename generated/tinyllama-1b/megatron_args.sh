@@ -27,6 +27,9 @@ MEGATRON_ARGS=(
   --max-position-embeddings 2048
   --position-embedding-type rope
   --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --init-method-std 0.013975
+  --rotary-base 500000
   --swiglu
   --untie-embeddings-and-output-weights
   --disable-bias-linear

@@ -335,6 +335,8 @@ def _raw_model() -> dict:
         "published_active_params": None, "source": "hand count",
         "shape": {"num_layers": 1, "hidden_size": 8, "ffn_hidden_size": 16, "num_attention_heads": 2,
                   "num_kv_heads": 2, "vocab_size": 10},
+        "hyperparameters": {"rope_theta": 10000, "rope_scaling": None, "norm_eps": 1e-5, "init_std": 0.02,
+                            "sources": {"rope_theta": "by hand", "norm_eps": "by hand", "init_std": "by hand"}},
     }
 
 
@@ -351,6 +353,14 @@ def _raw_model() -> dict:
          "published_active_params"),
         (lambda r: r.update(published_active_params="1K"), "MoE shapes only"),
         (lambda r: r.update(published_params="lots"), "published_params"),
+        (lambda r: r.pop("hyperparameters"), "missing field"),
+        (lambda r: r["hyperparameters"].update(rope_theta=None), "rope_theta must be given"),
+        (lambda r: r["hyperparameters"].update(init_std=0), "init_std must be a positive number"),
+        (lambda r: r["hyperparameters"].update(rope_scaling={"kind": "ntk", "factor": 2,
+                                                             "original_max_position_embeddings": 8}), "kind"),
+        (lambda r: r["hyperparameters"].update(rope_scaling={"kind": "llama3", "factor": 8,
+                                                             "original_max_position_embeddings": 8}),
+         "sources needs rope_scaling"),
     ],
 )
 def test_model_validation_is_strict(mutate, message):

@@ -1,15 +1,15 @@
-#!/usr/bin/env python3
-"""Validate a generated FSDP2 folder with torch itself: the fsdp target's validator hook.
+"""The FSDP2 target's real consumer: the runtime trainer's own config parser and stage builder.
 
-``validate_folder(folder, plan) -> [error]`` compiles fsdp_train.py and fsdp_config.py, imports
-fsdp_config.py under torch (2.13), and checks what the trainer will do against the plan: the
-device-mesh degrees and their product (the world size torchrun must launch), the pipeline's
-layers per (virtual) stage (fsdp_config.STAGE_LAYERS and the stage split build_pipeline makes
-from it), and the batch arithmetic.
+``validate_folder(folder, plan) -> [error]`` compiles fsdp_train.py and the shipped dtc_runtime/
+modules, reads fsdp_config.json with the shipped runtime's ``load_run_config`` (the exact code the
+trainer runs), and checks what the trainer will do against the plan: the mesh degrees, the batch,
+the decoder layers of every pipeline (virtual) stage (``ParallelConfig.stages``, what
+``parallel.build_pipeline`` builds) against Megatron's split the plan is costed with, and that the
+model is the planned shape with the catalog's rope base and init std.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,46 +18,43 @@ from typing import Any
 def validate_folder(folder: str | Path, plan: Any) -> list[str]:
     folder = Path(folder)
     errors: list[str] = []
-    for name in ("fsdp_config.py", "fsdp_train.py"):
+    files = [folder / "fsdp_train.py", *sorted((folder / "dtc_runtime").glob("*.py"))]
+    for path in files:
         try:
-            compile((folder / name).read_text(), str(folder / name), "exec")
-        except SyntaxError as exc:
-            errors.append(f"{name} does not compile: {exc}")
+            compile(path.read_text(), str(path), "exec")
+        except (OSError, SyntaxError) as exc:
+            errors.append(f"{path.name}: {exc}")
     if errors:
         return errors
-    spec = importlib.util.spec_from_file_location(f"_dtc_fsdp_config_{abs(hash(str(folder)))}",
-                                                  folder / "fsdp_config.py")
-    assert spec is not None and spec.loader is not None
-    C = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = C
+    sys.path.insert(0, str(folder))
     try:
-        spec.loader.exec_module(C)  # imports torch
+        for name in [m for m in sys.modules if m == "dtc_runtime" or m.startswith("dtc_runtime.")]:
+            del sys.modules[name]  # another folder's copy
+        config = importlib.import_module("dtc_runtime.config")
+        cfg = config.load_run_config(folder / "fsdp_config.json")
+    except Exception as exc:  # noqa: BLE001 - the trainer's own refusal, reported
+        return [f"fsdp_config.json: the runtime refuses it: {exc}"]
     finally:
-        sys.modules.pop(spec.name, None)
-    lay = plan.layout
-    degrees = C.resolve_degrees(lay.world_size, env={})
-    want = {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp, "tp": lay.tp,
-            "vpp": lay.vpp}
-    got = {k: getattr(degrees, k) for k in want}
+        sys.path.remove(str(folder))
+    lay, par = plan.layout, cfg.parallel
+    got = (par.tp, par.pp, par.cp, par.dp_replicate, par.dp_shard, par.vpp, par.zero_stage)
+    want = (lay.tp, lay.pp, lay.cp, lay.dp_replicate, lay.dp_shard, lay.vpp, lay.zero_stage)
     if got != want:
-        errors.append(f"fsdp_config.py's degrees {got} are not the plan's {want}")
-    try:
-        C.validate_world_size(degrees, lay.world_size)
-    except Exception as exc:  # noqa: BLE001 - MeshSizeError
-        errors.append(str(exc))
-    layers = plan.model.shape.num_layers
-    try:
-        split = C.plan_stage_layers(degrees, layers)
-    except ValueError as exc:
-        errors.append(str(exc))
-    else:
-        if tuple(split) != plan.layer_split().chunk_layers:
-            errors.append(f"fsdp_config.py splits the layers {list(split)}, the plan is costed with "
-                          f"{list(plan.layer_split().chunk_layers)}")
-        ranges = C.stage_layer_ranges(split)
-        if [len(r) for r in ranges] != list(split) or (ranges and ranges[-1].stop != layers):
-            errors.append(f"stage_layer_ranges({list(split)}) = {ranges} does not cover the {layers} layers")
-    if C.GLOBAL_BATCH != lay.global_batch or C.MICRO_BATCH * C.GRAD_ACCUM * lay.dp != C.GLOBAL_BATCH:
-        errors.append(f"fsdp_config.py's batch {C.MICRO_BATCH} x {C.GRAD_ACCUM} x dp {lay.dp} != "
-                      f"GLOBAL_BATCH {C.GLOBAL_BATCH} (plan: {lay.global_batch})")
+        errors.append(f"fsdp_config.json's degrees {got} are not the plan's {want}")
+    split = plan.layer_split()
+    stages = par.stages(cfg.model.num_layers)
+    costed = [len(split.layers(c % lay.pp, c // lay.pp)) for c in range(split.num_chunks)]
+    if [len(s) for s in stages] != costed:
+        errors.append(f"fsdp_config.json splits the layers {[len(s) for s in stages]}, the plan is costed with "
+                      f"{costed}")
+    if cfg.global_batch != plan.training.global_batch:
+        errors.append(f"fsdp_config.json's batch {cfg.batch.micro_batch} x {cfg.batch.grad_accum} x dp {par.dp} != "
+                      f"the plan's global batch {plan.training.global_batch}")
+    hyper = plan.model.hyperparameters
+    if cfg.model.num_layers != plan.model.shape.num_layers or cfg.model.hidden_size != plan.model.shape.hidden_size:
+        errors.append("fsdp_config.json's model is not the planned shape")
+    if hyper.rope_theta is not None and cfg.model.rope_theta != hyper.rope_theta:
+        errors.append(f"fsdp_config.json's rope_theta {cfg.model.rope_theta} is not the catalog's {hyper.rope_theta}")
+    if cfg.model.init_std != hyper.init_std:
+        errors.append(f"fsdp_config.json's init_std {cfg.model.init_std} is not the catalog's {hyper.init_std}")
     return errors

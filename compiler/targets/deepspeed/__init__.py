@@ -1,4 +1,4 @@
-"""DeepSpeed 0.19.8: ds_config.json and the ds_train.py entry point (torchrun)."""
+"""DeepSpeed 0.19.8: ds_config.json, the runtime's trainer (dtc_runtime/) with ds_train_config.json, and ds_train.py."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
 from compiler.targets.deepspeed import support
 
@@ -10,14 +10,13 @@ TARGET = Target(
     support=support.RULES,
     notes=support.notes,
     renderer="compiler.targets.deepspeed.render:render_deepspeed",
-    templates="templates",
     check_artifacts="compiler.targets.deepspeed.render:check_artifacts",
     validator="tools.validators.deepspeed_check:validate_folder",
     slurm=SlurmLaunch(script="train_deepspeed.sbatch", template="slurm/torchrun.sbatch.j2", launcher="torchrun",
-                      framework="DeepSpeed", needs=("ds_train.py", "ds_config.json"),
+                      framework="DeepSpeed", needs=("ds_train.py", "ds_config.json", "ds_train_config.json", "dtc_runtime"),
                       launchers={"deepspeed": 0, "torchrun": 1}, program_default="ds_train.py",
-                      # the generated ds_train.py takes --config; a user entry gets DeepSpeed's own flag
-                      config_flag=("--config", "--deepspeed_config")),
+                      # the generated ds_train.py takes --ds-config; a user entry gets DeepSpeed's own flag
+                      config_flag=("--ds-config", "--deepspeed_config")),
     smoke=SmokeHooks(runner="compiler.smoke.targets:run_entry", entry="ds_train.py",
                      summary_key="dtc_deepspeed_summary", options="compiler.targets.deepspeed.smoke:smoke_options",
                      preflight="compiler.targets.deepspeed.smoke:preflight",

@@ -1,8 +1,12 @@
-"""DeepSpeed target: ``ds_config.json`` (built as data) and ``ds_train.py``, for DeepSpeed 0.19.8.
+"""DeepSpeed target: ``ds_config.json`` (built as data) and the runtime's DeepSpeed trainer
+(``dtc_runtime/``, copied verbatim) with its run config ``ds_train_config.json`` and the
+``ds_train.py`` entry, for DeepSpeed 0.19.8.
 
 ``deepspeed_context(plan)`` computes the whole ds_config as a dict; ``render_deepspeed``
-serialises it with ``json.dumps(indent=2, sort_keys=True)`` and fills the training-script
-template ``deepspeed/ds_train.py.j2`` with plan constants only. Every key is one the
+serialises it with ``json.dumps(indent=2, sort_keys=True)``. The learning-rate schedule is the
+runtime's (Megatron's formula, set every step), so ds_config.json has no ``scheduler``;
+gradients are accumulated and reduced in fp32 (``data_types.grad_accum_dtype``,
+``communication_data_type``). Every key is one the
 pinned release reads (tools/validators/deepspeed_check.py checks each generated config
 with DeepSpeed's own ``DeepSpeedConfig`` at the plan's real data-parallel size).
 
@@ -25,13 +29,11 @@ from compiler.errors import RenderError
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
-from compiler.render.common import lr_schedule_steps
-from compiler.render.environment import render_template
-from compiler.render.report import display_path, provenance_header
+from compiler.runtime_bundle import render_runtime_target
 
 CONFIG_FILE = "ds_config.json"
+RUN_CONFIG_FILE = "ds_train_config.json"
 TRAIN_FILE = "ds_train.py"
-TRAIN_TEMPLATE = "deepspeed/ds_train.py.j2"
 
 # NVMe offload needs a node-local directory; the spec has no field for it, so every plan uses
 # this spec-independent default (PLAN notes say so: see deepspeed_notes). Edit ds_config.json
@@ -125,7 +127,10 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(lay, shape),
         "optimizer": _optimizer(plan),
-        "scheduler": _scheduler(plan),
+        # gradients accumulated and reduced in fp32, as the other two targets do and the cost model
+        # counts (DeepSpeed's default for bf16 is to accumulate and reduce in the parameter dtype)
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "communication_data_type": "fp32",
     }
     cfg.update(_precision(str(plan.training.precision)))
     if lay.zero_stage > 0 and plan.training.optimizer == "sgd":
@@ -221,26 +226,6 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
     return {"type": "AdamW", "params": params}
 
 
-def _scheduler(plan: Plan) -> dict[str, Any]:
-    """Linear warm-up to the peak lr, then cosine decay to min_learning_rate at the last step.
-
-    DeepSpeed 0.19.8's WarmupCosineLR starts at last_batch_iteration -1 (lr 0) and is stepped after
-    each optimizer step, so optimizer step k runs at iteration k-2. No config value fixes the start
-    (last_batch_iteration >= 0 skips the initial lr update: step 1 would run at the full peak), so
-    ds_train.py moves the fresh schedule to iteration 1 (``align_lr_schedule``): step k runs at
-    peak x k / warmup_num_steps, as Megatron and fsdp_train.py count.
-    """
-    warmup, total = lr_schedule_steps(plan)
-    lr = float(plan.training.learning_rate)
-    return {"type": "WarmupCosineLR", "params": {
-        "total_num_steps": total,
-        "warmup_num_steps": warmup,
-        "warmup_type": "linear",  # DeepSpeed's default is "log"; Megatron warms up linearly
-        "warmup_min_ratio": 0.0,
-        "cos_min_ratio": float(plan.training.min_learning_rate) / lr,
-    }}
-
-
 def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
     """deepspeed.checkpointing settings, used by ds_train.py's checkpointed layers.
 
@@ -258,59 +243,17 @@ def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------------ the script
-def ds_train_context(plan: Plan) -> dict[str, Any]:
-    """Plan constants for ds_train.py (everything else in the script is fixed code)."""
-    lay = plan.layout
-    shape = plan.model.shape
-    spec = display_path(str(plan.provenance.spec_path))
-    model = {
-        "num_layers": shape.num_layers,
-        "hidden_size": shape.hidden_size,
-        "ffn_hidden_size": shape.ffn_hidden_size,
-        "num_attention_heads": shape.num_attention_heads,
-        "num_kv_heads": shape.num_kv_heads,
-        "head_dim": shape.kv_channels,
-        "vocab_size": shape.vocab_size,
-        "mlp": shape.mlp,
-        "norm": shape.norm,
-        "position": shape.position,
-        "max_position_embeddings": max(shape.max_position_embeddings, int(plan.training.seq_len)),
-        "tied_embeddings": shape.tied_embeddings,
-        "attention_bias": shape.attention_bias or shape.linear_bias,
-        "linear_bias": shape.linear_bias,
-        "is_moe": shape.is_moe,
-    }
-    constants = {
-        "name": plan.name,
-        "spec_path": spec,
-        "layout_tag": lay.tag,
-        "world_size": lay.world_size,
-        "tp": lay.tp,
-        "pp": lay.pp,
-        "dp": lay.dp,
-        "zero_stage": lay.zero_stage,
-        "recompute": lay.recompute,
-        "precision": str(plan.training.precision),
-        "seq_len": int(plan.training.seq_len),
-        "num_steps": int(plan.training.num_steps),
-        "global_batch": int(plan.training.global_batch),
-        "seed": int(plan.training.seed),
-        # decoder layers of each pipeline stage: Megatron's split (compiler.split), the one dtc costs
-        "stage_layers": list(plan.layer_split().chunk_layers) if lay.pp > 1 else [],
-        "model": model,
-    }
-    return {"header": provenance_header(plan), "plan": constants, "model_keys": list(model),
-            "plan_keys": [k for k in constants if k != "model"]}
-
-
+# ------------------------------------------------------------------------------ the files
 def render_deepspeed(plan: Plan) -> dict[str, str]:
-    """{"ds_config.json": ..., "ds_train.py": ...} for ``plan``."""
+    """ds_config.json, dtc_runtime/*.py (verbatim), ds_train_config.json and ds_train.py for ``plan``."""
     cfg = deepspeed_context(plan)
-    return {
-        CONFIG_FILE: json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-        TRAIN_FILE: render_template(TRAIN_TEMPLATE, **ds_train_context(plan)),
-    }
+    files = render_runtime_target(
+        plan, target="deepspeed", config_file=RUN_CONFIG_FILE, entry_file=TRAIN_FILE, module="deepspeed_train",
+        doc=f"DeepSpeed entry for {plan.name} (layout {plan.layout.tag}): torchrun|deepspeed ... ds_train.py "
+            f"[--steps N]; runs dtc_runtime/deepspeed_train.py with {RUN_CONFIG_FILE} and {CONFIG_FILE} "
+            "(all beside this file).")
+    files[CONFIG_FILE] = json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return files
 
 
 # ------------------------------------------------------------------------------ invariants

@@ -1,4 +1,4 @@
-"""torch 2.13 FSDP2: fsdp_config.py (the plan as a module) and the fsdp_train.py entry point (torchrun)."""
+"""torch 2.13 FSDP2: the runtime's trainer (dtc_runtime/), fsdp_config.json and the fsdp_train.py entry (torchrun)."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
 from compiler.targets.fsdp import support
 
@@ -6,17 +6,17 @@ TARGET = Target(
     name="fsdp",
     display_name="FSDP2",
     versions={"torch": "2.13.0"},
-    files=("fsdp_config.py", "fsdp_train.py"),
+    files=("fsdp_config.json", "fsdp_train.py"),
     support=support.RULES,
     notes=support.notes,
     renderer="compiler.targets.fsdp.render:render_fsdp",
-    templates="templates",
     check_artifacts="compiler.targets.fsdp.render:check_artifacts",
     validator="tools.validators.fsdp_check:validate_folder",
     slurm=SlurmLaunch(script="train_fsdp.sbatch", template="slurm/torchrun.sbatch.j2", launcher="torchrun",
-                      framework="FSDP2", needs=("fsdp_train.py", "fsdp_config.py"), launchers={"torchrun": 0},
+                      framework="FSDP2", needs=("fsdp_train.py", "fsdp_config.json", "dtc_runtime"),
+                      launchers={"torchrun": 0},
                       program_default="fsdp_train.py"),
     smoke=SmokeHooks(runner="compiler.smoke.targets:run_entry", entry="fsdp_train.py",
                      summary_key="dtc_fsdp_summary", options="compiler.targets.fsdp.smoke:smoke_options",
-                     notes="compiler.targets.fsdp.smoke:notes", rope_only=True),
+                     notes="compiler.targets.fsdp.smoke:notes"),
 )

@@ -18,7 +18,7 @@ artifact's --data-path), ``forward_step`` (get_batch, the model call, loss_func)
 Without GPUs, ``compiler.targets.megatron.cpu.install()`` runs first (the CUDA-to-CPU layer); with
 GPUs nothing is bridged. After training, each rank prints one ``dtc_megatron_rank`` JSON line:
 its parameter, gradient-buffer and optimizer-state bytes, the peak bytes autograd saved for
-backward (measured with the generated trainers' own counter, templates/common/_saved_activations),
+backward (measured with the generated trainers' own counter, compiler/runtime/measure.py),
 and its peak resident set (CPU) or peak allocated bytes (GPU).
 """
 from __future__ import annotations
@@ -54,16 +54,7 @@ UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "hetero
 _CAPTURED: dict[str, Any] = {}
 
 
-def _saved_activations() -> Any:
-    """The saved-activation counter of the generated trainers (one home: the template)."""
-    from compiler.render.environment import render_template
-
-    namespace: dict[str, Any] = {"torch": torch, "threading": __import__("threading")}
-    exec(compile(render_template("common/_saved_activations.py.j2"), "_saved_activations.py", "exec"), namespace)
-    return namespace["SAVED"]
-
-
-SAVED = _saved_activations()
+from compiler.runtime.measure import SAVED  # noqa: E402 - the generated trainers' own counter (one home)
 
 
 # ------------------------------------------------------------------------------------------- model

@@ -190,6 +190,7 @@ def _model(plan: Plan) -> list[list[str]]:
     out.append(_f("--max-position-embeddings", max(seq, s.max_position_embeddings)))
     out.append(_f("--position-embedding-type", "rope" if s.position == "rope" else "learned_absolute"))
     out.append(_f("--normalization", "RMSNorm" if s.norm == "rmsnorm" else "LayerNorm"))
+    out += _hyperparameters(plan)
     if s.mlp == "swiglu":
         out.append(["--swiglu"])
     if not s.tied_embeddings:
@@ -204,6 +205,32 @@ def _model(plan: Plan) -> list[list[str]]:
     # explicit although it is 0.19.2's default: fp8, CP and MLA all need Transformer Engine
     out.append(_f("--transformer-impl", "transformer_engine"))
     return out
+
+
+def _hyperparameters(plan: Plan) -> list[list[str]]:
+    """The catalog's rope base and scaling, norm epsilon and init std (plan.model.hyperparameters, each
+    with its source in compiler/data/models.yaml); Megatron's defaults (10000, 1e-5, 0.02) are right
+    for few models."""
+    h, s = plan.model.hyperparameters, _shape(plan)
+    out = [_f("--norm-epsilon", h.norm_eps), _f("--init-method-std", h.init_std)]
+    if s.position == "rope" and s.mla is None and h.rope_theta is not None:
+        out.append(_f("--rotary-base", int(h.rope_theta)))  # an int flag in megatron-core 0.19.2
+        if h.rope_scaling is not None and h.rope_scaling.kind == "llama3":
+            # Megatron's apply_rope_scaling: Llama 3.1's low/high frequency factors 1 and 4, original 8192
+            out += [["--use-rope-scaling"], _f("--rope-scaling-factor", h.rope_scaling.factor)]
+    return out
+
+
+def tokenizer_type(path: str) -> list[list[str]]:
+    """Megatron's tokenizer flags for the tokenizer that prepared the data (judged by its name: the
+    renderer never reads the cluster's files): a ``.tiktoken`` file -> TikTokenizer with Llama 3's
+    pattern (v2), a ``.model`` file -> SentencePiece, anything else (a folder, a tokenizer.json) ->
+    HuggingFaceTokenizer."""
+    if path.endswith(".tiktoken"):
+        return [_f("--tokenizer-type", "TikTokenizer"), _f("--tokenizer-model", path), _f("--tiktoken-pattern", "v2")]
+    if path.endswith(".model"):
+        return [_f("--tokenizer-type", "GPTSentencePieceTokenizer"), _f("--tokenizer-model", path)]
+    return [_f("--tokenizer-type", "HuggingFaceTokenizer"), _f("--tokenizer-model", path)]
 
 
 def _moe(s: ModelShape, lay: Layout) -> list[list[str]]:
@@ -291,6 +318,15 @@ def _recompute(lay: Layout) -> list[list[str]]:
 
 def _data(plan: Plan) -> list[list[str]]:
     s = _shape(plan)
+    data = plan.data
+    if data is not None and not data.synthetic and data.tokenizer is not None:
+        # the spec's prepared datasets (dtc data prepare: Megatron's .bin/.idx) and their tokenizer;
+        # blends as "weight prefix" pairs (megatron/training/arguments.py --data-path)
+        paths = [item for d in data.datasets for item in (repr(float(d.weight)), d.path)] \
+            if len(data.datasets) > 1 else [data.datasets[0].path]
+        return (tokenizer_type(data.tokenizer)
+                + [_f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY), ["--data-path", *paths],
+                   _f("--split", DATA_SPLIT), _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)])
     # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
     out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
