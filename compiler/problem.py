@@ -31,6 +31,7 @@ class GpuOption:
     price_per_gpu_hour_usd: float
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    power_limit_w: float | None = None  # a cluster's power cap below the part's TDP (None: run at TDP)
 
     @property
     def name(self) -> str:
