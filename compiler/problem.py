@@ -101,6 +101,7 @@ class Problem:
     targets: tuple[str, ...]
     slurm: dict[str, Any] = field(default_factory=dict)  # the validated slurm section, plain data
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
+    fp8_recipe: str = ""  # fp8 scaling recipe (compiler/data/physics.yaml gemm.quantize_bytes_per_element); "": the framework's
 
     @property
     def num_params(self) -> int:

@@ -74,16 +74,35 @@ def memory_lower_bound_bytes(problem: Problem, gpu: GpuOption, *, num_gpus: int 
     return weights + grads + states + acts + load_efficiency().cuda_context_bytes
 
 
+def _fastest_attention_flops_per_s(eff, gpu: GpuOption) -> float:
+    """The highest forward+backward attention rate any kernel table of this part's class reaches."""
+    from compiler.catalog import load_catalog
+
+    best = 0.0
+    for kernel in ("cudnn", "fa3", "fa2"):
+        for variant in ("hd128", "mla", "hd64"):
+            curve, ref = eff.physics.attention_curve(gpu.spec.kernel_family, kernel, variant)
+            ref_spec = load_catalog().gpus.get(ref)
+            scale = gpu.spec.peak_flops_for("bf16") / ref_spec.peak_flops_for("bf16") if ref_spec else 1.0
+            fastest = min(curve.seconds_per_forward_flop(s) for s in curve.seq)
+            best = max(best, 3.0 / fastest * scale)  # 3x forward FLOPs per (fwd + bwd) pass in dtc's convention
+    return best
+
+
 def step_time_lower_bound_s(problem: Problem, gpu: GpuOption, *, num_gpus: int | None = None,
                             global_batch: int | None = None) -> float:
     """Seconds per step that every layout on at most ``num_gpus`` GPUs needs at least."""
     n = _max_gpus(problem, num_gpus)
     if global_batch is None:
         global_batch = max(1, int(problem.global_batch * (1.0 - problem.global_batch_tolerance)))
-    eff = load_efficiency().for_generation(gpu.spec.generation)
+    eff = load_efficiency()
     recipe = RECIPES[problem.precision]
+    cls = gpu.spec.kernel_family
     dtypes = {recipe.gemm_dtype, "fp32" if recipe.name == "fp32" else "bf16"}  # layer GEMMs; logits/attention
-    rates = [gpu.spec.peak_flops_for(d) * eff.gemm_fraction_for(d) for d in dtypes]
-    rates.append(gpu.spec.peak_flops_for("fp32" if recipe.name == "fp32" else "bf16") * eff.attention_fraction)
+    kinds = {"fp8": ("fp8_tensorwise", "fp8_blockwise", "mxfp8")}
+    rates = [gpu.spec.peak_flops_for(d) * max(eff.physics.gemm_fraction_for(cls, k) for k in kinds.get(d, (d,)))
+             for d in dtypes]
+    rates.append(_fastest_attention_flops_per_s(eff, gpu))
+    rates = [r * max(1.0, eff.fit("compute_scale")) for r in rates]
     flops = model_flops_per_token(problem.shape, problem.params, problem.seq_len) * global_batch * problem.seq_len
     return flops / (n * max(rates))

@@ -1,16 +1,18 @@
-"""What every cost-model function needs to know about one (problem, layout, gpu), computed once.
+"""What every cost-model function needs to know about one (problem, layout, gpu, target), computed once.
 
 ``Setup`` gathers the resolved inputs: the model shape and parameter count, the layout,
-the GPU option, the precision recipe, the efficiency table and the per-stage layers.
-It holds no results; memory.py, compute.py, comm.py and step.py compute those.
+the GPU option, the framework profile of the target it is costed for, the precision recipe,
+the constants (physics + fit) and the per-stage layers. It holds no results; memory.py,
+compute.py, comm.py and step.py compute those.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from compiler.costmodel.activations import DEFAULT_IMPL, ActivationImpl
-from compiler.costmodel.efficiency import Efficiency, GenerationEfficiency, load_efficiency
+from compiler.costmodel.activations import ActivationImpl
+from compiler.costmodel.efficiency import Efficiency, load_efficiency
+from compiler.costmodel.frameworks import FrameworkProfile, framework_profile
 from compiler.costmodel.stages import StageLayers, stage_layers
 from compiler.layout import Layout
 from compiler.model import ModelShape, ParamCount
@@ -42,6 +44,18 @@ RECIPES = {
 }
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
+FP8_RECIPES = ("fp8_tensorwise_delayed", "fp8_tensorwise_current", "fp8_blockwise", "mxfp8")
+
+
+def fp8_recipe_for(framework: FrameworkProfile, generation: str, requested: str = "") -> str:
+    """The fp8 scaling recipe a run uses: the requested one, else the framework's default, which
+    Blackwell replaces by MXFP8 for Transformer Engine (the recipe dtc's Megatron renderer emits:
+    --fp8-recipe mxfp8 on Blackwell, delayed elsewhere)."""
+    if requested:
+        return requested
+    if framework.activations.name.startswith("megatron") and generation == "blackwell":
+        return "mxfp8"
+    return framework.fp8_recipe
 
 
 @dataclass(frozen=True)
@@ -50,10 +64,10 @@ class Setup:
     layout: Layout
     gpu: GpuOption
     eff: Efficiency
-    gen: GenerationEfficiency
     recipe: PrecisionRecipe
-    impl: ActivationImpl
+    framework: FrameworkProfile
     stages: tuple[StageLayers, ...]
+    fp8_recipe: str = ""  # the scaling recipe of fp8 GEMMs ("" unless precision is fp8)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-layer quantities, computed once
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -63,6 +77,14 @@ class Setup:
         except KeyError:
             value = self._memo[key] = compute()
             return value
+
+    @property
+    def impl(self) -> ActivationImpl:
+        return self.framework.activations
+
+    @property
+    def kernel_class(self) -> str:
+        return self.gpu.spec.kernel_family
 
     @property
     def shape(self) -> ModelShape:
@@ -87,7 +109,22 @@ class Setup:
 
     @property
     def optimizer_state_bytes(self) -> int:
-        return OPTIMIZER_STATE_BYTES.get(self.problem.optimizer, 8)
+        return self.framework.optimizer_state_bytes or OPTIMIZER_STATE_BYTES.get(self.problem.optimizer, 8)
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per kept gradient element: 16-bit mixed precision keeps the framework's gradient buffers
+        (Megatron: fp32 main_grad); fp32 training keeps fp32."""
+        if self.recipe.name == "fp32":
+            return 4
+        return self.framework.main_grad_bytes
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element on the wire of the data-parallel reduction."""
+        if self.recipe.name == "fp32":
+            return 4
+        return self.framework.grad_reduce_bytes
 
     @property
     def nvlink_domain_gpus(self) -> int:
@@ -97,13 +134,28 @@ class Setup:
             return spec.nvlink_domain_gpus
         return self.layout.gpus_per_node
 
+    @property
+    def power_factor(self) -> float:
+        """Compute slowdown of a part run under a power limit below its TDP (physics.yaml power)."""
+        limit, tdp = self.gpu.power_limit_w, self.gpu.spec.tdp_w
+        if not limit or not tdp or limit >= tdp:
+            return 1.0
+        return (limit / tdp) ** self.eff.physics.dvfs_exponent
+
     def peak_flops_per_s(self, dtype: str) -> float:
         return self.gpu.spec.peak_flops_for(dtype)
 
+    def hbm_rate(self, kernels: str | None = None) -> float:
+        """Achieved HBM bytes/s of memory-bound kernels: fused (TE, cuDNN, compiled) or eager."""
+        fraction = self.eff.physics.memory_bound_fraction[kernels or self.framework.elementwise]
+        return self.gpu.spec.hbm_bandwidth_bytes_per_s * fraction
 
-def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, impl: ActivationImpl = DEFAULT_IMPL,
+
+def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str | FrameworkProfile = "megatron",
                eff: Efficiency | None = None) -> Setup:
     eff = eff or load_efficiency()
-    return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, gen=eff.for_generation(gpu.spec.generation),
-                 recipe=RECIPES[problem.precision], impl=impl,
-                 stages=stage_layers(problem.shape, layout.pp, layout.vpp))
+    framework = target if isinstance(target, FrameworkProfile) else framework_profile(target)
+    recipe = RECIPES[problem.precision]
+    fp8 = fp8_recipe_for(framework, gpu.spec.generation, problem.fp8_recipe) if recipe.gemm_dtype == "fp8" else ""
+    return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, recipe=recipe, framework=framework,
+                 stages=stage_layers(problem.shape, layout.pp, layout.vpp), fp8_recipe=fp8)

@@ -41,9 +41,9 @@ from typing import Iterable
 from compiler.costmodel import comm as cm_comm
 from compiler.costmodel import memory as cm_memory
 from compiler.costmodel import step as cm_step
-from compiler.costmodel.activations import DEFAULT_IMPL
 from compiler.costmodel.compute import StageCompute
-from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup
+from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup, make_setup
+from compiler.costmodel.frameworks import FRAMEWORKS, costed_targets
 from compiler.costmodel.efficiency import load_efficiency
 from compiler.costmodel.stages import StageLayers, stage_layers, stage_params
 from compiler.layout import Layout
@@ -74,10 +74,13 @@ def candidate_stage_indices(pp: int) -> tuple[int, ...]:
 class Bounds:
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.eff = load_efficiency()
+        # launch-bound time is max(GPU, launches) over a whole stage, not additive per layer: the bounds
+        # leave launches out (cpu_op_s = 0), which only lowers every stage time
+        self.eff = load_efficiency().with_fitted({"cpu_op_s": 0.0})
         self.recipe = RECIPES[problem.precision]
         self.state_bytes = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
-        self.gens = [self.eff.for_generation(o.spec.generation) for o in problem.gpu_options]
+        self.target = costed_targets(problem.targets)[0]  # the framework the solver's evaluate() costs for
+        self.grad_bytes = 4 if problem.precision == "fp32" else FRAMEWORKS[self.target].main_grad_bytes
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
         self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
         self._per_token: dict[tuple, float] = {}
@@ -93,9 +96,9 @@ class Bounds:
 
     # ------------------------------------------------------------------ helpers
     def setup(self, option: int, layout: Layout) -> Setup:
-        return Setup(problem=self.problem, layout=layout, gpu=self.problem.gpu_options[option], eff=self.eff,
-                     gen=self.gens[option], recipe=self.recipe, impl=DEFAULT_IMPL,
-                     stages=self.stages(layout.pp, layout.vpp))
+        base = make_setup(self.problem, layout, self.problem.gpu_options[option], target=self.target, eff=self.eff)
+        return Setup(problem=self.problem, layout=layout, gpu=base.gpu, eff=self.eff, recipe=self.recipe,
+                     framework=base.framework, stages=self.stages(layout.pp, layout.vpp), fp8_recipe=base.fp8_recipe)
 
     def stages(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
         got = self._stages.get((pp, vpp))
@@ -224,7 +227,7 @@ class Bounds:
             layout = make_layout()
             setup = self.setup(shape.option, layout)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            coll = cm_comm.dp_collectives(setup, spp)
+            coll = cm_comm.dp_collectives(setup, spp, units=sl.layers + int(sl.first or sl.last))
             fwd = sum(x.time_per_call_s for x in coll if x.phase == "forward")
             bwd = sum(x.time_per_call_s for x in coll if x.phase == "backward")
             last = self.eff.last_bucket_bytes
@@ -233,7 +236,7 @@ class Bounds:
                 total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == phase)
                 nbytes = sum(x.bytes_per_call for x in coll if x.phase == phase)
                 pieces += [total, total * min(1.0, last / nbytes) if nbytes else 0.0]
-            huge = StageCompute(_INF_STAGE_S, 0.0, 0.0, 0.0, 0.0)
+            huge = StageCompute(forward_s=_INF_STAGE_S, backward_s=0.0, recompute_s=0.0)
             st = cm_step.StageTime(sl.stage, huge, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
             extra = cm_step.optimizer_step_time_s(setup, spp) + cm_step.offload_time_s(setup, spp, st)[0]
             got = self._dp[key] = (fwd, bwd, *pieces, extra)
@@ -285,7 +288,7 @@ class Bounds:
             spp = self._stage_params(shape, shape.pp, vpp, sl)
             r = self.recipe
             got = (cm_memory.weight_bytes_per_gpu(spp, view, r.weight_bytes)  # type: ignore[arg-type]
-                   + cm_memory.gradient_bytes_per_gpu(spp, view, r.grad_bytes)  # type: ignore[arg-type]
+                   + cm_memory.gradient_bytes_per_gpu(spp, view, self.grad_bytes)  # type: ignore[arg-type]
                    + cm_memory.master_weight_bytes_per_gpu(spp, view, r.master_bytes)  # type: ignore[arg-type]
                    + cm_memory.optimizer_state_bytes_per_gpu(spp, view, self.state_bytes))  # type: ignore[arg-type]
             self._states[key] = got
