@@ -91,12 +91,17 @@ def framework_of(row: dict) -> FrameworkProfile:
     """The framework profile that ran the row, with the variations the row states."""
     text = _text(row, "source_id", "source", "software_version", "zero_fsdp", "notes")
     version = _text(row, "software_version", "source_id")
-    if "torchtitan" in text:
+    year = re.search(r"\((20\d\d)\)", version)
+    if "deepspeed" in _text(row, "zero_fsdp"):
+        base = FRAMEWORKS["deepspeed"]
+        if year and int(year.group(1)) <= 2022:  # DeepSpeed on Megatron's GPT before FlashAttention
+            base = replace(base, name="deepspeed+megatron_gpt_2021", attention="unfused",
+                           activations=FRAMEWORKS["megatron_lm_2021"].activations)
+    elif "torchtitan" in text:
         base = FRAMEWORKS["torchtitan"]
     elif "llm-foundry" in text or "composer" in text or "mosaic" in version:
         base = FRAMEWORKS["llm_foundry"]
     elif "megatron" in text or "nemo" in text:
-        year = re.search(r"megatron-lm \((20\d\d)\)", version)
         old = (year and int(year.group(1)) <= 2022) or row.get("source_id", "").startswith(("narayanan", "korthikanti"))
         bridge = "megatron-bridge" in text or re.search(r"nemo ?2\.0|nemo2|nemo (2[5-9]|[3-9]\d)\.", text)
         base = FRAMEWORKS["megatron_lm_2021" if old else "megatron_bridge" if bridge else "megatron"]
