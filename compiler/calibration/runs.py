@@ -173,8 +173,9 @@ def find_gpu(catalog: Catalog, name: str) -> GpuSpec:
     tries = [base, f"{parts[0]}-{parts[-1]}" if len(parts) > 1 else base]
     tries += ["-".join(parts[:i]) for i in range(len(parts), 0, -1)]
     paren = re.findall(r"\((.*?)\)", name)
-    if paren and parts:
-        tries.insert(0, normalize_name(f"{parts[0]}-{paren[0]}"))
+    if paren and parts:  # 'H100 (96GB HBM2e)' -> h100-96gb-hbm2e, h100-96gb, h100-hbm2e
+        words = [w for w in re.split(r"[\s,/;]+", normalize_name(paren[0]).replace("-", " ")) if w]
+        tries[:0] = [normalize_name(f"{parts[0]}-{paren[0]}")] + [f"{parts[0]}-{w}" for w in words]
     for key in tries:
         spec = catalog.find_gpu(key)
         if spec is not None:
