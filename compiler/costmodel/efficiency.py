@@ -122,6 +122,7 @@ class Physics:
     dp_overlap_window_fraction: float
     last_bucket_bytes: float
     grad_accumulation_bytes_per_param: float
+    comm_sm_fraction: float  # SMs an overlapped all-to-all kernel takes from the computation under it
     cpu_adam_params_per_s_per_node: float
     nvme_bandwidth_bytes_per_s_per_node: float
     pcie_fraction: float
@@ -236,7 +237,8 @@ def parse_physics(data: dict) -> Physics:
     power = _keys(data["power"], ("dvfs_exponent", "sources"), "power")
     comm = _keys(data["comm"], ("busbw_fraction", "latency_s", "all_to_all_fraction", "sources"), "comm")
     overlap = _keys(data["overlap"], ("cp_exposed_fraction", "dp_overlap_window_fraction", "last_bucket_bytes",
-                                      "grad_accumulation_bytes_per_param", "sources"), "overlap")
+                                      "grad_accumulation_bytes_per_param", "comm_sm_fraction", "sources"),
+                    "overlap")
     host = _keys(data["host"], ("cpu_adam_params_per_s_per_node", "nvme_bandwidth_bytes_per_s_per_node",
                                 "pcie_fraction", "sources"), "host")
     allow = _keys(data["allowances"], ("cuda_context_bytes", "nccl_bytes_per_group", "fragmentation_fraction",
@@ -258,6 +260,7 @@ def parse_physics(data: dict) -> Physics:
         dp_overlap_window_fraction=float(overlap["dp_overlap_window_fraction"]),
         last_bucket_bytes=float(overlap["last_bucket_bytes"]),
         grad_accumulation_bytes_per_param=float(overlap["grad_accumulation_bytes_per_param"]),
+        comm_sm_fraction=float(overlap["comm_sm_fraction"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),
         pcie_fraction=float(host["pcie_fraction"]),

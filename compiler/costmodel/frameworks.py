@@ -84,6 +84,16 @@ FRAMEWORKS: Mapping[str, FrameworkProfile] = MappingProxyType({
         "128x128 scales), FP32 gradient accumulation, AdamW moments in BF16, recomputed RMSNorm and MLA "
         "up-projections, FP8 activation caches; no tensor parallelism",
         ep_overlap=True, optimizer_state_bytes=4),
+    "llama3_meta": FrameworkProfile(
+        "llama3_meta", "Meta's Llama 3 training stack (4D parallelism)", MEGATRON_TE, "fa2", "fused", 4, 4, False, 16,
+        44, 4, "attention_core", "fp8_tensorwise_delayed", False,
+        "Llama 3 paper (arXiv:2407.21783) sec. 3.3.2: TP/CP/PP/FSDP; FSDP shards optimizer states and gradients "
+        "but does not reshard the model after the forward (ZeRO-2 with a layout's zero_stage=2); FP32 gradient "
+        "accumulation and FP32 reduce-scatter; interleaved pipeline schedule with asynchronous point-to-point, "
+        "stage inputs/outputs freed proactively; no activation checkpointing at 8K context. The stack is not "
+        "public: fused elementwise kernels and a FlashAttention-2 class attention kernel (the public state of "
+        "the art while the 405B was trained; FlashAttention-3 came out with the paper) and no overlap of "
+        "tensor-parallel collectives (none is described) are assumptions"),
     "megatron_lm_2021": FrameworkProfile(
         "megatron_lm_2021", "Megatron-LM (2021-2022, before Transformer Engine)", PAPER, "unfused", "fused", 4, 4,
         False, 18, 44, 4, "attention_core", "fp8_tensorwise_delayed", False,

@@ -96,9 +96,11 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
           _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
     tp_x, ep_x = tp_exposed_fraction(setup), eff.fit("ep_exposed_fraction")
     if setup.framework.ep_overlap and sl.moe:
-        # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows
+        # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows, and
+        # the computation under it runs on the SMs the communication kernels leave (physics.yaml comm_sm_fraction)
         per_f, per_b = c.forward_s / max(1, sl.layers), c.backward_s / max(1, sl.layers)
-        ep_pair = (max(0.0, ep_f - per_f), max(0.0, ep_b - per_b))
+        slow = eff.physics.comm_sm_fraction / (1.0 - eff.physics.comm_sm_fraction)
+        ep_pair = (max(0.0, ep_f - per_f) + slow * min(ep_f, per_f), max(0.0, ep_b - per_b) + slow * min(ep_b, per_b))
     else:
         ep_pair = (ep_x * ep_f, ep_x * ep_b)
     return StageTime(

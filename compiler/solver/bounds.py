@@ -79,7 +79,8 @@ class Bounds:
         self.eff = load_efficiency().with_fitted({"cpu_op_s": 0.0})
         self.recipe = RECIPES[problem.precision]
         self.state_bytes = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
-        self.target = costed_targets(problem.targets)[0]  # the framework the solver's evaluate() costs for
+        # the first framework target: the solver keeps the slowest target's estimate, never below this one's
+        self.target = costed_targets(problem.targets)[0]
         self.grad_bytes = 4 if problem.precision == "fp32" else FRAMEWORKS[self.target].main_grad_bytes
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
         self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
@@ -236,7 +237,7 @@ class Bounds:
                 total = sum(x.time_per_call_s * x.calls_per_step for x in coll if x.phase == phase)
                 nbytes = sum(x.bytes_per_call for x in coll if x.phase == phase)
                 pieces += [total, total * min(1.0, last / nbytes) if nbytes else 0.0]
-            huge = StageCompute(forward_s=_INF_STAGE_S, backward_s=0.0, recompute_s=0.0)
+            huge = StageCompute(forward_s=_INF_STAGE_S, backward_s=_INF_STAGE_S, recompute_s=0.0)  # all overlappable hidden
             st = cm_step.StageTime(sl.stage, huge, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
             extra = cm_step.optimizer_step_time_s(setup, spp) + cm_step.offload_time_s(setup, spp, st)[0]
             got = self._dp[key] = (fwd, bwd, *pieces, extra)
