@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -159,6 +159,13 @@ class Efficiency:
     fitted: Mapping[str, float]
     fit_provenance: Mapping[str, Any] = field(default_factory=dict)
     loso: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # left-out source -> fitted values
+
+    def __post_init__(self) -> None:
+        # the formulas read eff.<name> thousands of times per search: plain attributes, not __getattr__
+        for f in fields(self.physics):
+            self.__dict__.setdefault(f.name, getattr(self.physics, f.name))
+        for name, value in self.fitted.items():
+            self.__dict__.setdefault(name, value)
 
     def fit(self, name: str) -> float:
         return self.fitted[name]

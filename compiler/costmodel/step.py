@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pipeline
 from compiler.costmodel.context import Setup
+from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
@@ -137,13 +138,17 @@ def fp8_weight_cast_time_s(setup: Setup, sp: StageParams) -> float:
 
 
 def sync_overhead_s(setup: Setup, busy_s: float) -> tuple[float, float]:
+    return sync_overhead_for(setup.layout.world_size, setup.eff, busy_s)
+
+
+def sync_overhead_for(world_size: int, eff: Efficiency, busy_s: float) -> tuple[float, float]:
     """(straggler wait, fixed per-step time): a synchronous step waits for the slowest of N ranks, whose
     step time varies with coefficient of variation cv: E[max] ~ mean x (1 + cv sqrt(2 ln N)) (expected
     maximum of N normal variables); plus the fitted fixed time per step."""
-    n = max(1, setup.layout.world_size)
-    cv = setup.eff.fit("straggler_cv")
+    n = max(1, world_size)
+    cv = eff.fit("straggler_cv")
     straggler = busy_s * cv * math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
-    return straggler, setup.eff.fit("step_overhead_s")
+    return straggler, eff.fit("step_overhead_s")
 
 
 def offload_time_s(setup: Setup, sp: StageParams, st: StageTime) -> tuple[float, str]:

@@ -165,7 +165,8 @@ class Bounds:
             whole = self.stages(1, 1)[0]
             f, b = self.stage_fb(shape, whole, _HUGE_MB, sp, "none")
             tokens = _HUGE_MB * self.problem.seq_len // shape.cp
-            got = self._per_token[key] = SAFETY * (f + b) * shape.tp / tokens
+            straggler, _ = cm_step.sync_overhead_for(shape.world, self.eff, 1.0)
+            got = self._per_token[key] = SAFETY * (f + b) * (1.0 + straggler) * shape.tp / tokens
         return got
 
     def group_stage_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
@@ -190,6 +191,15 @@ class Bounds:
             got = self._p2p[key] = cm_comm.pp_p2p_time_s(setup)
         return got
 
+    def sync_lb(self, shape: Shape, busy_s: float) -> float:
+        """``busy_s`` plus what a synchronous step adds to it (compiler/costmodel/step.py sync_overhead_s: the
+        wait for the slowest rank grows with the busy time, the fixed time does not): the model's busy time
+        is never below the bound's, so neither is its wait."""
+        if busy_s >= _INF_STAGE_S:
+            return busy_s
+        straggler, fixed = cm_step.sync_overhead_for(shape.world, self.eff, busy_s)
+        return busy_s + straggler + fixed
+
     def span_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, worst_fb: float) -> float:
         """The pipeline makespan: the schedule's closed form + the p2p transfers on its critical path,
         2 (pp x vpp - 1) of them (the first micro-batch's forward down and backward up; the cost model's
@@ -202,7 +212,7 @@ class Bounds:
     def group_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
                       sps: Iterable[bool] = (False, True), fbs=None) -> float:
         fbs = fbs or self.group_stage_fb(shape, vpp, mb, recompute, sps)
-        return SAFETY * self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs))
+        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs)))
 
     def shape_bubble_factor(self, shape: Shape, pipeline: Iterable[tuple[str, int]],
                             batches: Iterable[tuple[int, int]]) -> float:
@@ -261,7 +271,7 @@ class Bounds:
             worst = max(worst, f + b)
             exposed = (max(g_tot - w * b, g_tail) if g_tot else 0.0) + (max(p_tot - w * f, p_tail) if p_tot else 0.0)
             step_extra = min(step_extra, exposed + extra)
-        return SAFETY * (self.span_lb(shape, sched, vpp, mb, ga, worst) + step_extra)
+        return SAFETY * (self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, worst)) + step_extra)
 
     # ------------------------------------------------------------------ memory
     def usable_bytes(self, shape: Shape) -> float:
