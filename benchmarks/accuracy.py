@@ -113,6 +113,27 @@ class Report:
             out[str(value)].append(r.loso_error if loso else r.error)
         return {k: stats(v) for k, v in sorted(out.items())}
 
+    def repeat_spread(self) -> dict[str, float]:
+        """The calibration set's own noise: rows that repeat another row's configuration (model, GPU,
+        precision, fp8 recipe, sequence, layout, framework; typically the same recipe in another release),
+        each compared with the median of its repeats. A deterministic model cannot be closer to both."""
+        by: dict[tuple, list[float]] = defaultdict(list)
+        for r in self.results:
+            f = r.features
+            by[(r.model, r.gpu, f.get("precision"), f.get("fp8_recipe"), f.get("seq_len"), r.layout,
+                r.framework)].append(r.measured_tokens_per_s_per_gpu)
+        errors, groups = [], 0
+        for values in by.values():
+            if len(values) < 2:
+                continue
+            groups += 1
+            for i, v in enumerate(values):
+                others = sorted(values[:i] + values[i + 1:])
+                errors.append(_percentile(others, 0.5) / v - 1.0)
+        out = stats(errors) if errors else {"rows": 0, "median_abs_error": 0.0, "p90_abs_error": 0.0,
+                                             "median_error": 0.0}
+        return dict(out, groups=groups)
+
     def flagged_groups(self) -> list[tuple[str, str, dict[str, float]]]:
         flagged = []
         for key in ("source",) + GROUP_KEYS:
@@ -166,13 +187,14 @@ def format_report(report: Report) -> str:
         lines.append(f"{name:<28} {_fmt(a)}   {b['median_abs_error']:>13.1%} {b['p90_abs_error']:>7.1%} "
                      f"{b['median_error']:>+7.1%}")
     lines.append("")
-    lines.append(f"signed median error by group (leave-one-source-out); '!' = {FLAG_ROWS}+ rows beyond "
-                 f"+-{FLAG_BIAS:.0%}")
+    lines.append(f"signed median error by group, leave-one-source-out (rows; median / p90 |error|); '!' = "
+                 f"{FLAG_ROWS}+ rows beyond +-{FLAG_BIAS:.0%}")
     for key in GROUP_KEYS:
         parts = []
         for name, s in report.groups(key).items():
             flag = "!" if s["rows"] >= FLAG_ROWS and abs(s["median_error"]) > FLAG_BIAS else ""
-            parts.append(f"{name} {s['median_error']:+.1%} ({s['rows']}){flag}")
+            parts.append(f"{name or 'none'} {s['median_error']:+.1%} ({s['rows']}; |e| {s['median_abs_error']:.0%}/"
+                         f"{s['p90_abs_error']:.0%}){flag}")
         lines.append(f"  {key:<15} " + ", ".join(parts))
     flagged = report.flagged_groups()
     lines.append(f"groups of {FLAG_ROWS}+ rows with |signed median| > {FLAG_BIAS:.0%}: "
@@ -190,6 +212,10 @@ def format_report(report: Report) -> str:
     else:
         lines.append("predicted / published peak memory: no row publishes a peak memory")
     lines.append("skipped: " + (", ".join(f"{v} {k}" for k, v in report.skipped.most_common()) or "none"))
+    rep = report.repeat_spread()
+    lines.append(f"the same configuration measured again ({rep['rows']} rows in {rep['groups']} repeated configurations): "
+                 f"other measurements' median vs this one, median |difference| {rep['median_abs_error']:.1%}, p90 "
+                 f"{rep['p90_abs_error']:.1%} (the calibration set's own noise)")
     ins_o = report.overall(loso=False)
     lines.append(f"in-sample: {ins_o['rows']} rows, median |error| {ins_o['median_abs_error']:.1%}, "
                  f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of compiler/data/efficiency.yaml)")
@@ -205,7 +231,7 @@ def to_json(report: Report) -> dict[str, Any]:
             "by_source": report.groups("source"), "by_source_in_sample": report.groups("source", loso=False),
             "groups": {k: report.groups(k) for k in GROUP_KEYS},
             "flagged_groups": [{"key": k, "group": n, **s} for k, n, s in report.flagged_groups()],
-            "skipped": dict(report.skipped), "loso_from": report.loso_from,
+            "skipped": dict(report.skipped), "loso_from": report.loso_from, "repeat_spread": report.repeat_spread(),
             "rows": [r.__dict__ for r in report.results]}
 
 
