@@ -38,6 +38,7 @@ class GpuOption:
     price_per_gpu_hour_usd: float
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    power_limit_w: float | None = None  # a cluster's power cap below the part's TDP (None: run at TDP)
 
     @property
     def name(self) -> str:
@@ -108,6 +109,7 @@ class Problem:
     targets: tuple[str, ...]
     slurm: SlurmSpec = field(default_factory=SlurmSpec)  # the validated slurm section
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
+    fp8_recipe: str = ""  # fp8 scaling recipe (compiler/data/physics.yaml gemm.quantize_bytes_per_element); "": the framework's
 
     @property
     def num_params(self) -> int:

@@ -3,7 +3,8 @@
 ``problem_of_plan(plan)`` rebuilds the Problem from the plan's own sections (the model shape, the
 training run, the GPU of the catalog with the plan's node size, price and bandwidths, the memory
 headroom, the budget, the targets, the layout's split as a pin); ``recost(plan)`` runs the layout
-rules (compiler.rules) and the cost model on the plan's layout. For a plan compiled by this dtc the
+rules (compiler.rules) and the cost model on the plan's layout, for each of its framework targets (the
+binding one's estimate, as the solver keeps it). For a plan compiled by this dtc the
 result equals the plan's estimate section exactly (``plan_data(recost(plan)) ==
 plan.to_dict()["estimate"]``; tests/test_estimate_plan.py holds every committed plan to it); a
 difference means the cost model or the catalog changed since the plan was written.
@@ -50,6 +51,6 @@ def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Esti
     bad = rules.check_plan(plan)
     if bad is not None:
         return problem, bad
-    from compiler.costmodel import evaluate
+    from compiler.costmodel import evaluate_targets
 
-    return problem, evaluate(problem, plan.layout)
+    return problem, evaluate_targets(problem, plan.layout).result

@@ -19,7 +19,7 @@ import click
 
 from compiler import rules, units
 from compiler.arith import grad_accum_for
-from compiler.costmodel import evaluate, find_gpu_option
+from compiler.costmodel import evaluate_targets, find_gpu_option
 from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
@@ -100,8 +100,9 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
 
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model on one layout (the GPU is the spec's option named by layout.gpu)."""
-    return evaluate(problem, layout)
+    """The cost model on one layout (the GPU is the spec's option named by layout.gpu), for each framework
+    target of the spec: the binding target's estimate (the first that rejects it, else the slowest)."""
+    return evaluate_targets(problem, layout).result
 
 
 # --- text -------------------------------------------------------------------------------------------------

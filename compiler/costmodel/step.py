@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pipeline
 from compiler.costmodel.context import Setup
+from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
@@ -74,25 +75,43 @@ def _exposed(total_s: float, window_s: float, tail_s: float, setup: Setup) -> fl
     return max(total_s - setup.eff.dp_overlap_window_fraction * window_s, min(total_s, tail_s))
 
 
+def tp_exposed_fractions(setup: Setup) -> tuple[float, float]:
+    """(forward, backward) shares of the TP collectives on the critical path: where the framework's artifacts
+    overlap them with GEMMs (its cost profile's tp_overlap) the fitted share stays exposed; vanilla torch TP
+    and Megatron-LM before its async TP leave all of it on the critical path."""
+    mode = setup.framework.tp_overlap
+    x = setup.eff.fit("tp_exposed_fraction")
+    return (x if mode == "full" else 1.0, x if mode in ("full", "backward") else 1.0)
+
+
 def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list[comm.Collective]) -> StageTime:
     eff = setup.eff
     c = compute.stage_compute(setup, sl)
     tp_f, tp_b = comm.tp_comm_time_per_layer_s(setup)
     cp_f, cp_b = comm.cp_comm_time_per_layer_s(setup)
     ep_f, ep_b = comm.ep_comm_time_per_moe_layer_s(setup)
-    attn = compute.attention_core_time_s(setup)
-    cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn / 3.0),
-              max(eff.cp_exposed_fraction * cp_b, cp_b - 2.0 * attn / 3.0))
+    attn_f, attn_b = compute.attention_core_time_s(setup)
+    cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn_f),
+              max(eff.cp_exposed_fraction * cp_b, cp_b - attn_b))
     fwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "forward")
     bwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "backward")
     units = max(1, sl.layers)
     dp = (_exposed(fwd_dp, c.forward_s, fwd_dp / units, setup),
           _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
+    (tp_xf, tp_xb), ep_x = tp_exposed_fractions(setup), eff.fit("ep_exposed_fraction")
+    if setup.framework.ep_overlap and sl.moe:
+        # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows, and
+        # the computation under it runs on the SMs the communication kernels leave (physics.yaml comm_sm_fraction)
+        per_f, per_b = c.forward_s / max(1, sl.layers), c.backward_s / max(1, sl.layers)
+        slow = eff.physics.comm_sm_fraction / (1.0 - eff.physics.comm_sm_fraction)
+        ep_pair = (max(0.0, ep_f - per_f) + slow * min(ep_f, per_f), max(0.0, ep_b - per_b) + slow * min(ep_b, per_b))
+    else:
+        ep_pair = (ep_x * ep_f, ep_x * ep_b)
     return StageTime(
         stage=sl.stage, compute=c,
-        tp_s=(eff.tp_exposed_fraction * tp_f * sl.layers, eff.tp_exposed_fraction * tp_b * sl.layers),
+        tp_s=(tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers),
         cp_s=(cp_exp[0] * sl.layers, cp_exp[1] * sl.layers),
-        ep_s=(eff.ep_exposed_fraction * ep_f * sl.moe, eff.ep_exposed_fraction * ep_b * sl.moe),
+        ep_s=(ep_pair[0] * sl.moe, ep_pair[1] * sl.moe),
         dp_s=dp,
     )
 
@@ -109,8 +128,30 @@ def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
     if setup.layout.offload_optimizer != "none":
         return 0.0
     local = params_after_sharding(sp, setup.layout, setup.layout.zero_stage >= 1)
-    bw = setup.gpu.spec.hbm_bandwidth_bytes_per_s * setup.gen.hbm_fraction
-    return local * optimizer_bytes_touched_per_param(setup) / bw
+    return local * optimizer_bytes_touched_per_param(setup) / setup.hbm_rate("fused")
+
+
+def fp8_weight_cast_time_s(setup: Setup, sp: StageParams) -> float:
+    """fp8 recipes quantise each layer weight once per step (Transformer Engine caches the fp8 weight and its
+    transpose across micro-batches, is_first_microbatch)."""
+    if setup.recipe.gemm_dtype != "fp8":
+        return 0.0
+    per_element = setup.eff.physics.quantize_bytes_per_element[setup.fp8_recipe]
+    return (sp.total - sp.embedding) * per_element / setup.hbm_rate("fused")
+
+
+def sync_overhead_s(setup: Setup, busy_s: float) -> tuple[float, float]:
+    return sync_overhead_for(setup.layout.world_size, setup.eff, busy_s)
+
+
+def sync_overhead_for(world_size: int, eff: Efficiency, busy_s: float) -> tuple[float, float]:
+    """(straggler wait, fixed per-step time): a synchronous step waits for the slowest of N ranks, whose
+    step time varies with coefficient of variation cv: E[max] ~ mean x (1 + cv sqrt(2 ln N)) (expected
+    maximum of N normal variables); plus the fitted fixed time per step."""
+    n = max(1, world_size)
+    cv = eff.fit("straggler_cv")
+    straggler = busy_s * cv * math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+    return straggler, eff.fit("step_overhead_s")
 
 
 def offload_time_s(setup: Setup, sp: StageParams, st: StageTime) -> tuple[float, str]:
@@ -170,7 +211,7 @@ def step_time(setup: Setup) -> StepResult:
     best: tuple[StageTime, StageParams, list[comm.Collective]] | None = None
     for sl in candidate_stages(setup):
         sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-        coll = comm.dp_collectives(setup, sp)
+        coll = comm.dp_collectives(setup, sp, units=sl.layers + int(sl.first or sl.last))
         st = stage_time(setup, sl, sp, coll)
         if best is None or st.forward_s + st.backward_s > best[0].forward_s + best[0].backward_s:
             best = (st, sp, coll)
@@ -188,9 +229,14 @@ def step_time(setup: Setup) -> StepResult:
     param_tail = param_total * min(1.0, eff.last_bucket_bytes / param_bytes) if param_bytes else 0.0
     dp_exposed = (_exposed(grad_total, c.backward_s + c.recompute_s, grad_tail, setup)
                   + _exposed(param_total, c.forward_s, param_tail, setup))
-    opt = optimizer_step_time_s(setup, sp)
+    opt = optimizer_step_time_s(setup, sp) + fp8_weight_cast_time_s(setup, sp)
     offload, offload_txt = offload_time_s(setup, sp, st)
+    straggler, fixed = sync_overhead_s(setup, makespan + dp_exposed + opt)
     items = _time_items(setup, st, makespan, makespan_no_p2p, dp_exposed, opt, offload, offload_txt, p2p)
+    items.append(LineItem("sync_and_fixed", straggler + fixed,
+                          f"waiting for the slowest of {setup.layout.world_size} ranks "
+                          f"({format_seconds(straggler)}) + fixed per-step time ({format_seconds(fixed)})",
+                          "compiler/data/efficiency.yaml (straggler_cv, step_overhead_s; fitted)"))
     total = sum(i.value for i in items)
     volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, dp_exposed)
     bubble = (makespan_no_p2p - m * (fwd + bwd)) / makespan if lay.pp > 1 and makespan > 0 else 0.0
@@ -201,25 +247,28 @@ def step_time(setup: Setup) -> StepResult:
 def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, dp_exposed: float,
                 opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
     lay, m, c, eff = setup.layout, setup.num_microbatches, st.compute, setup.eff
-    gen_src = f"compiler/data/efficiency.yaml ({setup.gen.generation})"
     busy = m * (st.forward_s + st.backward_s)
+    src = f"compiler/data/physics.yaml ({setup.kernel_class} kernels, {setup.framework.display_name})"
+    parts = ", ".join(f"{k} {format_seconds(f)}/{format_seconds(b)}" for k, f, b in c.parts)
     items = [
         LineItem("forward_compute", m * c.forward_s,
-                 f"{m} micro-batches x {format_seconds(c.forward_s)} (GEMMs at size-dependent efficiency, attention "
-                 f"core, memory-bound ops; stage {st.stage})", gen_src),
-        LineItem("backward_compute", m * c.backward_s, f"{m} x {format_seconds(c.backward_s)} (2x forward GEMMs)",
-                 gen_src),
+                 f"{m} micro-batches x {format_seconds(c.forward_s)} (stage {st.stage}; forward/backward by part: "
+                 f"{parts})", src),
+        LineItem("backward_compute", m * c.backward_s, f"{m} x {format_seconds(c.backward_s)} (dgrad + wgrad GEMMs, "
+                                                         "attention backward, gradient accumulation)", src),
     ]
     if c.recompute_s:
         items.append(LineItem("recompute", m * c.recompute_s,
-                              f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", gen_src))
-    for name, pair, src in (("tp_comm", st.tp_s, eff.overlap_sources["tp_exposed_fraction"]),
-                            ("cp_comm", st.cp_s, eff.overlap_sources["cp_exposed_fraction"]),
-                            ("ep_comm", st.ep_s, eff.overlap_sources["ep_exposed_fraction"]),
-                            ("zero_per_microbatch_comm", st.dp_s, eff.overlap_sources["dp_overlap_window_fraction"])):
+                              f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", src))
+    overlap = eff.physics.sources["overlap"]
+    for name, pair, why in (("tp_comm", st.tp_s, "compiler/data/efficiency.yaml tp_exposed_fraction (fitted)"
+                             if setup.framework.tp_overlap != "none" else setup.framework.source),
+                            ("cp_comm", st.cp_s, overlap["cp_exposed_fraction"]),
+                            ("ep_comm", st.ep_s, "compiler/data/efficiency.yaml ep_exposed_fraction (fitted)"),
+                            ("zero_per_microbatch_comm", st.dp_s, overlap["dp_overlap_window_fraction"])):
         if sum(pair):
             items.append(LineItem(name, m * sum(pair), f"{m} x ({format_seconds(pair[0])} fwd + "
-                                                       f"{format_seconds(pair[1])} bwd) exposed", src))
+                                                       f"{format_seconds(pair[1])} bwd) exposed", why))
     if lay.pp > 1:
         items.append(LineItem("pp_bubble", makespan_no_p2p - busy,
                               f"simulated {lay.schedule} makespan {format_seconds(makespan_no_p2p)} - {m} x "
@@ -230,13 +279,16 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
                               "Narayanan et al. 2021, sec. 4.1 (scatter/gather p2p)"))
     if dp_exposed:
         items.append(LineItem("dp_comm", dp_exposed, "gradient reduce / parameter gather not hidden behind the "
-                                                      "last backward / first forward", eff.overlap_sources[
-                                                          "dp_overlap_window_fraction"]))
+                                                      "last backward / first forward",
+                              overlap["dp_overlap_window_fraction"]))
     if opt:
         items.append(LineItem("optimizer_step", opt, f"{optimizer_bytes_touched_per_param(setup):g} B per local "
-                                                     "parameter / (HBM bandwidth x fraction)", gen_src))
+                                                     "parameter / (HBM bandwidth x fraction)"
+                              + (" + fp8 weight casts" if setup.recipe.gemm_dtype == "fp8" else ""),
+                              "compiler/data/physics.yaml memory_bound.fraction.fused"))
     if offload:
-        items.append(LineItem("offload", offload, offload_txt, eff.host_sources["cpu_adam_params_per_s_per_node"]))
+        items.append(LineItem("offload", offload, offload_txt,
+                              eff.physics.sources["host"]["cpu_adam_params_per_s_per_node"]))
     return items
 
 
@@ -299,6 +351,7 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + (f"Activation implementation: {setup.impl.name}; GPU {setup.gpu.name} "
-                                   f"({setup.gen.generation}); bottleneck stage {step.bottleneck_stage}.",),
+        assumptions=ASSUMPTIONS + (f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
+                                   f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
+                                   f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
     )

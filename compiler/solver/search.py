@@ -75,17 +75,19 @@ def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator |
 
 
 def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model as the search calls it: no pipeline event list (speed)."""
-    from compiler.costmodel import evaluate
+    """The cost model as the search calls it: no pipeline event list (speed). A layout is costed for each
+    framework target of the problem and must fit under each: the binding (rejecting, else slowest) target's
+    estimate is the layout's."""
+    from compiler.costmodel import evaluate_targets
 
-    return evaluate(problem, layout, pipeline_events=False)
+    return evaluate_targets(problem, layout, pipeline_events=False).result
 
 
 def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The chosen layout again, with the simulated pipeline schedule for the report."""
-    from compiler.costmodel import evaluate
+    from compiler.costmodel import evaluate_targets
 
-    return evaluate(problem, layout)
+    return evaluate_targets(problem, layout).result
 
 
 @dataclass(order=True)

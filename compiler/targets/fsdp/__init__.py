@@ -1,6 +1,6 @@
 """torch 2.13 FSDP2: fsdp_config.py (the plan as a module) and the fsdp_train.py entry point (torchrun)."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
-from compiler.targets.fsdp import support
+from compiler.targets.fsdp import cost, support
 
 TARGET = Target(
     name="fsdp",
@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"torch": "2.13.0"},
     files=("fsdp_config.py", "fsdp_train.py"),
     support=support.RULES,
+    cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.fsdp.render:render_fsdp",
     templates="templates",

@@ -30,6 +30,7 @@ from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
+from compiler.targets.fsdp.cost import COST
 
 CONFIG_FILE = "fsdp_config.py"
 TRAIN_FILE = "fsdp_train.py"
@@ -96,7 +97,7 @@ def fsdp_context(plan: Plan) -> dict[str, Any]:
         "sharding_note": sharding_note,
         "reshard_after_forward": lay.zero_stage == 3,
         "param_dtype": _PARAM_DTYPES[precision],
-        "reduce_dtype": "float32",
+        "reduce_dtype": _PARAM_DTYPES[COST.grad_reduce_dtype],  # the cost model reads the same fact
         "use_grad_scaler": precision == "fp16",
         "offload": "cpu" if lay.offload_params == "cpu" else "none",
         "sequence_parallel": lay.sequence_parallel,

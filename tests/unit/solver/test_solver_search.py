@@ -130,6 +130,18 @@ def test_pins_and_targets_cut_the_space() -> None:
     assert ds.search.rejections_by_code[F.FRAMEWORK_UNSUPPORTED] > 0
 
 
+def test_several_targets_cost_each_layout_for_the_binding_one() -> None:
+    """A plan rendered for several frameworks must fit under each and runs as fast as the slowest."""
+    from compiler.costmodel import evaluate, evaluate_targets
+
+    p = problem(targets="[megatron, fsdp]")
+    plan = solve(p, top_k=0)
+    both = evaluate_targets(p, plan.layout)
+    mg = evaluate(p, plan.layout, target="megatron")
+    assert both.binding == "fsdp" and both.result.step_time_s > mg.step_time_s
+    assert plan.estimate.step_time_s == pytest.approx(both.result.step_time_s, rel=1e-3)  # the plan rounds
+
+
 def test_batch_tolerance_realises_a_nearby_batch() -> None:
     p = problem(training="tokens: 100B, sequence_length: 4096, global_batch: 1000, global_batch_tolerance: 0.05",
                 cluster="{gpu: h100-sxm, num_gpus: 64}")

@@ -1,0 +1,82 @@
+"""What the cost model must know about how a framework runs a layout: a ``CostProfile``.
+
+A layout is costed *for a target*: Megatron-Core with Transformer Engine saves other tensors,
+keeps other gradient buffers, overlaps other collectives and launches other kernels than a
+PyTorch-eager FSDP2 or DeepSpeed trainer. Each of dtc's framework targets carries its profile
+as ``Target.cost`` (compiler/targets/<name>/__init__.py), next to the renderer that writes the
+artifacts the profile describes, so that both read one value: the gradient dtype and the dtype
+gradients are reduced in, which collectives the artifacts overlap, the fp8 recipe the renderer
+selects. The frameworks of published runs that are not dtc targets (NeMo / Megatron-Bridge
+recipes, torchtitan, llm-foundry, Meta's and DeepSeek's stacks) have profiles of the same type
+in compiler/calibration/frameworks.py.
+
+The cost model reads a profile through ``compiler.costmodel.context.Setup.framework``; the
+numbers a fact is used with (kernel rates, bandwidth fractions) live in
+compiler/data/physics.yaml. This module imports nothing of the cost model, so that the target
+registry stays cheap to import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AttentionKernel = Literal["cudnn", "fa3", "fa2", "fa1", "unfused"]
+TpOverlap = Literal["none", "backward", "full"]
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# Eager PyTorch runs each elementwise op as its own kernel, reading and writing the whole tensor: counted on a
+# Llama block (RMSNorm in fp32: cast, pow, mean, rsqrt, two muls, cast ~ 32 B/element vs a fused kernel's 4; RoPE
+# ~5 ops vs 1; silu * up 10 B vs 6; residual adds equal) the eager block moves ~2.5x a fused block's bytes.
+EAGER_ELEMENTWISE_TRAFFIC = 2.5
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """How one framework runs a transformer layer, as the cost model needs it (each fact sourced in ``source``)."""
+
+    name: str
+    display_name: str
+    # which tensors autograd keeps: a name of compiler.costmodel.activations.IMPLS
+    activations: str
+    attention: AttentionKernel  # the kernel it asks for; physics.yaml maps it per GPU kernel class
+    elementwise: Literal["fused", "eager"]  # norm / activation / rope / residual kernels
+    # 16-bit mixed precision: the dtype of the gradients kept between backward and the optimizer step
+    # (Megatron's main_grad buffer, DeepSpeed's grad_accum_dtype, FSDP2's sharded .grad) ...
+    grad_dtype: Literal["fp32", "bf16"]
+    # ... and the dtype they are reduced in across data parallel (Megatron --grad-reduce-in-bf16, DeepSpeed
+    # communication_data_type, FSDP2 MixedPrecisionPolicy.reduce_dtype)
+    grad_reduce_dtype: Literal["fp32", "bf16"]
+    # tensor-parallel collectives hidden behind GEMMs: none (vanilla torch TP), backward (the dgrad all-reduce /
+    # reduce-scatter runs asynchronously under the wgrad GEMM: Megatron / Transformer Engine by default), full
+    # (+ forward: Transformer Engine userbuffers, --tp-comm-overlap; torch async TP)
+    tp_overlap: TpOverlap
+    ops_per_dense_layer: int  # kernels launched by one dense layer's forward (backward: 2x)
+    ops_per_moe_layer: int  # ... one MoE layer's forward (router, permute, dispatch, experts, combine)
+    ops_per_local_expert: int  # more forward kernels per local expert (one GEMM per expert and projection)
+    recompute_selective: Literal["attention_core", "per_op"]  # what 'selective' recomputes
+    fp8_recipe: str  # fp8 scaling recipe (physics.yaml gemm.quantize_bytes_per_element key) ...
+    hierarchical_all_to_all: bool  # MoE tokens cross the network once per destination node (DeepEP-style)
+    source: str
+    # ... except on these GPU generations: ((generation, recipe), ...)
+    fp8_recipe_by_generation: tuple[tuple[str, str], ...] = ()
+    elementwise_traffic: float = 1.0  # HBM bytes of its elementwise kernels per byte of a fused implementation's
+    ep_overlap: bool = False  # MoE all-to-all hidden behind another micro-batch's compute (DualPipe)
+    optimizer_state_bytes: int = 0  # bytes of optimizer state per parameter; 0: the optimizer's fp32 default
+    # the optimizer's fp32 master copy is the (sharded) parameter itself and the 16-bit weights exist only
+    # unsharded for compute (FSDP2 with MixedPrecisionPolicy): no persistent 16-bit copy of a sharded weight
+    master_is_param: bool = False
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    def fp8_recipe_on(self, generation: str) -> str:
+        """The fp8 scaling recipe this framework runs on a GPU generation (the renderer emits the same)."""
+        for gen, recipe in self.fp8_recipe_by_generation:
+            if gen == generation:
+                return recipe
+        return self.fp8_recipe
