@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
 PLAN_SCHEMA_VERSION = 2  # 2: typed sections, layout.split (Megatron's pipeline split); 1 costed another split
-ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search"})  # cost-model output: rounded
+ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search", "target_estimates"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
 
@@ -44,6 +44,32 @@ class Candidate:
     estimate: Estimate
     rank: int
     why_lost: str  # empty for the chosen layout
+
+
+@dataclass(frozen=True)
+class TargetEstimate:
+    """The chosen layout costed for one framework target of the spec (its artifacts' kernels, gradient dtypes,
+    activation profile and overlaps: compiler/targets/<name>/cost.py). The plan's ``estimate`` is the binding
+    target's: the slowest, as a layout rendered for several targets must fit under each."""
+
+    target: str
+    binding: bool
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    time_to_train_s: float
+    gpu_hours: float
+    cost_usd: float
+    memory_bytes_per_gpu: int
+    usable_bytes_per_gpu: int
+
+    @classmethod
+    def of(cls, target: str, estimate: Estimate, *, binding: bool) -> "TargetEstimate":
+        return cls(target=target, binding=binding, step_time_s=estimate.step_time_s,
+                   tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu,
+                   time_to_train_s=estimate.time_to_train_s, gpu_hours=estimate.gpu_hours, cost_usd=estimate.cost_usd,
+                   memory_bytes_per_gpu=estimate.memory.total_bytes_per_gpu,
+                   usable_bytes_per_gpu=estimate.memory.usable_bytes_per_gpu)
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,9 @@ class Plan:
     alternatives: tuple[Candidate, ...]
     search: SearchSummary
     notes: tuple[str, ...] = ()  # target-specific remarks (e.g. how DeepSpeed runs this layout)
+    # the layout costed for each framework target (the binding one is ``estimate``); () for plans made by a
+    # test's stand-in cost model
+    target_estimates: tuple[TargetEstimate, ...] = ()
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -307,7 +336,8 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
 
 
 def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives: tuple[Candidate, ...],
-              search: SearchSummary, notes: tuple[str, ...] = ()) -> Plan:
+              search: SearchSummary, notes: tuple[str, ...] = (),
+              target_estimates: tuple[TargetEstimate, ...] = ()) -> Plan:
     """Assemble the Plan from a Problem and the chosen layout; the result is already normalised.
 
     The sections below are everything renderers may use; they never see the Problem or Spec.
@@ -357,5 +387,6 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
         alternatives=alternatives,
         search=search,
         notes=notes,
+        target_estimates=target_estimates,
     )
     return plan.normalized()

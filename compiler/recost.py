@@ -11,6 +11,8 @@ difference means the cost model or the catalog changed since the plan was writte
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from compiler import rules
 from compiler.catalog import Catalog, load_catalog
 from compiler.errors import Diagnostic, DtcError
@@ -18,6 +20,9 @@ from compiler.estimate import Estimate, Rejection
 from compiler.model import count_params
 from compiler.plan import Plan
 from compiler.problem import GpuOption, Hyper, Pins, Problem
+
+if TYPE_CHECKING:
+    from compiler.costmodel import TargetEstimates
 
 
 def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
@@ -45,12 +50,20 @@ def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
         top_k=0, targets=plan.targets, slurm=plan.slurm)
 
 
-def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Estimate | Rejection]:
-    """The plan's Problem and its layout costed again (a Rejection when a layout rule or memory refuses it)."""
+def recost_targets(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, "TargetEstimates | Rejection"]:
+    """The plan's Problem and its layout costed again for each of its framework targets (a Rejection when a
+    layout rule refuses it)."""
     problem = problem_of_plan(plan, catalog=catalog)
     bad = rules.check_plan(plan)
     if bad is not None:
         return problem, bad
     from compiler.costmodel import evaluate_targets
 
-    return problem, evaluate_targets(problem, plan.layout).result
+    return problem, evaluate_targets(problem, plan.layout)
+
+
+def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Estimate | Rejection]:
+    """The plan's Problem and its layout costed again: the binding target's estimate (a Rejection when a layout
+    rule or memory refuses it)."""
+    problem, result = recost_targets(plan, catalog=catalog)
+    return problem, result if isinstance(result, Rejection) else result.result

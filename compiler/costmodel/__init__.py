@@ -35,6 +35,7 @@ from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stag
 from compiler.costmodel.step import make_estimate, step_time
 from compiler.estimate import Estimate, MemoryBreakdown, Rejection
 from compiler.layout import Layout
+from compiler.plan import TargetEstimate
 from compiler.problem import GpuOption, Problem
 from compiler.targets.cost import CostProfile
 from compiler.units import format_bytes
@@ -139,6 +140,11 @@ class TargetEstimates:
     @property
     def result(self) -> Estimate | Rejection:
         return dict(self.by_target)[self.binding]
+
+    def summaries(self) -> tuple[TargetEstimate, ...]:
+        """One plan.json record per target (all of them costed: the layout fits under each)."""
+        return tuple(TargetEstimate.of(t, e, binding=t == self.binding) for t, e in self.by_target
+                     if isinstance(e, Estimate))
 
 
 def evaluate_targets(problem: Problem, layout: Layout, **kwargs) -> TargetEstimates:

@@ -62,6 +62,7 @@ def _context(plan: Plan, picture: PipelinePicture | None,
                    "choice": choice(plan), "batch": batch_arithmetic(plan)},
         "memory": _memory(plan),
         "time": _time(plan),
+        "per_target": per_target(plan),
         "comm": _comm(est),
         "pipeline": _pipeline(plan, picture),
         "cost": _cost(plan),
@@ -153,6 +154,27 @@ def _time(plan: Plan) -> dict[str, Any]:
                ("HFU", txt.percent(est.hfu))]
     return {"table": txt.table(["item", "time", "share", "formula", "source"], rows, "lrrll"),
             "metrics": txt.table(["metric", "value"], metrics, "lr")}
+
+
+def per_target(plan: Plan) -> dict[str, Any]:
+    """The layout costed for each framework target, when the spec names several and their figures differ (each
+    target's own kernels, gradient dtypes, activations and overlaps): the plan's figures are the binding one's."""
+    ests = plan.target_estimates
+    differ = len({(e.step_time_s, e.memory_bytes_per_gpu) for e in ests}) > 1
+    if len(ests) < 2 or not differ:
+        return {"show": False}
+    from compiler.targets import registry
+
+    rows = [[registry.get(e.target).display_name + (" (binding)" if e.binding else ""), format_seconds(e.step_time_s),
+             txt.thousands(e.tokens_per_s_per_gpu), txt.percent(e.mfu), format_seconds(e.time_to_train_s),
+             format_money(e.cost_usd), f"{format_bytes(e.memory_bytes_per_gpu)} of {format_bytes(e.usable_bytes_per_gpu)}"]
+            for e in ests]
+    return {"show": True,
+            "line": "The layout costed for each target it is rendered for (each with its own kernels, gradient "
+                    "dtypes, saved activations and overlaps); it fits under each, and the plan's figures are the "
+                    "binding target's, the slowest:",
+            "table": txt.table(["target", "step time", "tokens/s per GPU", "MFU", "time to train", "cost",
+                                "memory per GPU"], rows, "lrrrrrr")}
 
 
 def _comm(est: Estimate) -> dict[str, Any]:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, make_plan
+from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
@@ -44,7 +44,11 @@ from compiler.solver.explain import infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
+if TYPE_CHECKING:
+    from compiler.costmodel import TargetEstimates
+
 Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
+FinalEvaluator = Callable[[Problem, Layout], "TargetEstimates"]  # the chosen layout, costed for every target
 
 
 def solve(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> Plan:
@@ -64,7 +68,7 @@ class SearchResult:
 
 def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> SearchResult:
     """``solve``, plus an example message for each rejection code."""
-    final = evaluator
+    final: Evaluator | FinalEvaluator | None = evaluator
     if evaluator is None:
         evaluator, final = _search_evaluate, _plan_evaluate
     k = problem.top_k if top_k is None else top_k
@@ -83,11 +87,11 @@ def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     return evaluate_targets(problem, layout, pipeline_events=False).result
 
 
-def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The chosen layout again, with the simulated pipeline schedule for the report."""
+def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
+    """The chosen layout again, with the simulated pipeline schedule for the report, for every target."""
     from compiler.costmodel import evaluate_targets
 
-    return evaluate_targets(problem, layout).result
+    return evaluate_targets(problem, layout)
 
 
 @dataclass(order=True)
@@ -358,20 +362,22 @@ class _Search:
                                           over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
 
-    def result(self, final: Evaluator) -> Plan:
+    def result(self, final: "Evaluator | FinalEvaluator") -> Plan:
         problem = self.problem
         if not self.top:
             misses = (self.relaxed_misses() + self.tally.closest_misses(self.evaluate))[:MAX_MISSES]
             raise infeasible_error(problem, self.summary(misses), self.tally.examples, misses)
         best = self.top[0]
+        per_target: tuple[TargetEstimate, ...] = ()
         if final is not self.evaluate:  # the chosen layout again, with its simulated pipeline schedule
-            again = final(problem, best.layout)
+            targets = final(problem, best.layout)
+            again = targets.result  # type: ignore[union-attr]
             assert isinstance(again, Estimate), f"the cost model changed its mind about {best.layout.tag}"
-            best.estimate = again
+            best.estimate, per_target = again, targets.summaries()  # type: ignore[union-attr]
         alternatives = tuple(
             Candidate(layout=e.layout, estimate=e.estimate, rank=i + 2,
                       why_lost=why_lost(problem, e.layout, e.estimate, best.layout, best.estimate))
             for i, e in enumerate(self.top[1:self.k + 1]))
         notes = plan_notes(problem, best.layout, largest_gpus=self.largest_gpus) + framework_notes(problem, best.layout)
         return make_plan(problem, best.layout, best.estimate, alternatives=alternatives,
-                         search=self.summary(), notes=notes)
+                         search=self.summary(), notes=notes, target_estimates=per_target)
