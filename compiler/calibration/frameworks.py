@@ -12,12 +12,22 @@ from types import MappingProxyType
 from typing import Mapping
 
 from compiler.targets import registry
-from compiler.targets.cost import EAGER_ELEMENTWISE_TRAFFIC, CostProfile
+from compiler.targets.cost import CostProfile
 from compiler.targets.megatron.cost import COST as MEGATRON
 
+# NeMo's and Megatron-Bridge's recipes run Megatron-Core with Transformer Engine userbuffers overlapping the
+# tensor-parallel collectives of both passes (tp_comm_overlap in their performance recipes)
+_BRIDGE = replace(MEGATRON, tp_overlap="full")
+
 PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
+    "nemo_2407": replace(
+        _BRIDGE, name="nemo_2407", display_name="NeMo 24.07 (Megatron-Core, NeMo-Framework-Launcher recipes)",
+        grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(),
+        source=MEGATRON.source + "; NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/"
+        "llama/h100/*.sh: +training.model.optim.grad_sync_dtype=bf16, fp8_hybrid with amax history 1024, i.e. delayed "
+        "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16"),
     "megatron_bridge": replace(
-        MEGATRON, name="megatron_bridge", display_name="NeMo 2 / Megatron-Bridge performance recipes",
+        _BRIDGE, name="megatron_bridge", display_name="NeMo 2 / Megatron-Bridge performance recipes",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_current", fp8_recipe_by_generation=(),
         source=MEGATRON.source + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce gradients in bf16: "
         "megatron/bridge/perf_recipes/_common.py _perf_precision 'always sets grad_reduce_in_fp32=False' "
@@ -54,24 +64,24 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
         "fp32 gradient accumulation and all-reduce, no overlap of tensor-parallel collectives"),
     "torchtitan": CostProfile(
         name="torchtitan", display_name="torchtitan (FSDP2, torch 2.4-2.6)", activations="torch_eager",
-        attention="fa2", elementwise="eager", grad_dtype="bf16", grad_reduce_dtype="fp32", tp_overlap="none",
+        attention="fa2", elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
         ops_per_dense_layer=40, ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op",
-        fp8_recipe="fp8_tensorwise_current", hierarchical_all_to_all=False,
-        elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC,
+        fp8_recipe="fp8_tensorwise_current", hierarchical_all_to_all=False, master_is_param=True,
         source="pytorch/torchtitan models/llama (eager blocks as dtc's fsdp target, SDPA flash backend), FSDP2 with "
         "MixedPrecisionPolicy(bf16, reduce fp32), Float8 via torchao tensorwise dynamic (current) scaling, "
         "'selective (op)' activation checkpointing saves matmul outputs (docs/performance.md); torch.compile "
-        "fuses elementwise kernels when enabled"),
+        "fuses elementwise kernels when enabled; the fp32 sharded parameter is the optimizer's master and takes the "
+        "fp32 reduced gradient (as dtc's fsdp target)"),
     "llm_foundry": CostProfile(
         name="llm_foundry", display_name="MosaicML llm-foundry (PyTorch FSDP1 + Composer)", activations="torch_eager",
-        attention="fa1", elementwise="eager", grad_dtype="bf16", grad_reduce_dtype="fp32", tp_overlap="none",
+        attention="fa1", elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
         ops_per_dense_layer=34, ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op",
-        fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False,
-        elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC,
+        fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, master_is_param=True,
         source="mosaicml/llm-foundry MPT blocks (LayerNorm without bias, the Triton flash-attention kernel with ALiBi, "
         "attn_impl: triton in the 2023 MPT yamls, a FlashAttention-1 class kernel; GELU MLP), FSDP FULL_SHARD with "
         "mixed_precision DEFAULT (fp32 gradients reduced in fp32) or PURE (bf16), Composer trainer "
-        "(scripts/train/benchmarking/README.md)"),
+        "(scripts/train/benchmarking/README.md); FSDP1 flat parameters are fp32 shards (the master), gradients "
+        "reduced in fp32 into fp32 shards (torch/distributed/fsdp/_flat_param.py)"),
 })
 
 

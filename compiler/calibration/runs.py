@@ -105,7 +105,9 @@ def framework_of(row: dict) -> CostProfile:
     elif "megatron" in text or "nemo" in text:
         old = (year and int(year.group(1)) <= 2022) or row.get("source_id", "").startswith(("narayanan", "korthikanti"))
         bridge = "megatron-bridge" in text or re.search(r"nemo ?2\.0|nemo2|nemo (2[5-9]|[3-9]\d)\.", text)
-        base = published_profile("megatron_lm_2021" if old else "megatron_bridge" if bridge else "megatron")
+        nemo1 = "nemo" in text
+        base = published_profile("megatron_lm_2021" if old else "megatron_bridge" if bridge
+                                 else "nemo_2407" if nemo1 else "megatron")
     elif "deepspeed" in text:
         base = published_profile("deepspeed")
     elif "fsdp" in text:
@@ -113,7 +115,7 @@ def framework_of(row: dict) -> CostProfile:
     else:
         base = published_profile("megatron")
     if base.elementwise == "eager" and re.search(r"torch\.compile|\bcompile[d]?\b", text):
-        base = replace(base, name=base.name + "+compile", elementwise="fused", elementwise_traffic=1.0,
+        base = replace(base, name=base.name + "+compile", elementwise="fused",
                        ops_per_dense_layer=max(8, base.ops_per_dense_layer // 3))
     if "async tp" in text or "async-tp" in text:
         base = replace(base, name=base.name + "+async_tp", tp_overlap="full")
@@ -156,10 +158,13 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
         moe = MoEShape(num_experts=experts, top_k=_int(row, "moe_topk") or 1, expert_ffn_hidden_size=ffn,
                        num_shared_experts=shared)
     megatron_gpt = gpt_like and row.get("source_id", "").startswith(("narayanan", "korthikanti"))
+    # MPT attends with ALiBi (a bias inside the attention kernel: no position parameters, no RoPE kernels;
+    # llm-foundry mpt configs, attn_config.alibi): written as learned positions with no embedding rows
+    alibi = model.startswith("mpt")
     return ModelShape(
         num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_kv_heads=kv,
         vocab_size=vocab, mlp=mlp, norm="layernorm" if gpt_like or "nemotron" in model else "rmsnorm",
-        position="learned" if megatron_gpt else "rope",
+        position="learned" if megatron_gpt or alibi else "rope",
         max_position_embeddings=_int(row, "seq_len") or 2048 if megatron_gpt else 0,
         tied_embeddings="mpt" in model, linear_bias=megatron_gpt, moe=moe)
 
@@ -465,8 +470,11 @@ def resolve(run: PublishedRun, efficiency=None) -> PublishedRun:
     if run.recompute_given:
         return run
     from compiler.costmodel import evaluate
+    from compiler.costmodel.efficiency import prior_efficiency
     from compiler.estimate import Estimate
 
+    # memory reads no fitted constant: the priors do (and the fit does not read the file it writes)
+    efficiency = efficiency or prior_efficiency()
     for mode in ("none", "selective", "full"):
         layout = replace(run.layout, recompute=mode)
         est = evaluate(run.problem, layout, gpu=run.gpu, target=run.framework,

@@ -277,10 +277,39 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
     return total / 3.5, total * 2.5 / 3.5
 
 
+def elementwise_bytes_per_token(setup: Setup, moe_layer: bool, eager: bool) -> float:
+    """Forward HBM bytes per token of one layer's elementwise steps (2 norms, 2 residual adds, RoPE on q and k,
+    the MLP activation), fused or eager (physics.yaml memory_bound.bytes_per_element)."""
+    shape, table = setup.shape, setup.eff.physics.elementwise_bytes
+    k = 1 if eager else 0
+    w = attention_widths(shape)
+    out = 2 * shape.hidden_size * (table[shape.norm][k] + table["residual"][k])
+    if shape.position == "rope":
+        out += (w.q_width + w.k_width) * table["rope"][k]
+    act = table["swiglu" if shape.mlp == "swiglu" else "gelu"][k]
+    if moe_layer and shape.moe is not None:
+        m = shape.moe
+        ffn = m.top_k * m.expert_ffn_hidden_size + m.num_shared_experts * m.shared_ffn
+    else:
+        ffn = shape.ffn_hidden_size
+    return out + ffn * act
+
+
+def elementwise_traffic_ratio(setup: Setup, moe_layer: bool) -> float:
+    """HBM bytes of the framework's elementwise kernels per byte of a fused implementation's: 1 for fused
+    kernels; for eager PyTorch, what this block's steps move eagerly over what they move fused (a Llama block
+    with composite RMSNorm, RoPE and SwiGLU ~3x; an MPT block with one-kernel LayerNorm and GELU and no RoPE 1x)."""
+    if setup.framework.elementwise != "eager":
+        return 1.0
+    return setup.memo(("elementwise_ratio", moe_layer), lambda: elementwise_bytes_per_token(setup, moe_layer, True)
+                      / elementwise_bytes_per_token(setup, moe_layer, False))
+
+
 def memory_bound_time_per_layer_s(setup: Setup, moe_layer: bool) -> float:
-    """Elementwise work of one layer (forward + backward): fitted traffic x saved bytes / HBM rate."""
+    """Elementwise work of one layer (forward + backward): fitted traffic x saved bytes x the framework's
+    elementwise traffic ratio / HBM rate."""
     saved = activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute="none")  # memoised
-    traffic = setup.eff.fit("memory_bound_traffic") * setup.framework.elementwise_traffic
+    traffic = setup.eff.fit("memory_bound_traffic") * elementwise_traffic_ratio(setup, moe_layer)
     return traffic * saved / setup.hbm_rate()
 
 

@@ -25,6 +25,7 @@ from ruamel.yaml import YAML
 PHYSICS_FILE = "physics.yaml"
 EFFICIENCY_FILE = "efficiency.yaml"
 FLASH_BACKWARD_FLOPS_RATIO = 2.5  # FlashAttention convention: backward = 2.5 x forward FLOPs (5 GEMMs vs 2)
+ELEMENTWISE_STEPS = ("rmsnorm", "layernorm", "rope", "swiglu", "gelu", "residual")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,6 @@ FIT_PARAMETERS: tuple[FitParameter, ...] = (
     FitParameter("tp_exposed_fraction", 0.5, 0.05, 1.0,
                  "share of tensor-parallel collectives left on the critical path by frameworks that overlap them "
                  "with GEMMs (Megatron async TP all-reduce, Transformer Engine userbuffers)"),
-    FitParameter("ep_exposed_fraction", 0.9, 0.2, 1.0,
-                 "share of the MoE token dispatch/combine all-to-all left on the critical path; prior: Megatron-Core's "
-                 "token dispatcher runs the all-to-all on the compute stream unless shared-expert or 1F1B A2A overlap "
-                 "is enabled (megatron/core/transformer/moe/README.md)"),
     FitParameter("step_overhead_s", 0.05, 0.005, 1.0,
                  "fixed time per optimizer step outside the layers (gradient clipping and norm, loss reduction, "
                  "data loader, logging, launch of the optimizer)"),
@@ -114,11 +111,13 @@ class Physics:
     attention_kernels: Mapping[str, Mapping[str, str]]  # kernel class -> requested kernel -> table kernel
     attention_borrow: Mapping[str, str]
     memory_bound_fraction: Mapping[str, float]  # fused / eager
+    elementwise_bytes: Mapping[str, tuple[float, float]]  # step -> (fused, eager) forward bytes per element
     dvfs_exponent: float
     busbw_fraction: Mapping[str, float]
     latency_s: Mapping[str, float]
     all_to_all_fraction: Mapping[str, float]
     cp_exposed_fraction: float
+    ep_exposed_fraction: float
     dp_overlap_window_fraction: float
     last_bucket_bytes: float
     grad_accumulation_bytes_per_param: float
@@ -240,10 +239,15 @@ def parse_physics(data: dict) -> Physics:
             if not ref or "hd128" not in variants:
                 raise ValueError(f"{_file(PHYSICS_FILE)}: attention.tables.{cls}.{kernel} needs a reference GPU and hd128")
             tables[cls][kernel] = AttentionTable(ref, MappingProxyType(variants))
-    mb = _keys(data["memory_bound"], ("fraction", "sources"), "memory_bound")
+    mb = _keys(data["memory_bound"], ("fraction", "bytes_per_element", "sources"), "memory_bound")
+    bpe = _keys(mb["bytes_per_element"], ELEMENTWISE_STEPS, "memory_bound.bytes_per_element")
+    for step, pair in bpe.items():
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pair)):
+            raise ValueError(f"{_file(PHYSICS_FILE)}: memory_bound.bytes_per_element.{step} must be [fused, eager]")
     power = _keys(data["power"], ("dvfs_exponent", "sources"), "power")
     comm = _keys(data["comm"], ("busbw_fraction", "latency_s", "all_to_all_fraction", "sources"), "comm")
-    overlap = _keys(data["overlap"], ("cp_exposed_fraction", "dp_overlap_window_fraction", "last_bucket_bytes",
+    overlap = _keys(data["overlap"], ("cp_exposed_fraction", "ep_exposed_fraction", "dp_overlap_window_fraction",
+                                      "last_bucket_bytes",
                                       "grad_accumulation_bytes_per_param", "comm_sm_fraction", "sources"),
                     "overlap")
     host = _keys(data["host"], ("cpu_adam_params_per_s_per_node", "nvme_bandwidth_bytes_per_s_per_node",
@@ -259,11 +263,13 @@ def parse_physics(data: dict) -> Physics:
         attention_kernels=MappingProxyType({k: MappingProxyType(dict(v)) for k, v in att["kernels"].items()}),
         attention_borrow=MappingProxyType(dict(att["borrow"])),
         memory_bound_fraction=_floats(mb["fraction"], "memory_bound.fraction"),
+        elementwise_bytes=MappingProxyType({k: (float(v[0]), float(v[1])) for k, v in bpe.items()}),
         dvfs_exponent=float(power["dvfs_exponent"]),
         busbw_fraction=_floats(comm["busbw_fraction"], "comm.busbw_fraction"),
         latency_s=_floats(comm["latency_s"], "comm.latency_s"),
         all_to_all_fraction=_floats(comm["all_to_all_fraction"], "comm.all_to_all_fraction"),
         cp_exposed_fraction=float(overlap["cp_exposed_fraction"]),
+        ep_exposed_fraction=float(overlap["ep_exposed_fraction"]),
         dp_overlap_window_fraction=float(overlap["dp_overlap_window_fraction"]),
         last_bucket_bytes=float(overlap["last_bucket_bytes"]),
         grad_accumulation_bytes_per_param=float(overlap["grad_accumulation_bytes_per_param"]),

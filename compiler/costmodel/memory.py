@@ -79,11 +79,22 @@ def optimizer_state_bytes_per_gpu(sp: StageParams, layout: Layout, state_bytes: 
     return state_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 1)
 
 
+def persistent_weight_bytes(setup: Setup, sharding: Layout) -> int:
+    """Bytes per parameter of the 16-bit weight copy a GPU keeps between uses: none when the framework's fp32
+    master is the sharded parameter itself and ZeRO-3 shards it (FSDP: the 16-bit weights exist only while a
+    unit is gathered, zero3_gathered_params), else the precision's weight bytes."""
+    r = setup.recipe
+    if setup.framework.master_is_param and r.master_bytes and sharding.zero_stage >= 3:
+        return 0
+    return r.weight_bytes
+
+
 def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -> float:
     """Weights + gradients + fp32 master + optimizer states of one GPU as ``setup``'s target keeps them
     (``sharding``: the layout, or any object with its tp, cp, ep, dp_shard, zero_stage and offload fields)."""
     r = setup.recipe
-    return (weight_bytes_per_gpu(sp, sharding, r.weight_bytes) + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes)
+    return (weight_bytes_per_gpu(sp, sharding, persistent_weight_bytes(setup, sharding))
+            + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes)
             + master_weight_bytes_per_gpu(sp, sharding, r.master_bytes)
             + optimizer_state_bytes_per_gpu(sp, sharding, setup.optimizer_state_bytes))
 
@@ -179,11 +190,16 @@ def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
 def zero3_gathered_bytes(setup: Setup, sp: StageParams) -> float:
     """FSDP/ZeRO-3 all-gathers one unit (a decoder layer, or the embedding) at a time and prefetches
     the next: 2 units of weights + 1 unit of unsharded gradients before its reduce-scatter
-    (Zhao et al. 2023, PyTorch FSDP, sec. 3.3 and 4.2)."""
+    (Zhao et al. 2023, PyTorch FSDP, sec. 3.3 and 4.2). DeepSpeed gathers parameter by parameter and
+    keeps at most stage3_max_live_parameters gathered, its unsharded gradients in reduce buckets
+    (the target's cost profile: zero3_live_params; physics.yaml deepspeed_bucket_elements)."""
     if setup.layout.zero_stage < 3:
         return 0.0
     unit = max(sp.layer_dense, sp.embedding)
     r = setup.recipe
+    cap = setup.framework.zero3_live_params
+    if cap:
+        return min(2 * unit, cap) * r.weight_bytes + min(unit, setup.eff.deepspeed_bucket_elements) * setup.grad_bytes
     return unit * (2 * r.weight_bytes + setup.grad_bytes)
 
 
@@ -234,8 +250,8 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         return f" / shard ({nd} dense, {ne:g} expert)" if on and lay.zero_stage > 0 else ""
 
     items = [
-        LineItem("weights", weight_bytes_per_gpu(sp, lay, r.weight_bytes),
-                 f"{r.weight_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
+        LineItem("weights", weight_bytes_per_gpu(sp, lay, persistent_weight_bytes(setup, lay)),
+                 f"{persistent_weight_bytes(setup, lay)} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
                  + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
         LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes),
                  f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}",
@@ -274,7 +290,9 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     if lay.zero_stage == 3:
         items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),
                               f"largest unit {format_count(max(sp.layer_dense, sp.embedding))} params x "
-                              f"(2 x {r.weight_bytes} B gathered + prefetch, {setup.grad_bytes} B unsharded grad)",
+                              f"(2 x {r.weight_bytes} B gathered + prefetch, {setup.grad_bytes} B unsharded grad)"
+                              + (f", at most {format_count(setup.framework.zero3_live_params)} live"
+                                 if setup.framework.zero3_live_params else ""),
                               "Zhao et al. 2023, PyTorch FSDP, sec. 3.3 (prefetch) / DeepSpeed ZeRO-3 prefetch"))
     buckets = dp_bucket_bytes(setup, sp)
     if buckets:

@@ -98,7 +98,7 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
     units = max(1, sl.layers)
     dp = (_exposed(fwd_dp, c.forward_s, fwd_dp / units, setup),
           _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
-    (tp_xf, tp_xb), ep_x = tp_exposed_fractions(setup), eff.fit("ep_exposed_fraction")
+    (tp_xf, tp_xb), ep_x = tp_exposed_fractions(setup), eff.ep_exposed_fraction
     if setup.framework.ep_overlap and sl.moe:
         # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows, and
         # the computation under it runs on the SMs the communication kernels leave (physics.yaml comm_sm_fraction)
@@ -264,7 +264,7 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
     for name, pair, why in (("tp_comm", st.tp_s, "compiler/data/efficiency.yaml tp_exposed_fraction (fitted)"
                              if setup.framework.tp_overlap != "none" else setup.framework.source),
                             ("cp_comm", st.cp_s, overlap["cp_exposed_fraction"]),
-                            ("ep_comm", st.ep_s, "compiler/data/efficiency.yaml ep_exposed_fraction (fitted)"),
+                            ("ep_comm", st.ep_s, overlap["ep_exposed_fraction"]),
                             ("zero_per_microbatch_comm", st.dp_s, overlap["dp_overlap_window_fraction"])):
         if sum(pair):
             items.append(LineItem(name, m * sum(pair), f"{m} x ({format_seconds(pair[0])} fwd + "

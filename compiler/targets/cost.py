@@ -24,11 +24,6 @@ AttentionKernel = Literal["cudnn", "fa3", "fa2", "fa1", "unfused"]
 TpOverlap = Literal["none", "backward", "full"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
-# Eager PyTorch runs each elementwise op as its own kernel, reading and writing the whole tensor: counted on a
-# Llama block (RMSNorm in fp32: cast, pow, mean, rsqrt, two muls, cast ~ 32 B/element vs a fused kernel's 4; RoPE
-# ~5 ops vs 1; silu * up 10 B vs 6; residual adds equal) the eager block moves ~2.5x a fused block's bytes.
-EAGER_ELEMENTWISE_TRAFFIC = 2.5
-
 
 @dataclass(frozen=True)
 class CostProfile:
@@ -39,7 +34,9 @@ class CostProfile:
     # which tensors autograd keeps: a name of compiler.costmodel.activations.IMPLS
     activations: str
     attention: AttentionKernel  # the kernel it asks for; physics.yaml maps it per GPU kernel class
-    elementwise: Literal["fused", "eager"]  # norm / activation / rope / residual kernels
+    # norm / activation / rope / residual kernels: fused (Transformer Engine, Apex, torch.compile) or eager PyTorch
+    # ops, each its own kernel (the bytes each moves: physics.yaml memory_bound.bytes_per_element)
+    elementwise: Literal["fused", "eager"]
     # 16-bit mixed precision: the dtype of the gradients kept between backward and the optimizer step
     # (Megatron's main_grad buffer, DeepSpeed's grad_accum_dtype, FSDP2's sharded .grad) ...
     grad_dtype: Literal["fp32", "bf16"]
@@ -59,12 +56,14 @@ class CostProfile:
     source: str
     # ... except on these GPU generations: ((generation, recipe), ...)
     fp8_recipe_by_generation: tuple[tuple[str, str], ...] = ()
-    elementwise_traffic: float = 1.0  # HBM bytes of its elementwise kernels per byte of a fused implementation's
     ep_overlap: bool = False  # MoE all-to-all hidden behind another micro-batch's compute (DualPipe)
     optimizer_state_bytes: int = 0  # bytes of optimizer state per parameter; 0: the optimizer's fp32 default
     # the optimizer's fp32 master copy is the (sharded) parameter itself and the 16-bit weights exist only
     # unsharded for compute (FSDP2 with MixedPrecisionPolicy): no persistent 16-bit copy of a sharded weight
     master_is_param: bool = False
+    # ZeRO-3: parameters gathered at once are capped at this many (DeepSpeed stage3_max_live_parameters, with
+    # its reduce bucket for the unsharded gradients); 0: whole units (FSDP: the unit in use and the next)
+    zero3_live_params: float = 0.0
 
     @property
     def grad_bytes(self) -> int:

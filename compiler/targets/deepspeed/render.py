@@ -28,6 +28,7 @@ from compiler.plan import Plan
 from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
 from compiler.render.report import display_path, provenance_header
+from compiler.targets.deepspeed.cost import STAGE3_MAX_LIVE_PARAMETERS
 
 CONFIG_FILE = "ds_config.json"
 TRAIN_FILE = "ds_train.py"
@@ -42,8 +43,7 @@ SGD_MOMENTUM = 0.9
 STEPS_PER_PRINT = 100
 # DeepSpeed's own defaults for the stage-3 knobs that do not scale with the model
 # (docs/config-json "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
-# "sub_group_size": 1e9).
-STAGE3_MAX_LIVE_PARAMETERS = 10**9
+# "sub_group_size": 1e9); the live-parameter cap is a cost-model fact too (cost.py).
 STAGE3_MAX_REUSE_DISTANCE = 10**9
 SUB_GROUP_SIZE = 10**9
 # fp16 dynamic loss scaling, DeepSpeed docs (config-json "fp16") defaults written out:

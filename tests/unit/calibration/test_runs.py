@@ -100,7 +100,8 @@ def test_fp4_is_skipped_with_a_reason():
 
 
 @pytest.mark.parametrize("fields,framework", [
-    (dict(software_version="NeMo 24.07 container"), "megatron"),
+    (dict(software_version="NeMo 24.07 container"), "nemo_2407"),
+    (dict(software_version="Megatron-Core (2025)"), "megatron"),
     (dict(software_version="NeMo 26.02 container (Megatron-Bridge + Megatron-Core)"), "megatron_bridge"),
     (dict(software_version="NeMo 25.02 container (NeMo 2.0)"), "megatron_bridge"),
     (dict(software_version="Megatron-LM (2021)", source_id="narayanan2021"), "megatron_lm_2021"),
