@@ -9,25 +9,26 @@
   64-way expert parallel across 8 nodes, ZeRO-1 data parallel, no tensor parallel; fine-grained
   FP8 (1x128 activation / 128x128 weight scales, sec. 3.3) with DeepEP-style dispatch; sequence
   4096, batch ramped to 15360 sequences (sec. 4.2; the final value is used).
-* Llama 3 405B (Meta, "The Llama 3 Herd of Models", arXiv:2407.21783): Table 4 layout on 16,384
-  H100 GPUs: TP 8, CP 1, PP 16 with the interleaved schedule, DP 128, sequence 8192, 16M tokens per
-  batch (2048 sequences); BF16; 400 TFLOP/s per GPU measured. Sec. 3.3.2: the first and the last
-  stage give up one layer each, so the first chunk holds only the embedding and the last only the
-  output layer and loss: 126 + 2 = 128 = 16 stages x 8 virtual stages of one layer. Published: 30.84M H100-80GB GPU-hours
-  (Llama 3.1 model card) for the whole pre-training of 405B: the ~15.6T-token main stage plus the
-  long-context stage (~800B tokens up to 128K context, Table 4's third row: CP 16, 380 TFLOP/s) and
-  annealing, and the time lost to the 466 interruptions of the 54-day snapshot (>90% effective
-  training time, sec. 3.3.4). The estimate here is the main stage at 8K context with no failures, so
-  it is expected below the published figure by roughly those shares. Costed for the "llama3_meta"
-  framework profile (compiler/calibration/frameworks.py) in two readings of sec. 3.3.2, which says FSDP
-  "shards the optimizer states and gradients" and that gradients are accumulated in FP32 over the
-  micro-batches and reduce-scattered in FP32: (a) ZeRO-2, gradients reduce-scattered after every
-  micro-batch (fits; 16 fp32 reduce-scatters of the stage's gradients per step make it slow), (b)
-  gradients accumulated unsharded in fp32 with one reduce-scatter per step (FSDP2's behaviour under a
-  pipeline schedule): the memory model puts it at 87.5 GiB (16 micro-batches x 8 layers of activations
-  without checkpointing, 68 GB, plus 12.75 GB of fp32 gradients), so it is reported as not fitting,
-  with what it would cost if it fitted. Meta's schedule (its "flexible N") or saved-tensor set must keep
-  less than this model assumes; the paper does not say how much.
+* Llama 3 405B (Meta, "The Llama 3 Herd of Models", arXiv:2407.21783). Published: 30.84M H100-80GB
+  GPU-hours (Llama 3.1 model card) for the whole pre-training of the 405B, which is three parts, each
+  costed here with its own Table 4 layout on 16,384 H100s and the memory check on:
+  (1) the main stage at 8K context (sec. 3.4.1): TP 8, CP 1, PP 16 interleaved, DP 128, 16M tokens per
+  batch (2048 sequences, 16 micro-batches per data-parallel rank), BF16, 400 TFLOP/s per GPU measured;
+  the first and the last stage give up one layer each (sec. 3.3.2: 126 + 2 = 128 = 16 stages x 8
+  virtual stages of one unit, Megatron's --account-for-embedding/loss split); 15.6T - 0.8T tokens;
+  (2) the long-context stage (sec. 3.4.2): ~800B tokens in six stages from 8K to 128K context, costed at
+  128K with Table 4's third row (TP 8, CP 16, PP 16, DP 8, 380 TFLOP/s measured), so an upper bound on
+  its cost (the earlier stages are shorter); the 40M annealing tokens are in (1);
+  (3) interruptions: sec. 3.3.4 reports higher than 90% effective training time over a 54-day snapshot
+  with 466 interruptions; the GPU-hours of (1) + (2) are divided by 0.9.
+  The stack is costed with the "llama3_meta" profile (compiler/calibration/frameworks.py): sec. 3.3.2's
+  FSDP "shards the optimizer states and gradients" and does not reshard the model after the forward
+  (zero_stage 2: the bf16 weights stay gathered), with FP32 gradient accumulation over the micro-batches
+  and FP32 reduce-scatters; the reduce-scatter of each micro-batch's gradients runs on the network while
+  the pipeline computes the next ones (compiler/costmodel/step.py zero_exposed_s). The other reading,
+  gradients accumulated unsharded in fp32 with one reduce-scatter per step, does not fit the memory model
+  (16 micro-batches x 8 layers of activations without checkpointing, 68 GB, plus 12.75 GB of fp32
+  gradients): it is reported with what it would cost if it fitted.
 * NeMo's Llama 3.1 405B layout (NeMo / Megatron-Bridge performance recipe, 1024 H100): TP 8, PP 8
   with 8 virtual stages (126 layers in 64 chunks), CP 2, sequence 8192, global batch 512; compared
   with the tokens/s per GPU the Megatron-Bridge performance summary measured for that layout
@@ -75,6 +76,10 @@ class Case:
     mtp_layers: int = 0  # multi-token-prediction modules, costed as that many more decoder layers
     fits_in_model: bool = True  # False: the memory model rejects the published layout (documented disagreement)
     extra: dict = field(default_factory=dict)
+    # more parts of the published figure, each (name, tokens, seq_len, global_batch, layout); `tokens` is the
+    # first part's
+    phases: tuple = ()
+    effective_time_fraction: float = 1.0  # training time / wall time (interruptions), from the source
 
 
 LLAMA3_NOTE = ("30.84M H100 GPU-hours (Llama 3.1 model card): the whole 405B pre-training incl. the long-context "
@@ -87,10 +92,15 @@ CASES = (
          "deepseek_v3", 2.664e6,
          "2.664M H800 GPU-hours for pre-training, 2.788M in total with context extension and post-training "
          "(DeepSeek-V3 report, Table 1)", fp8_recipe="fp8_blockwise", mtp_layers=1),
-    Case("Llama 3 405B pre-training, ZeRO-2 reading", "llama3.1-405b", "h100-sxm", 15.6e12, 8192, 2048, "bf16",
+    Case("Llama 3 405B pre-training", "llama3.1-405b", "h100-sxm", 14.8e12, 8192, 2048, "bf16",
          dict(tp=8, pp=16, cp=1, ep=1, dp_replicate=1, dp_shard=128, zero_stage=2, micro_batch=1, grad_accum=16,
               vpp=8, schedule="interleaved_1f1b", recompute="none", sequence_parallel=True),
-         "llama3_meta", 30.84e6, LLAMA3_NOTE, published_tflops_per_gpu=400.0),
+         "llama3_meta", 30.84e6, LLAMA3_NOTE, published_tflops_per_gpu=400.0,
+         phases=(("long-context stage at 128K (upper bound), 380 TFLOP/s published", 0.8e12, 131072, 128,
+                  dict(tp=8, pp=16, cp=16, ep=1, dp_replicate=1, dp_shard=8, zero_stage=2, micro_batch=1,
+                       grad_accum=16, vpp=8, schedule="interleaved_1f1b", recompute="none",
+                       sequence_parallel=True)),),
+         effective_time_fraction=0.9),
     Case("Llama 3 405B pre-training, fp32 accumulation reading", "llama3.1-405b", "h100-sxm", 15.6e12, 8192, 2048,
          "bf16",
          dict(tp=8, pp=16, cp=1, ep=1, dp_replicate=1, dp_shard=128, zero_stage=1, micro_batch=1, grad_accum=16,
@@ -105,16 +115,19 @@ CASES = (
 )
 
 
-def estimate_case(case: Case, *, check_memory: bool = True) -> Estimate | Rejection:
+def estimate_case(case: Case, *, check_memory: bool = True, phase: tuple | None = None) -> Estimate | Rejection:
+    """The case's first part, or ``phase`` (one of case.phases) on the same model, GPU and framework."""
     catalog = load_catalog()
     spec = catalog.find_gpu(case.gpu)
     preset = catalog.find_model(case.model)
     assert spec is not None and preset is not None
     option = gpu_option(spec, spec.default_gpus_per_node)
-    layout = Layout(gpu=spec.name, gpus_per_node=spec.default_gpus_per_node, **case.layout)
+    tokens, seq_len, global_batch, lay = (case.tokens, case.seq_len, case.global_batch, case.layout) \
+        if phase is None else phase[1:]
+    layout = Layout(gpu=spec.name, gpus_per_node=spec.default_gpus_per_node, **lay)
     shape = replace(preset.shape, num_layers=preset.shape.num_layers + case.mtp_layers)
-    problem = make_problem(shape, option, seq_len=case.seq_len, global_batch=case.global_batch,
-                           tokens=int(case.tokens), precision=case.precision, num_gpus=layout.world_size,
+    problem = make_problem(shape, option, seq_len=seq_len, global_batch=global_batch,
+                           tokens=int(tokens), precision=case.precision, num_gpus=layout.world_size,
                            name=case.name, fp8_recipe=case.fp8_recipe)
     return evaluate(problem, layout, gpu=option, target=published_profile(case.framework),
                     pipeline_events=False, check_memory=check_memory)
@@ -132,11 +145,25 @@ def run() -> list[dict]:
             if isinstance(est, Rejection):
                 out.append(row)
                 continue
-        value = est.gpu_hours if case.kind == "gpu_hours" else est.tokens_per_s_per_gpu
+        phases = []
+        for ph in case.phases:
+            pe = estimate_case(case, phase=ph)
+            fits = not isinstance(pe, Rejection)
+            if not fits:
+                row.update(fits=False, rejection=f"{ph[0]}: {pe.code}: {pe.message}")
+                pe = estimate_case(case, phase=ph, check_memory=False)
+            assert isinstance(pe, Estimate), pe
+            phases.append({"phase": ph[0], "fits": fits, "tokens": ph[1], "gpu_hours": pe.gpu_hours,
+                           "model_tflops_per_gpu": pe.model_tflops_per_gpu, "step_time_s": pe.step_time_s,
+                           "memory_gib_per_gpu": pe.memory.total_bytes_per_gpu / 2**30})
+        total_gpu_hours = (est.gpu_hours + sum(p["gpu_hours"] for p in phases)) / case.effective_time_fraction
+        value = total_gpu_hours if case.kind == "gpu_hours" else est.tokens_per_s_per_gpu
         row.setdefault("fits", True)
+        row.update(phases=phases, effective_time_fraction=case.effective_time_fraction,
+                   main_gpu_hours=est.gpu_hours)
         row.update(gpus=est.num_gpus, tokens=case.tokens, step_time_s=est.step_time_s,
                    tokens_per_s_per_gpu=est.tokens_per_s_per_gpu, model_tflops_per_gpu=est.model_tflops_per_gpu,
-                   mfu=est.mfu, time_to_train_days=est.time_to_train_s / 86400, gpu_hours=est.gpu_hours,
+                   mfu=est.mfu, time_to_train_days=est.time_to_train_s / 86400, gpu_hours=total_gpu_hours,
                    cost_usd=est.cost_usd, predicted=value, error=value / case.published - 1.0,
                    published_tflops_per_gpu=case.published_tflops_per_gpu,
                    memory_gib_per_gpu=est.memory.total_bytes_per_gpu / 2**30,
@@ -166,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
               + (f" (published {r['published_tflops_per_gpu']:.0f})" if r["published_tflops_per_gpu"] else "")
               + f", MFU {r['mfu']:.1%}")
         if r["kind"] == "gpu_hours":
-            print(f"  time to train {r['time_to_train_days']:.1f} days, {r['gpu_hours'] / 1e6:.3f}M GPU-hours vs "
-                  f"published {r['published'] / 1e6:.3f}M ({r['error']:+.1%})")
+            if r["phases"] or r["effective_time_fraction"] != 1.0:
+                parts = [f"{r['main_gpu_hours'] / 1e6:.3f}M ({r['tokens'] / 1e12:.1f}T tokens)"]
+                for p in r["phases"]:
+                    parts.append(f"{p['gpu_hours'] / 1e6:.3f}M {p['phase']} ({p['tokens'] / 1e12:.1f}T tokens, "
+                                 f"{p['model_tflops_per_gpu']:.0f} TFLOP/s/GPU, memory {p['memory_gib_per_gpu']:.1f}"
+                                 f" GiB{'' if p['fits'] else ', DOES NOT FIT'})")
+                print("  GPU-hours: " + " + ".join(parts)
+                      + (f", / {r['effective_time_fraction']:g} effective training time"
+                         if r["effective_time_fraction"] != 1.0 else ""))
+            print(f"  time to train {r['time_to_train_days']:.1f} days (first part), {r['gpu_hours'] / 1e6:.3f}M "
+                  f"GPU-hours vs published {r['published'] / 1e6:.3f}M ({r['error']:+.1%})")
         else:
             print(f"  {r['tokens_per_s_per_gpu']:.0f} tokens/s/GPU vs published {r['published']:.0f} "
                   f"({r['error']:+.1%})")

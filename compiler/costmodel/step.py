@@ -56,16 +56,17 @@ class StageTime:
     tp_s: tuple[float, float]  # exposed (forward, backward)
     cp_s: tuple[float, float]
     ep_s: tuple[float, float]
-    dp_s: tuple[float, float]  # exposed per-micro-batch ZeRO-2/3 traffic
+    # ZeRO-2/3 collectives of one micro-batch (forward gathers; backward gathers and reduce-scatters): they run
+    # on the network beside everything the stage computes in the step (step_time costs what they leave exposed)
+    dp_s: tuple[float, float]
 
     @property
     def forward_s(self) -> float:
-        return self.compute.forward_s + self.tp_s[0] + self.cp_s[0] + self.ep_s[0] + self.dp_s[0]
+        return self.compute.forward_s + self.tp_s[0] + self.cp_s[0] + self.ep_s[0]
 
     @property
     def backward_s(self) -> float:
-        return (self.compute.backward_s + self.compute.recompute_s + self.tp_s[1] + self.cp_s[1] + self.ep_s[1]
-                + self.dp_s[1])
+        return self.compute.backward_s + self.compute.recompute_s + self.tp_s[1] + self.cp_s[1] + self.ep_s[1]
 
 
 def _exposed(total_s: float, window_s: float, tail_s: float, setup: Setup) -> float:
@@ -93,11 +94,8 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
     attn_f, attn_b = compute.attention_core_time_s(setup)
     cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn_f),
               max(eff.cp_exposed_fraction * cp_b, cp_b - attn_b))
-    fwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "forward")
-    bwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "backward")
-    units = max(1, sl.layers)
-    dp = (_exposed(fwd_dp, c.forward_s, fwd_dp / units, setup),
-          _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
+    dp = (sum(x.time_per_call_s for x in collectives if x.phase == "forward"),
+          sum(x.time_per_call_s for x in collectives if x.phase == "backward"))
     (tp_xf, tp_xb), ep_x = tp_exposed_fractions(setup), eff.ep_exposed_fraction
     if setup.framework.ep_overlap and sl.moe:
         # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows, and
@@ -229,23 +227,39 @@ def step_time(setup: Setup) -> StepResult:
     param_tail = param_total * min(1.0, eff.last_bucket_bytes / param_bytes) if param_bytes else 0.0
     dp_exposed = (_exposed(grad_total, c.backward_s + c.recompute_s, grad_tail, setup)
                   + _exposed(param_total, c.forward_s, param_tail, setup))
+    zero_exposed = zero_exposed_s(setup, st, makespan)
     opt = optimizer_step_time_s(setup, sp) + fp8_weight_cast_time_s(setup, sp)
     offload, offload_txt = offload_time_s(setup, sp, st)
-    straggler, fixed = sync_overhead_s(setup, makespan + dp_exposed + opt)
-    items = _time_items(setup, st, makespan, makespan_no_p2p, dp_exposed, opt, offload, offload_txt, p2p)
+    straggler, fixed = sync_overhead_s(setup, makespan + zero_exposed + dp_exposed + opt)
+    items = _time_items(setup, st, makespan, makespan_no_p2p, zero_exposed, dp_exposed, opt, offload, offload_txt,
+                        p2p)
     items.append(LineItem("sync_and_fixed", straggler + fixed,
                           f"waiting for the slowest of {setup.layout.world_size} ranks "
                           f"({format_seconds(straggler)}) + fixed per-step time ({format_seconds(fixed)})",
                           "compiler/data/efficiency.yaml (straggler_cv, step_overhead_s; fitted)"))
     total = sum(i.value for i in items)
-    volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, dp_exposed)
+    volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, zero_exposed, dp_exposed)
     bubble = (makespan_no_p2p - m * (fwd + bwd)) / makespan if lay.pp > 1 and makespan > 0 else 0.0
     return StepResult(TimeBreakdown(items=tuple(items), step_time_s=total), volumes, max(0.0, bubble),
                       fwd, bwd, p2p, st.stage)
 
 
-def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, dp_exposed: float,
-                opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
+def zero_exposed_s(setup: Setup, st: StageTime, makespan_s: float) -> float:
+    """The ZeRO-2/3 traffic of a step (every micro-batch's gathers and reduce-scatters) not hidden behind it.
+    FSDP and DeepSpeed run it on their own streams while the GPU computes: a unit's all-gather is prefetched
+    under the previous unit's compute, its reduce-scatter runs under the next units' backward and, with several
+    micro-batches, under the next micro-batches' work (Zhao et al. 2023, PyTorch FSDP, sec. 3.3-3.4). What
+    shows is what exceeds the overlap window of the step's busy time, and at least the first unit's gather and
+    the last unit's reduce-scatter, which nothing runs beside."""
+    fwd, bwd = st.dp_s
+    if fwd + bwd <= 0:
+        return 0.0
+    units = max(1, setup.stages[st.stage].layers)
+    return _exposed(setup.num_microbatches * (fwd + bwd), makespan_s, (fwd + bwd) / units, setup)
+
+
+def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, zero_exposed: float,
+                dp_exposed: float, opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
     lay, m, c, eff = setup.layout, setup.num_microbatches, st.compute, setup.eff
     busy = m * (st.forward_s + st.backward_s)
     src = f"compiler/data/physics.yaml ({setup.kernel_class} kernels, {setup.framework.display_name})"
@@ -264,8 +278,7 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
     for name, pair, why in (("tp_comm", st.tp_s, "compiler/data/efficiency.yaml tp_exposed_fraction (fitted)"
                              if setup.framework.tp_overlap != "none" else setup.framework.source),
                             ("cp_comm", st.cp_s, overlap["cp_exposed_fraction"]),
-                            ("ep_comm", st.ep_s, overlap["ep_exposed_fraction"]),
-                            ("zero_per_microbatch_comm", st.dp_s, overlap["dp_overlap_window_fraction"])):
+                            ("ep_comm", st.ep_s, overlap["ep_exposed_fraction"])):
         if sum(pair):
             items.append(LineItem(name, m * sum(pair), f"{m} x ({format_seconds(pair[0])} fwd + "
                                                        f"{format_seconds(pair[1])} bwd) exposed", why))
@@ -277,6 +290,11 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
         items.append(LineItem("pp_p2p", makespan - makespan_no_p2p,
                               f"p2p {format_seconds(p2p)} per transfer on the critical path",
                               "Narayanan et al. 2021, sec. 4.1 (scatter/gather p2p)"))
+    if zero_exposed:
+        items.append(LineItem("zero_per_microbatch_comm", zero_exposed,
+                              f"{m} x ({format_seconds(st.dp_s[0])} forward gathers + {format_seconds(st.dp_s[1])} "
+                              f"backward gathers / reduce-scatters) not hidden behind the step's busy time",
+                              overlap["dp_overlap_window_fraction"]))
     if dp_exposed:
         items.append(LineItem("dp_comm", dp_exposed, "gradient reduce / parameter gather not hidden behind the "
                                                       "last backward / first forward",
@@ -293,7 +311,7 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
 
 
 def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p: float, p2p_exposed: float,
-                  dp_exposed: float) -> tuple[CommVolume, ...]:
+                  zero_exposed: float, dp_exposed: float) -> tuple[CommVolume, ...]:
     lay, m, l = setup.layout, setup.num_microbatches, setup.stages[st.stage]
     msg = comm.activation_message_bytes(setup)
     out = []
@@ -318,7 +336,7 @@ def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p:
     total_dp = sum(x.time_per_call_s * x.calls_per_step for x in coll) or 1.0
     for x in coll:
         t = x.time_per_call_s * x.calls_per_step
-        share = dp_exposed if x.phase.startswith("step") else m * sum(st.dp_s)
+        share = dp_exposed if x.phase.startswith("step") else zero_exposed
         out.append(CommVolume(x.name, x.group, x.group_size, x.link, x.bytes_per_call * x.calls_per_step, t,
                               share * t / total_dp))
     return tuple(out)

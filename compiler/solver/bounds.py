@@ -25,8 +25,9 @@ for each, in the cost model's terms (compiler/costmodel/step.py):
   MoE layers and its first/last extras, so they are built from cached per-layer pieces.
   The bottleneck stage's f + b is at least the largest of these; with the p2p term above
   that bounds the step.
-* **layout**: the stage times + the ZeRO-2/3 traffic per micro-batch that cannot hide
-  (max(total - 0.9 x compute window, total / layers)), then + the exposed gradient reduce and
+* **layout**: the group's span + the step's ZeRO-2/3 traffic that cannot hide behind it
+  (max(m x per-micro-batch traffic - 0.9 x span, one unit's)): the model's makespan M is at least
+  the span and M + max(Z - 0.9 M, t) only grows with M; then + the exposed gradient reduce and
   parameter gather of the step (max(total - window, last bucket)), the optimizer step and the
   offload traffic that cannot overlap (host-to-device parameters, CPU Adam, NVMe), each the
   minimum over stages.
@@ -243,19 +244,16 @@ class Bounds:
 
         ``fbs``: group_stage_fb of the group; ``make_layout()`` builds the layout (only on a cache miss)."""
         w = cm.dp_overlap_window()
-        worst = 0.0
-        step_extra = float("inf")
+        span = self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs))
+        zero = step_extra = float("inf")
         for f, b, sl in fbs:
             fwd, bwd, g_tot, g_tail, p_tot, p_tail, extra = self._dp_pieces(shape, vpp, sl, sh, make_layout)
             units = max(1, sl.layers)
-            if fwd:
-                f += max(fwd - w * f, min(fwd, fwd / units))
-            if bwd:
-                b += max(bwd - w * b, min(bwd, bwd / units))
-            worst = max(worst, f + b)
+            total = ga * (fwd + bwd)  # the step's ZeRO-2/3 traffic, hidden behind the step's busy time
+            zero = min(zero, max(total - w * span, min(total, (fwd + bwd) / units)) if total else 0.0)
             exposed = (max(g_tot - w * b, g_tail) if g_tot else 0.0) + (max(p_tot - w * f, p_tail) if p_tot else 0.0)
             step_extra = min(step_extra, exposed + extra)
-        return SAFETY * (self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, worst)) + step_extra)
+        return SAFETY * (self.sync_lb(shape, span + zero) + step_extra)
 
     # ------------------------------------------------------------------ memory
     def usable_bytes(self, shape: Shape) -> float:
