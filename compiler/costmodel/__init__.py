@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 from compiler import rules
 from compiler.catalog import normalize_name
@@ -40,7 +41,8 @@ from compiler.problem import GpuOption, Problem
 from compiler.targets.cost import CostProfile
 from compiler.units import format_bytes
 
-__all__ = ["evaluate", "evaluate_targets", "TargetEstimates", "check_layout", "find_gpu_option", "default_target"]
+__all__ = ["evaluate", "evaluate_targets", "evaluate_targets_unless", "TargetEstimates", "check_layout",
+           "find_gpu_option", "default_target"]
 
 
 def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
@@ -151,11 +153,24 @@ def evaluate_targets(problem: Problem, layout: Layout, **kwargs) -> TargetEstima
     """``evaluate`` for each framework target of ``problem``: a plan rendered for several targets must fit
     and is as fast as the slowest of them. The binding target is the first that rejects the layout (the
     targets after it are not costed), else the one with the longest step."""
+    out = evaluate_targets_unless(problem, layout, None, **kwargs)
+    assert out is not None
+    return out
+
+
+def evaluate_targets_unless(problem: Problem, layout: Layout, hopeless: Callable[[Estimate], bool] | None,
+                            **kwargs) -> TargetEstimates | None:
+    """``evaluate_targets``, or None as soon as one target's estimate is ``hopeless`` while more targets are
+    left: the binding estimate is at least as slow as any target's (the solver skips a layout that cannot
+    enter its top list without costing the other targets)."""
     results: list[tuple[str, Estimate | Rejection]] = []
-    for t in costed_targets(problem.targets):
+    targets = costed_targets(problem.targets)
+    for i, t in enumerate(targets):
         r = evaluate(problem, layout, target=t, **kwargs)
         results.append((t, r))
         if isinstance(r, Rejection):
             return TargetEstimates(tuple(results), t)
+        if hopeless is not None and i < len(targets) - 1 and hopeless(r):
+            return None
     slowest = max(results, key=lambda tr: (tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))  # type: ignore
     return TargetEstimates(tuple(results), slowest[0])

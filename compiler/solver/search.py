@@ -41,7 +41,8 @@ from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
 from compiler.solver.candidates import Sharding, Shape, Space
 from compiler.solver.explain import infeasible_error, plan_notes, why_lost
-from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
+from compiler.solver.objective import (Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step,
+                                       objective_key, rank_key)
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 if TYPE_CHECKING:
@@ -322,7 +323,10 @@ class _Search:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
-        result = self.evaluate(problem, layout)
+        result = self._evaluate(layout)
+        if result is None:  # one target's estimate already ranks after the top k+1: the binding one does too
+            self.num_pruned += 1
+            return
         if isinstance(result, Estimate):
             over = F.check_estimate(problem, result)
             if over is None:
@@ -331,6 +335,20 @@ class _Search:
                 return
             result = over
         self.tally.reject_costed(layout, result)
+
+    def _evaluate(self, layout: Layout) -> Estimate | Rejection | None:
+        """The cost model on ``layout`` for every framework target (the binding estimate), or None when the
+        first target's estimate alone cannot enter the top k+1: a layout's estimate is its slowest target's,
+        so the other targets are not costed (the per-target costing costs one target for most layouts)."""
+        if self.evaluate is not _search_evaluate:
+            return self.evaluate(self.problem, layout)
+        from compiler.costmodel import evaluate_targets_unless
+
+        threshold = self.threshold
+        targets = evaluate_targets_unless(
+            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est), threshold),
+            pipeline_events=False)
+        return None if targets is None else targets.result
 
     # ------------------------------------------------------------------ results
     def summary(self, misses: tuple = ()) -> SearchSummary:
