@@ -33,15 +33,18 @@ ASSUMPTIONS = (
     "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
     "forward (2 x heads x (d_qk + d_v) x s/2 per layer); hardware adds the recomputed forward.",
     "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 runs (fp32 runs: TF32 peak).",
-    "Mixed precision keeps 2 B weights + 2 B gradients + 4 B fp32 master + optimizer states per parameter "
-    "(ZeRO paper); Megatron's fp32 gradient buffer would add 2 B/param.",
+    "Mixed precision keeps 16-bit weights, gradients in the target's dtype (Megatron's fp32 main_grad, FSDP2's "
+    "fp32 sharded gradients, DeepSpeed's bf16), a 4 B fp32 master and the optimizer states per parameter (ZeRO "
+    "paper); FSDP's fp32 master is the sharded parameter itself (no 16-bit copy at rest under ZeRO-3).",
     "ZeRO/FSDP shard over dp_shard x cp; experts over dp_shard x cp / ep; ZeRO-2/3 reduce-scatter after every "
-    "micro-batch, ZeRO-0/1 once per step.",
+    "micro-batch on their own streams (what exceeds the step's busy time shows), ZeRO-0/1 once per step.",
     "Rank order tp-cp-ep-dp-pp (Megatron); a group inside the NVLink domain uses NVLink, else the network.",
-    "Activations: Korthikanti et al. 2022 per saved tensor for Megatron-Core + Transformer Engine "
-    "(flash attention, fused SwiGLU; fp8 GEMM inputs kept in 1 B); expert tensor parallel = tp.",
+    "Activations: Korthikanti et al. 2022 per saved tensor, for what the target's implementation keeps (fused "
+    "Megatron-Core + Transformer Engine kernels, or eager PyTorch modules; fp8 GEMM inputs kept in 1 B); "
+    "expert tensor parallel = tp.",
     "MoE all-to-all: a token crosses the network once per destination node (DeepEP-style hierarchical "
-    "dispatch), dispatched in the GEMM input dtype, combined in bf16.",
+    "dispatch) where the target dispatches hierarchically, in the GEMM input dtype, combined in bf16; on the "
+    "critical path unless the target overlaps it.",
     "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; the layers "
     "per stage are Megatron's split (compiler/split.py).",
 )
