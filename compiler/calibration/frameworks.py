@@ -65,11 +65,13 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
     "torchtitan": CostProfile(
         name="torchtitan", display_name="torchtitan (FSDP2, torch 2.4-2.6)", activations="torch_eager",
         attention="fa2", elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
-        ops_per_dense_layer=40, ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op",
-        fp8_recipe="fp8_tensorwise_current", hierarchical_all_to_all=False, master_is_param=True,
+        ops_per_dense_layer=40, ops_per_moe_layer=60, ops_per_local_expert=6,
+        recompute_selective="per_op_every_other_mm", fp8_recipe="fp8_tensorwise_current",
+        hierarchical_all_to_all=False, master_is_param=True,
         source="pytorch/torchtitan models/llama (eager blocks as dtc's fsdp target, SDPA flash backend), FSDP2 with "
         "MixedPrecisionPolicy(bf16, reduce fp32), Float8 via torchao tensorwise dynamic (current) scaling, "
-        "'selective (op)' activation checkpointing saves matmul outputs (docs/performance.md); torch.compile "
+        "'selective (op)' activation checkpointing saves the outputs of matmuls and SDPA 'except every second mm' "
+        "(torchtitan/models/llama/parallelize_llama.py _custom_policy); torch.compile "
         "fuses elementwise kernels when enabled; the fp32 sharded parameter is the optimizer's master and takes the "
         "fp32 reduced gradient (as dtc's fsdp target)"),
     "llm_foundry": CostProfile(

@@ -291,6 +291,26 @@ KEPT_BY_PER_OP_SAC = ("qkv", "attention_output", "attention_lse", "mlp_activatio
                       "moe_expert_activation", "shared_expert_activation")
 
 
+def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp: int, sequence_parallel: bool,
+                                       act_bytes: int) -> float:
+    """torchtitan's op-level selective checkpointing keeps the outputs of matmuls and SDPA 'except every second
+    mm' (torchtitan/models/llama/parallelize_llama.py _custom_policy): of a Llama block's wq, wk, wv, wo, w1, w3,
+    w2 it keeps wq, wv, w1 and w2 (the 1st, 3rd, 5th and 7th), with SDPA's output and log-sum-exp and the block
+    input; everything else is recomputed in backward. MoE layers keep the router probabilities, the routed
+    experts' first matmul outputs and the layer's input instead of w1 and w2."""
+    w = attention_widths(shape)
+    h, sp_div = shape.hidden_size, (tp if sequence_parallel else 1)
+    kept = (w.q_width + w.kv_heads * w.v_head_dim + w.out_width) * act_bytes / tp  # wq, wv, SDPA output
+    kept += attention_logsumexp_bytes_per_token(w.heads) / tp
+    kept += 2 * h * act_bytes / sp_div  # the block input and w2's (row-parallel) output
+    if moe_layer and shape.moe is not None:
+        m = shape.moe
+        kept += moe_router_bytes_per_token(m.num_experts) + m.top_k * m.expert_ffn_hidden_size * act_bytes / tp
+    else:
+        kept += shape.ffn_hidden_size * act_bytes / tp  # w1
+    return kept
+
+
 def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, sequence_parallel: bool,
                                          recompute: str, hidden: int, act_bytes: int) -> float:
     """Bytes per token of one layer under tp/sp and a recompute mode (Korthikanti Table 2)."""

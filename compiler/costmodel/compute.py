@@ -378,6 +378,19 @@ class StageCompute:
     parts: tuple[tuple[str, float, float], ...] = ()
 
 
+def skipped_mm_share(setup: Setup, moe_layer: bool) -> float:
+    """The share of a layer's forward GEMM FLOPs in the matmuls torchtitan's op-level checkpointing recomputes
+    (wk, wo and w3 of wq, wk, wv, wo, w1, w3, w2; activations.every_other_mm_sac_bytes_per_token)."""
+    shape = setup.shape
+    w = attention_widths(shape)
+    h = shape.hidden_size
+    f = shape.ffn_hidden_size if not (moe_layer and shape.moe) else shape.moe.top_k * shape.moe.expert_ffn_hidden_size
+    up = 2 if shape.mlp == "swiglu" else 1
+    total = h * (w.q_width + w.k_width + w.v_width) + w.out_width * h + (up + 1) * h * f
+    skipped = h * w.k_width + w.out_width * h + (h * f if up == 2 else 0)
+    return skipped / total
+
+
 def grad_accumulation_time_s(setup: Setup, local_params: float) -> float:
     """Each micro-batch's weight-gradient GEMMs read and write the gradient of every local parameter."""
     return local_params * setup.eff.physics.grad_accumulation_bytes_per_param / setup.hbm_rate("fused")
@@ -418,8 +431,10 @@ def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
         if lay.recompute == "full":
             rec += n * lt.forward_s
         elif lay.recompute == "selective":
-            rec += n * (lt.attention[0] if setup.framework.recompute_selective == "attention_core"
-                        else lt.memory_bound / 3.0)
+            mode = setup.framework.recompute_selective
+            rec += n * (lt.attention[0] if mode == "attention_core" else lt.memory_bound / 3.0)
+            if mode == "per_op_every_other_mm":  # and the forward of the matmuls it does not keep
+                rec += n * lt.gemm_f * skipped_mm_share(setup, moe_layer)
     if sl.last:
         logits = setup.memo("logits_s", lambda: gemm_time_s(logits_gemm(setup), setup))
         add("logits", logits, 2 * logits)

@@ -131,6 +131,8 @@ def recompute_mode(setup: Setup, recompute: str) -> str:
     """'selective' means the attention core in Megatron, per-op SAC in PyTorch frameworks."""
     if recompute == "selective" and setup.framework.recompute_selective == "per_op":
         return "selective_per_op"
+    if recompute == "selective" and setup.framework.recompute_selective == "per_op_every_other_mm":
+        return "selective_per_op_every_other_mm"
     return recompute
 
 
@@ -138,6 +140,11 @@ def activation_bytes_per_layer_kind(setup: Setup, *, moe_layer: bool, recompute:
     """One decoder layer's saved activations for one micro-batch on one GPU."""
     lay = setup.layout
     mode = recompute_mode(setup, recompute or lay.recompute)
+    if mode == "selective_per_op_every_other_mm":
+        return setup.memo(("activation_bytes", moe_layer, mode), lambda: setup.tokens_per_microbatch
+                          * act.every_other_mm_sac_bytes_per_token(setup.shape, moe_layer=moe_layer, tp=lay.tp,
+                                                                   sequence_parallel=lay.sequence_parallel,
+                                                                   act_bytes=setup.recipe.activation_bytes))
     return setup.memo(("activation_bytes", moe_layer, mode), lambda: act.activation_bytes_per_layer(
         setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
         sequence_parallel=lay.sequence_parallel, recompute=mode, hidden=setup.shape.hidden_size,

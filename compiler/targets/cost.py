@@ -50,7 +50,9 @@ class CostProfile:
     ops_per_dense_layer: int  # kernels launched by one dense layer's forward (backward: 2x)
     ops_per_moe_layer: int  # ... one MoE layer's forward (router, permute, dispatch, experts, combine)
     ops_per_local_expert: int  # more forward kernels per local expert (one GEMM per expert and projection)
-    recompute_selective: Literal["attention_core", "per_op"]  # what 'selective' recomputes
+    # what 'selective' recomputes: the attention core (Megatron), every elementwise op keeping the matmul and
+    # attention outputs (PyTorch op-level SAC), or that keeping only every other matmul output (torchtitan)
+    recompute_selective: Literal["attention_core", "per_op", "per_op_every_other_mm"]
     fp8_recipe: str  # fp8 scaling recipe (physics.yaml gemm.quantize_bytes_per_element key) ...
     hierarchical_all_to_all: bool  # MoE tokens cross the network once per destination node (DeepEP-style)
     source: str
