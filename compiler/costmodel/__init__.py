@@ -25,6 +25,7 @@ import dataclasses
 
 from compiler import rules
 from compiler.catalog import normalize_name
+from compiler.costmodel.activations import ActivationImpl
 from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stage_activation_bytes_per_microbatch
 from compiler.costmodel.step import make_estimate, step_time
@@ -78,17 +79,19 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
     text = ", ".join(f"{name} (-{format_bytes(saving)})" for saving, name in options if saving > 0)
     return (f"needs {format_bytes(need)} more per GPU ({format_bytes(memory.total_bytes_per_gpu)} of "
             f"{format_bytes(memory.usable_bytes_per_gpu)} usable): "
-            + (text + ", " if text else "") + "or more tensor/pipeline parallel stages")
+            + (text + ", or " if text else "") + "more tensor/pipeline parallel stages")
 
 
 def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, pipeline_events: bool = True,
-             check_memory: bool = True) -> Estimate | Rejection:
+             check_memory: bool = True, impl: "ActivationImpl | None" = None) -> Estimate | Rejection:
     """Memory and step time of ``layout`` for ``problem``; a Rejection when it cannot run or fit.
 
     ``gpu``: the GpuOption to use; default: the one of ``problem.gpu_options`` named by layout.gpu.
     ``pipeline_events``: include the simulated schedule in the Estimate (the solver may skip it: it is the
     costly part of a call, ~1 us per event).
     ``check_memory``: False returns the Estimate even when it does not fit (what-if reports, benchmarks).
+    ``impl``: which tensors the training code saves for backward (default: Megatron-Core + Transformer Engine);
+    ``dtc smoke`` costs its reduced runs with the implementation they really run (plain PyTorch modules).
     """
     if gpu is None:
         gpu = find_gpu_option(problem, layout.gpu)
@@ -99,7 +102,7 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, 
     bad = check_layout(problem, layout, gpu)
     if bad is not None:
         return bad
-    setup = make_setup(problem, layout, gpu)
+    setup = make_setup(problem, layout, gpu) if impl is None else make_setup(problem, layout, gpu, impl=impl)
     memory = memory_breakdown(setup)
     if check_memory and memory.total_bytes_per_gpu > memory.usable_bytes_per_gpu:
         return Rejection(
