@@ -25,8 +25,8 @@ from compiler.layout import Layout
 from compiler.plan import Plan
 from compiler.render import report_text as txt
 from compiler.render.environment import render_template
-from compiler.render.report_layout import batch_arithmetic, choice, layout_whys
-from compiler.render.report_svg import PipelinePicture, memory_svg, pipeline_svg
+from compiler.render.report_layout import batch_arithmetic, choice, layout_whys, run_vs_time_limit
+from compiler.render.report_svg import BIN_PX, PipelinePicture, memory_svg, pipeline_svg
 from compiler.units import format_bytes, format_count, format_money, format_seconds
 
 TEMPLATE = "report/PLAN.md.j2"
@@ -196,9 +196,13 @@ def _pipeline(plan: Plan, picture: PipelinePicture | None) -> dict[str, Any]:
              f"{lay.pp} stages" + (f" x {lay.vpp} chunks" if lay.vpp > 1 else "")
              + f", schedule {lay.schedule}, {lay.grad_accum} microbatches per step, "
              f"{picture.num_events} forward/backward events."]
-    if picture.num_drawn < picture.num_events:
-        lines.append(f"Drawn one box each: microbatches 0-{picture.microbatches_drawn - 1} "
-                     f"({picture.num_drawn} of {picture.num_events} events); the rest are light grey bands.")
+    if picture.summarised:
+        lines.append(f"Too many events to draw one by one: each stage's busy time is drawn in {BIN_PX:g}-pixel "
+                     "bins, blue where only forward passes run, orange where only backward passes run, purple "
+                     "where they interleave (the steady state); the hatched gaps are the real idle time.")
+    elif lay.vpp > 1:
+        lines.append("One box per event, labelled with its microbatch; even and odd chunks (virtual stages) in "
+                     "two shades.")
     base.update(svg=PIPELINE_SVG, lines=lines)
     if lay.pp <= txt.TIMELINE_MAX_STAGES:
         base["ascii"], base["ascii_note"] = txt.ascii_timeline(est.pipeline, lay.pp, lay.vpp)
@@ -223,6 +227,9 @@ def _cost(plan: Plan) -> dict[str, Any]:
         limits.append(_limit("deadline", est.time_to_train_s, b.deadline_s, format_seconds))
     if not limits:
         limits.append("No budget or deadline was given.")
+    jobs = run_vs_time_limit(plan)
+    if jobs:
+        limits.append(jobs)
     return {"table": txt.table(["quantity", "value"], rows, "lr"), "limits": limits}
 
 
