@@ -291,8 +291,25 @@ def _targets(plan: Plan, rendered: Sequence[tuple[str, str]] | None) -> dict[str
     fw = plan.provenance.frameworks
     frameworks = txt.table(["framework", "version"], [[k, txt.code(fw[k])] for k in sorted(fw)], "ll")
     return {"names": ", ".join(plan.targets) or "(none)", "files": files, "frameworks": frameworks,
+            "constraint": targets_constraint(plan),
             "notes": [" ".join(n.split()) for n in plan.notes],
             "cost_model_version": str(plan.provenance.cost_model_version)}
+
+
+def targets_constraint(plan: Plan) -> str:
+    """How the targets narrowed the search (PLAN.md): each framework target must run the plan."""
+    from compiler.targets import registry
+
+    frameworks = [t for t in plan.targets if registry.get(t).support]
+    ruled_out = plan.search.rejections_by_code.get("framework_unsupported", 0)
+    default = ", ".join(registry.names())
+    if not frameworks:
+        return f"No framework target here, so no framework's support rules narrowed the search (the default targets: {default})."
+    which = (f"each of {', '.join(frameworks)} supports" if len(frameworks) > 1 else f"{frameworks[0]} supports")
+    return (f"One plan is rendered for every target, so the search kept only the layouts {which} (support "
+            f"rules: compiler/targets/<name>/support.py): {txt.thousands(ruled_out)} layouts were ruled out that "
+            f"way (framework_unsupported). Without `targets` a spec gets all of them ({default}); naming only the "
+            f"frameworks you run widens the search, and `dtc plan` says when a target ruled out a better layout.")
 
 
 def provenance_header(plan: Plan) -> str:

@@ -166,6 +166,15 @@ def _hint(code: str, problem: Problem, summary: SearchSummary, fastest_gpus: int
             out.append("raise budget.max_cost")
         if fastest_gpus is None or fastest_gpus >= problem.max_gpus:  # more GPUs would be used
             out.append(_more_gpus(problem))
+        else:  # the fastest layout leaves GPUs unused: what caps its size
+            p = problem.pins
+            degrees = [f"layout.{name}" for name, v in (("tensor_parallel", p.tp), ("pipeline_parallel", p.pp),
+                                                       ("context_parallel", p.cp), ("data_parallel", p.dp)) if v]
+            if degrees:
+                out.append(f"unpin {', '.join(degrees)} (the fastest layout uses {fastest_gpus:,} of "
+                           f"{problem.max_gpus:,} GPUs)")
+            out.append(f"a larger training.global_batch (data parallelism is at most {problem.global_batch} "
+                       "sequences wide)")
         out.append("train on fewer tokens")
     elif code == F.FRAMEWORK_UNSUPPORTED:
         out.append("drop the target that cannot run these layouts from `targets`")
