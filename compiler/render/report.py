@@ -260,7 +260,7 @@ def _alternatives(plan: Plan) -> dict[str, Any]:
 
 def _search(plan: Plan) -> dict[str, Any]:
     s = plan.search
-    counts = txt.table(["considered", "evaluated", "feasible", "pruned by bound"],
+    counts = txt.table(["considered", "costed by the model", "feasible (of those costed)", "pruned by bound"],
                    [[txt.thousands(s.num_considered), txt.thousands(s.num_evaluated),
                      txt.thousands(s.num_feasible), txt.thousands(s.num_pruned_by_bound)]], "rrrr")
     tally = sorted(s.rejections_by_code.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -177,7 +177,11 @@ def _hint(code: str, problem: Problem, summary: SearchSummary, fastest_gpus: int
                        "sequences wide)")
         out.append("train on fewer tokens")
     elif code == F.FRAMEWORK_UNSUPPORTED:
-        out.append("drop the target that cannot run these layouts from `targets`")
+        frameworks = [t for t in problem.targets if t != "slurm"]
+        if len(frameworks) > 1:
+            out.append(f"drop the target that cannot run these layouts from `targets` ({', '.join(frameworks)})")
+        else:
+            out.append(f"render for another framework than {', '.join(frameworks) or 'none'} (`targets`)")
         if _pinned_memory_knobs(problem) or problem.pins.schedule or problem.pins.vpp:
             out.append("unpin the layout knobs it rejects")
     elif code == F.BATCH_NOT_DIVISIBLE:
