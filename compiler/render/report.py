@@ -304,7 +304,8 @@ def targets_constraint(plan: Plan) -> str:
     ruled_out = plan.search.rejections_by_code.get("framework_unsupported", 0)
     default = ", ".join(registry.names())
     if not frameworks:
-        return f"No framework target here, so no framework's support rules narrowed the search (the default targets: {default})."
+        return (f"No framework target here, so no framework's support rules narrowed the search (the default "
+                f"targets: {default}).")
     which = (f"each of {', '.join(frameworks)} supports" if len(frameworks) > 1 else f"{frameworks[0]} supports")
     return (f"One plan is rendered for every target, so the search kept only the layouts {which} (support "
             f"rules: compiler/targets/<name>/support.py): {txt.thousands(ruled_out)} layouts were ruled out that "

@@ -262,8 +262,9 @@ def _pipeline_legend(y: float, vpp: int, one_by_one: bool) -> tuple[list[str], i
     """A few swatches left to right, wrapped at the plot width; returns (elements, number of rows)."""
     entries: list[tuple[str, str]] = []
     if one_by_one and vpp > 1:
-        entries += [(event_colour("F", 0, vpp), "forward, even chunk"), (event_colour("F", 1, vpp), "forward, odd chunk"),
-                    (event_colour("B", 0, vpp), "backward, even chunk"), (event_colour("B", 1, vpp), "backward, odd chunk")]
+        entries += [(event_colour(kind, chunk, vpp), f"{name}, {parity} chunk")
+                    for kind, name in (("F", "forward"), ("B", "backward"))
+                    for chunk, parity in ((0, "even"), (1, "odd"))]
     else:
         entries += [(KIND_COLOUR["F"], "forward"), (KIND_COLOUR["B"], "backward")]
     if not one_by_one:

@@ -369,8 +369,8 @@ class _Search:
                 over = F.check_budget(problem, e.estimate)
                 if over is not None:
                     # the cheapest layout: fewer GPUs would not make it cheaper
-                    over = replace(over, fix=f"raise budget.max_cost by {units.format_money(over.details['over_by_usd'])}"
-                                             f", or choose cheaper GPUs")
+                    more = units.format_money(over.details["over_by_usd"])
+                    over = replace(over, fix=f"raise budget.max_cost by {more}, or choose cheaper GPUs")
                     out.append(closest_miss(e.layout, over, "the cheapest layout " + over.message,
                                           over.details["over_by_usd"] / problem.max_cost_usd))
         if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
@@ -418,7 +418,8 @@ class _Search:
         kind = "prime" if len(splits) == 2 else form
         tolerance = math.ceil(abs(better / batch - 1) * 100) / 100
         message = (f"the global batch is what blocks it: {batch} sequences ({kind}) split evenly only over dp = "
-                   f"{some(splits, 8)}; {better} sequences ({power_of_two_form(better)}, {better / batch - 1:+.1%}) fit: "
+                   f"{some(splits, 8)}; {better} sequences ({power_of_two_form(better)}, {better / batch - 1:+.1%}) "
+                   f"fit: "
                    f"{e.layout.describe()}, {units.format_seconds(e.estimate.time_to_train_s)}, "
                    f"{units.format_money(e.estimate.cost_usd)}")
         fix = (f"write training.global_batch: {better} (a token batch is rounded to such a count by itself), or "
