@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from compiler.estimate import Estimate
 from compiler.layout import Layout
 from compiler.model import ModelShape
-from compiler.spec.models import SlurmSpec
+from compiler.spec.models import PLAN_DATA, SlurmSpec
 from compiler.units import round_sig
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class ClosestMiss:
     message: str
     fix: str
     over_by: float  # how far over the limit, relative (0.1 = 10% over)
+    gpus: str = ""  # '16 x h100-sxm': how many GPUs of which type
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,9 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
         except (AssertionError, TypeError) as exc:  # a Layout's own invariants
             raise ValueError(f"plan.json: {where}: {exc}") from None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp.model_validate(data)  # pydantic's ValidationError is a ValueError
+        # pydantic's ValidationError is a ValueError; values are read back as plan.json holds them (a time limit
+        # in whole seconds, not as a spec writes it)
+        return tp.model_validate(data, context={PLAN_DATA: True})
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(data, (list, tuple)):

@@ -29,6 +29,7 @@ from typing import Callable
 
 from compiler import rules
 from compiler.catalog import normalize_name
+from compiler.costmodel.activations import ActivationImpl
 from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.frameworks import costed_targets, profile_of
@@ -87,7 +88,7 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
     text = ", ".join(f"{name} (-{format_bytes(saving)})" for saving, name in options if saving > 0)
     return (f"needs {format_bytes(need)} more per GPU ({format_bytes(memory.total_bytes_per_gpu)} of "
             f"{format_bytes(memory.usable_bytes_per_gpu)} usable): "
-            + (text + ", " if text else "") + "or more tensor/pipeline parallel stages")
+            + (text + ", or " if text else "") + "more tensor/pipeline parallel stages")
 
 
 def default_target(problem: Problem) -> str:
@@ -97,7 +98,7 @@ def default_target(problem: Problem) -> str:
 
 def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
              target: str | CostProfile | None = None, pipeline_events: bool = True, check_memory: bool = True,
-             efficiency: Efficiency | None = None) -> Estimate | Rejection:
+             efficiency: Efficiency | None = None, impl: ActivationImpl | None = None) -> Estimate | Rejection:
     """Memory and step time of ``layout`` for ``problem`` run by ``target``; a Rejection when it cannot run or fit.
 
     ``gpu``: the GpuOption to use; default: the one of ``problem.gpu_options`` named by layout.gpu.
@@ -108,6 +109,8 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
     costly part of a call, ~1 us per event).
     ``check_memory``: False returns the Estimate even when it does not fit (what-if reports, benchmarks).
     ``efficiency``: other constants than the shipped ones (calibration, leave-one-source-out).
+    ``impl``: which tensors the training code saves for backward, instead of the target's own (its cost
+    profile's activations); ``dtc smoke`` costs its reduced runs with what they really run on CPU.
     """
     if gpu is None:
         gpu = find_gpu_option(problem, layout.gpu)
@@ -120,6 +123,8 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
     if bad is not None:
         return bad
     setup = make_setup(problem, layout, gpu, target=profile, eff=efficiency)
+    if impl is not None:
+        setup = dataclasses.replace(setup, impl=impl)
     memory = memory_breakdown(setup)
     if check_memory and memory.total_bytes_per_gpu > memory.usable_bytes_per_gpu:
         return Rejection(

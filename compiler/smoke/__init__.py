@@ -159,6 +159,14 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     names, explicit = resolve_targets(generated_dir, target)
     verify_generated(generated_dir, plan)
     preflight(generated_dir, plan, names)
+    if slurm:
+        from compiler.smoke.slurm import slurm_unavailable
+
+        why = slurm_unavailable()
+        if why is not None:
+            raise SmokeError(Diagnostic(summary=f"--slurm needs a SLURM cluster: {why}",
+                                        hint="run without --slurm, or where sbatch reaches a controller (tests/"
+                                             "slurm_cluster.py starts a local one)"))
     device, ranks, _ = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
@@ -179,7 +187,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
 
 def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
     from compiler.smoke import targets as T
-    from compiler.smoke.predict import compare, predict_memory
+    from compiler.smoke.predict import compare, judge, predict_memory
     from compiler.smoke.scale import built_shape
 
     hooks = T.hooks(name)
@@ -206,6 +214,7 @@ def _run_target(ctx, name: str, *, slurm: bool) -> TargetResult:
         else:
             result.comparisons = compare(memory, result.ranks, host_offload=ctx.setup.device == "cpu",
                                          gpus_per_node=ctx.setup.layout.gpus_per_node)
+            judge(result)
             if result.ranks and all(r.grad_bytes is None for r in result.ranks):
                 result.prediction_note = ("gradients are not measured for this target: model_states compares "
                                           "parameters + optimizer states (+ master copies) with the prediction "
