@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The solver's choice next to published layouts (issue #4, "Checked against").
 
-For each model and GPU count in /work/shared/calibration/published_runs_dev.csv from
+For each model and GPU count in benchmarks/data/published_runs_dev.csv (the vendored calibration set) from
 Narayanan et al. 2021 Table 1 (Megatron-LM on A100) and the NeMo / Megatron-Bridge
 performance tables: solve the same model, GPU type, GPU count, sequence length, global
 batch and precision (objective: throughput, target: megatron), cost the published
@@ -41,7 +41,7 @@ from compiler.problem import lower  # noqa: E402
 from compiler.solver import feasibility as F  # noqa: E402
 from compiler.spec.load import load_spec_text  # noqa: E402
 
-CSV = Path("/work/shared/calibration/published_runs_dev.csv")
+CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 SOURCES = ("narayanan2021", "megatron_bridge_perf", "nemo_2407", "nemo2_2502", "nemo2_2504", "nemo2_2507")
 
 PRESETS = {

@@ -93,3 +93,35 @@ def batch_range(global_batch: int, tolerance: float) -> tuple[int, int]:
         return global_batch, global_batch
     return (max(1, math.ceil(global_batch * (1 - tolerance) - 1e-9)),
             math.floor(global_batch * (1 + tolerance) + 1e-9))
+
+
+def twos(n: int) -> int:
+    """The exponent of the largest power of two dividing ``n`` (n >= 1)."""
+    return (n & -n).bit_length() - 1
+
+
+def well_dividing_count(target: float, tolerance: float) -> int:
+    """The whole count within ``tolerance`` (relative) of ``target`` that splits best: the multiple of the
+    largest power of two in the range, the nearest to ``target`` among those (the smaller on a tie).
+
+    A batch of 2^k x m sequences splits evenly over any power-of-two data-parallel degree and micro-batch
+    up to 2^k; 1953 (3^2 x 7 x 31) splits only over 3, 7, 9, 21, 31, ... ranks."""
+    lo = max(1, math.ceil(target * (1 - tolerance) - 1e-9))
+    hi = math.floor(target * (1 + tolerance) + 1e-9)
+    if hi < lo:  # no whole count within the tolerance: the nearest one
+        return max(1, round(target))
+    k = hi.bit_length()
+    while k > 0 and -(-lo // (1 << k)) * (1 << k) > hi:
+        k -= 1
+    step = 1 << k
+    first = -(-lo // step) * step
+    return min(range(first, hi + 1, step), key=lambda c: (abs(c - target), c))
+
+
+def power_of_two_form(n: int) -> str:
+    """'2^11', '3 x 2^13', '977' (odd): how many times a count halves."""
+    k = twos(n)
+    if k == 0:
+        return str(n)
+    odd = n >> k
+    return f"2^{k}" if odd == 1 else f"{odd} x 2^{k}"

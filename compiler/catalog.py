@@ -44,6 +44,10 @@ _PRECISION_ALIASES = {
 }
 _VENDORS = ("nvidia", "amd")
 _GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna3")
+# Which published kernel benchmarks describe a part (compiler/data/physics.yaml). Blackwell Ultra
+# (B300, GB300) is generation "blackwell" for the renderers but has twice Blackwell's softmax
+# (exponential) throughput, so its attention kernels have their own measurements.
+_KERNEL_CLASSES = ("ampere", "ada", "hopper", "blackwell", "blackwell_ultra", "cdna3")
 _LINKS = ("nvlink3", "nvlink4", "nvlink5", "xgmi", "pcie4", "pcie5")
 
 # Numeric GPU fields; each needs an entry in `sources`.
@@ -57,12 +61,14 @@ GPU_SOURCED_FIELDS = (
     "inter_node_bandwidth",
     "pcie_bandwidth",
     "price_per_gpu_hour",
+    "tdp",
 )
 _GPU_FIELDS = (
     "display_name", "aliases", "vendor", "generation", "peak_flops", "hbm", "hbm_bandwidth",
     "intra_node_link", "intra_node_bandwidth", "nvlink_domain_gpus", "default_gpus_per_node",
-    "inter_node_bandwidth", "pcie_bandwidth", "price_per_gpu_hour", "sources",
+    "inter_node_bandwidth", "pcie_bandwidth", "price_per_gpu_hour", "tdp", "sources",
 )
+_GPU_OPTIONAL_FIELDS = ("kernel_class",)
 _MODEL_FIELDS = (
     "display_name", "aliases", "published_params", "published_active_params", "source", "shape", "hyperparameters",
 )
@@ -94,6 +100,13 @@ class GpuSpec:
     price_per_gpu_hour_usd: float
     sources: Mapping[str, str]
     aliases: tuple[str, ...] = ()
+    tdp_w: float = 0.0  # board power the datasheet peaks are quoted at; 0: unknown (custom GPUs)
+    kernel_class: str = ""  # which kernel benchmarks apply (compiler/data/physics.yaml); "" -> generation
+
+    @property
+    def kernel_family(self) -> str:
+        """The kernel-benchmark class of this part (its generation unless the catalog says otherwise)."""
+        return self.kernel_class or self.generation
 
     def peak_flops_for(self, precision: str) -> float:
         """Dense peak FLOP/s for the matmuls of training in ``precision``.
@@ -237,11 +250,19 @@ def _unit(ctx: _Ctx, parse: Callable[[Any], Any], value: Any, field: str, positi
     return out
 
 
+def _watts(ctx: _Ctx, value: Any, field: str) -> float:
+    """'700W' or '1.4kW' -> watts."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(k?)W\s*", str(value))
+    if not m or float(m.group(1)) <= 0:
+        raise ctx.error(f"{field} must be a power such as 700W or 1.4kW, got {value!r}")
+    return float(m.group(1)) * (1000.0 if m.group(2) else 1.0)
+
+
 def _parse_gpu(name: str, raw: Any) -> GpuSpec:
     ctx = _Ctx(GPUS_FILE, name)
     if name != name.strip().lower() or normalize_name(name) != name:
         raise ctx.error("canonical names are lower-case with hyphens")
-    raw = _check_keys(ctx, raw, _GPU_FIELDS, _GPU_FIELDS, "the entry")
+    raw = _check_keys(ctx, raw, _GPU_FIELDS + _GPU_OPTIONAL_FIELDS, _GPU_FIELDS, "the entry")
     flops_raw = _check_keys(ctx, raw["peak_flops"], PRECISIONS, _REQUIRED_PRECISIONS, "peak_flops")
     flops = {k: _unit(ctx, parse_flops, flops_raw[k], f"peak_flops.{k}") for k in PRECISIONS if k in flops_raw}
     sources_raw = _check_keys(ctx, raw["sources"], GPU_SOURCED_FIELDS, GPU_SOURCED_FIELDS, "sources")
@@ -267,6 +288,8 @@ def _parse_gpu(name: str, raw: Any) -> GpuSpec:
         price_per_gpu_hour_usd=_unit(ctx, parse_money, raw["price_per_gpu_hour"], "price_per_gpu_hour"),
         sources=MappingProxyType(sources),
         aliases=_aliases(ctx, raw["aliases"]),
+        tdp_w=_watts(ctx, raw["tdp"], "tdp"),
+        kernel_class=_str(ctx, raw["kernel_class"], "kernel_class", _KERNEL_CLASSES) if "kernel_class" in raw else "",
     )
 
 

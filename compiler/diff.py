@@ -50,6 +50,7 @@ class Side:
     artifacts: ArtifactSet = field(default_factory=ArtifactSet)
     error: str = ""
     notes: tuple[str, ...] = ()  # caveats shown as warnings, e.g. "plan.json unreadable: ..."
+    inputs: Any = None  # a spec side: {dotted key: value as written} (spec_inputs); None for a generated folder
 
     @property
     def exists(self) -> bool:
@@ -71,6 +72,53 @@ class SummaryChange:
 
 
 @dataclass(frozen=True)
+class InputChange:
+    """One value of the spec that differs between the sides, as written (None: not given on that side)."""
+
+    key: str  # dotted, e.g. cluster.gpu
+    old: str | None
+    new: str | None
+
+
+def spec_inputs(loaded: Any) -> dict[str, str]:
+    """What a spec gives, key by key (dotted paths), each value as the file writes it ('15T', not 1.5e13)."""
+    data = loaded.spec.model_dump(mode="json", exclude_unset=True)
+    src = loaded.source
+    out: dict[str, str] = {}
+
+    def walk(node: Any, path: tuple) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, path + (key,))
+            return
+        out[".".join(map(str, path))] = _as_written(src, path, node)
+
+    walk(data, ())
+    return out
+
+
+def _as_written(src: Any, path: tuple, value: Any) -> str:
+    import json
+
+    where = src.values.get(path)
+    if where is not None and not isinstance(value, (dict, list)):
+        row = src.line(where[0]) or ""
+        end = src.locate(path).end_column or len(row) + 1
+        text = row[where[1] - 1:end - 1].strip().rstrip(",}]").strip()
+        if text:
+            return text
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def input_changes(old: Side, new: Side) -> tuple[InputChange, ...]:
+    if old.inputs is None or new.inputs is None:
+        return ()
+    keys = sorted(set(old.inputs) | set(new.inputs))
+    return tuple(InputChange(k, old.inputs.get(k), new.inputs.get(k)) for k in keys
+                 if old.inputs.get(k) != new.inputs.get(k))
+
+
+@dataclass(frozen=True)
 class ArtifactDiff:
     title: str
     old_label: str
@@ -84,6 +132,7 @@ class ArtifactDiff:
     summary: tuple[SummaryChange, ...] = ()
     warnings: tuple[str, ...] = ()
     files: tuple[FileChange, ...] = ()
+    inputs: tuple[InputChange, ...] = ()  # what the spec change was (two spec sides)
 
     @property
     def changed(self) -> bool:
@@ -148,7 +197,7 @@ def diff_sides(old: Side, new: Side, *, title: str | None = None, context: int =
         old_error=old.error, new_error=new.error,
         layout_changes=layout_changes, summary=summary,
         warnings=tuple(warnings_for(old, new, summary)) if status != "same" else (),
-        files=files)
+        files=files, inputs=input_changes(old, new))
 
 
 def _name(side: Side) -> str | None:

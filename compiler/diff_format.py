@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from compiler.diff import ArtifactDiff, FileChange, KeyChange, SummaryChange
+from compiler.diff import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
 from compiler.report import to_json
 
 FORMATS = ("text", "markdown", "json")
@@ -99,15 +99,24 @@ def _row_text(row: SummaryChange) -> str:
     return f"{row.old} -> {row.new}" + (f" ({row.change})" if row.change else "")
 
 
+def input_text(change: InputChange) -> str:
+    if change.old is None:
+        return f"{change.key}: {change.new} (added)"
+    if change.new is None:
+        return f"{change.key}: {change.old} (removed)"
+    return f"{change.key}: {change.old} -> {change.new}"
+
+
 def _text_one(d: ArtifactDiff, *, unified: bool) -> list[str]:
     lines = [f"{d.title}: {d.name}"]
+    one_sided = d.status in ("added", "removed") or bool(d.old_error or d.new_error)
+    rows = [r for r in d.summary if one_sided or r.changed]
+    width = max([len(r.label) for r in rows] + [len("spec")])
+    lines += [f"  {'spec'.ljust(width)}  {input_text(c)}" for c in d.inputs]  # what changed in the input
     if not d.changed:
         return lines + ["  no changes"]
     if _status_note(d):
         lines.append(f"  {_status_note(d)}")
-    one_sided = d.status in ("added", "removed") or bool(d.old_error or d.new_error)
-    rows = [r for r in d.summary if one_sided or r.changed]
-    width = max((len(r.label) for r in rows), default=0)
     for r in rows:
         lines.append(f"  {r.label.ljust(width)}  {_row_text(r)}")
     if d.summary and not one_sided and not d.plan_changed:
@@ -160,6 +169,11 @@ def format_markdown(diffs: Sequence[ArtifactDiff], *, unified: bool = False) -> 
 
 def _md_one(d: ArtifactDiff, *, unified: bool) -> str:
     out = [f"### {md_escape(d.title)}: {md_escape(d.name)}"]
+    if d.inputs:
+        out.append("**Spec:** " + "; ".join(
+            f"{md_code(c.key)} " + (f"{md_code(c.new or '')} (added)" if c.old is None else
+                                    f"{md_code(c.old)} (removed)" if c.new is None else
+                                    f"{md_code(c.old)} → {md_code(c.new)}") for c in d.inputs))
     if not d.changed:
         out.append("No changes.")
         return "\n\n".join(out)

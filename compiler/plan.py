@@ -26,14 +26,14 @@ from pydantic import BaseModel
 from compiler.estimate import Estimate
 from compiler.layout import Layout
 from compiler.model import ModelHyperparameters, ModelShape
-from compiler.spec.models import DataSpec, SlurmSpec
+from compiler.spec.models import PLAN_DATA, DataSpec, SlurmSpec
 from compiler.units import round_sig
 
 if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
-PLAN_SCHEMA_VERSION = 3  # 3: model.hyperparameters, model.init, data; 2: typed sections, layout.split
-ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search"})  # cost-model output: rounded
+PLAN_SCHEMA_VERSION = 3  # 3: model.hyperparameters, model.init, data, target_estimates; 2: typed sections, layout.split
+ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search", "target_estimates"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
 
@@ -47,6 +47,32 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class TargetEstimate:
+    """The chosen layout costed for one framework target of the spec (its artifacts' kernels, gradient dtypes,
+    activation profile and overlaps: compiler/targets/<name>/cost.py). The plan's ``estimate`` is the binding
+    target's: the slowest, as a layout rendered for several targets must fit under each."""
+
+    target: str
+    binding: bool
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    time_to_train_s: float
+    gpu_hours: float
+    cost_usd: float
+    memory_bytes_per_gpu: int
+    usable_bytes_per_gpu: int
+
+    @classmethod
+    def of(cls, target: str, estimate: Estimate, *, binding: bool) -> "TargetEstimate":
+        return cls(target=target, binding=binding, step_time_s=estimate.step_time_s,
+                   tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu,
+                   time_to_train_s=estimate.time_to_train_s, gpu_hours=estimate.gpu_hours, cost_usd=estimate.cost_usd,
+                   memory_bytes_per_gpu=estimate.memory.total_bytes_per_gpu,
+                   usable_bytes_per_gpu=estimate.memory.usable_bytes_per_gpu)
+
+
+@dataclass(frozen=True)
 class ClosestMiss:
     """An infeasible spec's near miss: the layout, why it fails, what would make it fit, how far off it is."""
 
@@ -56,6 +82,7 @@ class ClosestMiss:
     message: str
     fix: str
     over_by: float  # how far over the limit, relative (0.1 = 10% over)
+    gpus: str = ""  # '16 x h100-sxm': how many GPUs of which type
 
 
 @dataclass(frozen=True)
@@ -152,6 +179,9 @@ class Plan:
     search: SearchSummary
     notes: tuple[str, ...] = ()  # target-specific remarks (e.g. how DeepSpeed runs this layout)
     data: DataSpec | None = None  # the spec's data section; None: no data given (synthetic, said in PLAN.md)
+    # the layout costed for each framework target (the binding one is ``estimate``); () for plans made by a
+    # test's stand-in cost model
+    target_estimates: tuple[TargetEstimate, ...] = ()
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -269,7 +299,9 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
         except (AssertionError, TypeError) as exc:  # a Layout's own invariants
             raise ValueError(f"plan.json: {where}: {exc}") from None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp.model_validate(data)  # pydantic's ValidationError is a ValueError
+        # pydantic's ValidationError is a ValueError; values are read back as plan.json holds them (a time limit
+        # in whole seconds, not as a spec writes it)
+        return tp.model_validate(data, context={PLAN_DATA: True})
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(data, (list, tuple)):
@@ -324,7 +356,8 @@ def model_hyperparameters(problem: Any) -> ModelHyperparameters:
 
 
 def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives: tuple[Candidate, ...],
-              search: SearchSummary, notes: tuple[str, ...] = ()) -> Plan:
+              search: SearchSummary, notes: tuple[str, ...] = (),
+              target_estimates: tuple[TargetEstimate, ...] = ()) -> Plan:
     """Assemble the Plan from a Problem and the chosen layout; the result is already normalised.
 
     The sections below are everything renderers may use; they never see the Problem or Spec.
@@ -376,5 +409,6 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
         search=search,
         notes=notes,
         data=problem.data,
+        target_estimates=target_estimates,
     )
     return plan.normalized()

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 MAX_GLOBAL_BATCH = 10_000_000  # sequences per optimizer step, the bound of every other count
 DEFAULT_MAX_GPUS = 16_384  # Llama 3 405B's cluster size; the search upper bound when the spec gives none
+# A token batch is a target: the sequence count is the one within this much of it that splits best
+# (compiler.arith.well_dividing_count). 5% covers the decimal/binary reading of a suffix: Llama 2's
+# "4M-token batch" is 1024 x 4096 = 4.19M tokens, Llama 3's "16M" is 2048 x 8192 = 16.78M (+4.9%).
+TOKEN_BATCH_ROUNDING = 0.05
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class GpuOption:
     price_per_gpu_hour_usd: float
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
+    power_limit_w: float | None = None  # a cluster's power cap below the part's TDP (None: run at TDP)
 
     @property
     def name(self) -> str:
@@ -110,6 +115,8 @@ class Problem:
     data: DataSpec | None = None  # the spec's data section (None: none given)
     init: str | None = None  # model.init: a Hugging Face safetensors folder to start from
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
+    fp8_recipe: str = ""  # fp8 scaling recipe (compiler/data/physics.yaml gemm.quantize_bytes_per_element); "": the framework's
+    max_gpus_default: bool = False  # max_gpus is DEFAULT_MAX_GPUS: the spec gave no GPU count or cap
 
     @property
     def num_params(self) -> int:
@@ -138,9 +145,10 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     diags: list[Diagnostic] = []
     shape, model_name = _resolve_model(spec, src, catalog, diags)
     options = _resolve_gpus(spec, src, catalog, diags)
+    _check_limits(spec, src, diags)
     kind, n = _batch(spec, src, diags)
     seq = spec.training.sequence_length
-    seqs = max(1, round(n / seq)) if kind == "tokens" else n
+    seqs, note = batch_sequences(kind, n, seq, spec.training.global_batch_tolerance)
     if shape is not None:
         _check_shape(shape, src, diags)
         _check_positions(shape, spec.training.sequence_length, src, diags)
@@ -148,11 +156,6 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     if diags:
         raise SpecError(diags)
     assert shape is not None
-    if kind == "tokens":
-        note = (f"{units.format_count(n)} tokens / {seq} tokens per sequence = {seqs} sequences"
-                + ("" if seqs * seq == n else f" ({units.format_count(seqs * seq)} tokens, rounded)"))
-    else:
-        seqs, note = n, f"{n} sequences x {seq} tokens = {units.format_count(n * seq)} tokens"
     c, b, l = spec.cluster, spec.budget, spec.layout
     gpn = min(o.gpus_per_node for o in options)
     t = spec.training
@@ -178,6 +181,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         num_gpus=c.num_gpus,
         min_gpus=c.num_gpus or c.min_gpus or 1,
         max_gpus=c.num_gpus or c.max_gpus or DEFAULT_MAX_GPUS,
+        max_gpus_default=c.num_gpus is None and c.max_gpus is None,
         max_cost_usd=b.max_cost,
         deadline_s=b.deadline,
         objective=b.objective,
@@ -252,6 +256,19 @@ def _resolve_model(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Dia
     if m.preset is not None and fields:
         name = f"{name} (modified)"
     return ModelShape(**{k: v for k, v in merged.items() if v is not None}), name
+
+
+def _check_limits(spec: Spec, src: SourceMap, diags: list[Diagnostic]) -> None:
+    """A spec must bound the run somehow: with no GPU count, budget or deadline every objective runs away to
+    the largest cluster dtc can imagine (fastest: an 8B model on 4,096 GPUs for an hour; cheapest: the
+    fastest of the near-equal costs, the same)."""
+    c, b = spec.cluster, spec.budget
+    if c.num_gpus is None and c.max_gpus is None and b.max_cost is None and b.deadline is None:
+        diags.append(src.diagnostic(
+            ("cluster",), f"cluster needs a GPU limit: with no cluster.max_gpus (or num_gpus), budget.max_cost or "
+            f"budget.deadline, objective '{b.objective}' would use every GPU up to {DEFAULT_MAX_GPUS:,}",
+            "add 'max_gpus: 512' (the most GPUs you can use) or 'num_gpus: 64' under cluster:, or a budget "
+            "(budget: {max_cost: $1M}) or a deadline (budget: {deadline: 30d})", prefer_key=True))
 
 
 def _check_positions(s: ModelShape, seq_len: int, src: SourceMap, diags: list[Diagnostic]) -> None:
@@ -393,13 +410,35 @@ def _batch(spec: Spec, src: SourceMap, diags: list[Diagnostic]) -> tuple[str, in
         diags.append(src.diagnostic(("training", "global_batch"),
                                     f"training.global_batch must hold at least one sequence ({spec.training.sequence_length} tokens), got {n} tokens",
                                     "raise the batch, e.g. '4M tokens'"))
-    seqs = n if kind == "sequences" else round(n / spec.training.sequence_length)
+    seqs = batch_sequences(kind, n, spec.training.sequence_length)[0]
     if seqs > MAX_GLOBAL_BATCH:
         diags.append(src.diagnostic(("training", "global_batch"),
                                     f"training.global_batch must be at most {MAX_GLOBAL_BATCH} sequences, "
                                     f"got {units.format_count(seqs)}",
                                     "write the batch per optimizer step, e.g. 2048 or '16M tokens'"))
     return kind, n
+
+
+def batch_sequences(kind: str, n: int, seq_len: int, tolerance: float = 0.0) -> tuple[int, str]:
+    """(sequences per optimizer step, how they were chosen) for a batch of ``n`` ``kind`` ('tokens' or
+    'sequences'). A token batch is a target: the count within TOKEN_BATCH_ROUNDING of it that splits best."""
+    from compiler.arith import power_of_two_form, well_dividing_count
+
+    after = (f"; the solver may realise it within {tolerance:.0%} (training.global_batch_tolerance)"
+             if tolerance > 0 else "")
+    if kind != "tokens":
+        return n, f"{n} sequences x {seq_len} tokens = {units.format_count(n * seq_len)} tokens{after}"
+    target = n / seq_len
+    seqs = well_dividing_count(target, TOKEN_BATCH_ROUNDING)
+    exact = f"{target:.1f}" if target != int(target) else str(int(target))
+    head = f"{units.format_count(n)} tokens / {seq_len} tokens per sequence = {exact} sequences"
+    if seqs == target:
+        return seqs, f"{head} = {power_of_two_form(seqs)}{after}"
+    dev = seqs / target - 1
+    return seqs, (f"{head}; chose {seqs} = {power_of_two_form(seqs)} ({units.format_count(seqs * seq_len)} tokens, "
+                  f"{dev:+.1%}): within {TOKEN_BATCH_ROUNDING:.0%} of the target, the count with the most factors "
+                  f"of two, so that it splits evenly over data-parallel ranks and micro-batches (write "
+                  f"'global_batch: {round(target)}' for {round(target)} sequences exactly){after}")
 
 
 def _portable(path: str) -> str:

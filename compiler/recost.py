@@ -3,12 +3,15 @@
 ``problem_of_plan(plan)`` rebuilds the Problem from the plan's own sections (the model shape, the
 training run, the GPU of the catalog with the plan's node size, price and bandwidths, the memory
 headroom, the budget, the targets, the layout's split as a pin); ``recost(plan)`` runs the layout
-rules (compiler.rules) and the cost model on the plan's layout. For a plan compiled by this dtc the
+rules (compiler.rules) and the cost model on the plan's layout, for each of its framework targets (the
+binding one's estimate, as the solver keeps it). For a plan compiled by this dtc the
 result equals the plan's estimate section exactly (``plan_data(recost(plan)) ==
 plan.to_dict()["estimate"]``; tests/test_estimate_plan.py holds every committed plan to it); a
 difference means the cost model or the catalog changed since the plan was written.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from compiler import rules
 from compiler.catalog import Catalog, load_catalog
@@ -17,6 +20,9 @@ from compiler.estimate import Estimate, Rejection
 from compiler.model import count_params
 from compiler.plan import Plan
 from compiler.problem import GpuOption, Hyper, Pins, Problem
+
+if TYPE_CHECKING:
+    from compiler.costmodel import TargetEstimates
 
 
 def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
@@ -44,12 +50,20 @@ def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
         top_k=0, targets=plan.targets, slurm=plan.slurm)
 
 
-def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Estimate | Rejection]:
-    """The plan's Problem and its layout costed again (a Rejection when a layout rule or memory refuses it)."""
+def recost_targets(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, "TargetEstimates | Rejection"]:
+    """The plan's Problem and its layout costed again for each of its framework targets (a Rejection when a
+    layout rule refuses it)."""
     problem = problem_of_plan(plan, catalog=catalog)
     bad = rules.check_plan(plan)
     if bad is not None:
         return problem, bad
-    from compiler.costmodel import evaluate
+    from compiler.costmodel import evaluate_targets
 
-    return problem, evaluate(problem, plan.layout)
+    return problem, evaluate_targets(problem, plan.layout)
+
+
+def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Estimate | Rejection]:
+    """The plan's Problem and its layout costed again: the binding target's estimate (a Rejection when a layout
+    rule or memory refuses it)."""
+    problem, result = recost_targets(plan, catalog=catalog)
+    return problem, result if isinstance(result, Rejection) else result.result

@@ -90,17 +90,20 @@ def run_config(*, name: str, layout_tag: str, model: Mapping[str, Any], parallel
                micro_batch: int, grad_accum: int, seq_len: int, train_steps: int, peak_lr: float, min_lr: float,
                warmup_steps: int, optimizer: Mapping[str, Any], data: Mapping[str, Any],
                checkpoint: Mapping[str, Any], param_dtype: str, init: str | None, seed: int,
-               notes: Sequence[str] = ()) -> dict[str, Any]:
+               notes: Sequence[str] = (), reduce_dtype: str | None = None) -> dict[str, Any]:
     """train_config.json as data, checked by the runtime's own parser."""
     from compiler.runtime.config import run_config_from_dict
+    from compiler.targets.fsdp.cost import COST as FSDP_COST
 
+    if reduce_dtype is None:  # FSDP2's MixedPrecisionPolicy.reduce_dtype: the fsdp cost profile's gradient dtype
+        reduce_dtype = _PARAM_DTYPES[FSDP_COST.grad_reduce_dtype]
     config = {
         "version": 1, "name": name, "layout_tag": layout_tag, "model": dict(model), "parallel": dict(parallel),
         "batch": {"micro_batch": micro_batch, "grad_accum": grad_accum, "seq_len": seq_len},
         "schedule": {"peak_lr": peak_lr, "min_lr": min_lr, "warmup_steps": warmup_steps, "decay_steps": train_steps,
                      "style": "cosine"},
         "train_steps": train_steps, "optimizer": dict(optimizer), "data": dict(data),
-        "checkpoint": dict(checkpoint), "param_dtype": param_dtype, "reduce_dtype": "float32", "init": init,
+        "checkpoint": dict(checkpoint), "param_dtype": param_dtype, "reduce_dtype": reduce_dtype, "init": init,
         "seed": seed, "notes": list(notes),
     }
     run_config_from_dict(config)  # raises ConfigError (a ValueError) for anything the trainers would refuse

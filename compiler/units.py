@@ -17,6 +17,7 @@ __all__ = [
     "parse_flops",
     "parse_money",
     "parse_duration",
+    "parse_slurm_time",
     "format_bytes",
     "format_count",
     "format_seconds",
@@ -35,7 +36,9 @@ class UnitError(ValueError):
 
 _NUM = r"([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)"
 
-_COUNT_SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+_COUNT_SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15,
+                 # binary: '4Mi tokens' is 4 x 2^20 (what a '4M-token batch' of 1024 x 4096 really is)
+                 "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40, "PI": 2**50}
 _BYTE_SUFFIX = {
     "B": 1,
     "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "PB": 1e15,
@@ -73,12 +76,12 @@ def _number(value: object, expected: str) -> float | None:
 
 
 def parse_count(value: object) -> int:
-    """'70B' -> 70_000_000_000; '15T' -> 15e12; '8192' or 8192 -> 8192; '1.5M' -> 1_500_000."""
-    expected = "a count such as 8192, 1.5M, 70B or 15T (K=1e3, M=1e6, B=1e9, T=1e12)"
+    """'70B' -> 70_000_000_000; '15T' -> 15e12; '8192' or 8192 -> 8192; '1.5M' -> 1_500_000; '4Mi' -> 4 x 2^20."""
+    expected = "a count such as 8192, 1.5M, 70B or 15T (K=1e3, M=1e6, B=1e9, T=1e12; Ki=2^10, Mi=2^20, Gi=2^30)"
     num = _number(value, expected)
     if num is None:
         text = str(value).strip().replace("_", "").replace(",", "")
-        m = re.fullmatch(_NUM + r"\s*([KMBGTP]?)", text, flags=re.IGNORECASE)
+        m = re.fullmatch(_NUM + r"\s*([KMBGTP]?|[KMGTP]i)", text, flags=re.IGNORECASE)
         if not m:
             raise UnitError(f"not a count: {value!r}", expected)
         num = _finite(float(m.group(1)) * _COUNT_SUFFIX[m.group(2).upper()], value, expected)
@@ -156,6 +159,42 @@ def parse_duration(value: object) -> float:
     if not m or m.group(2).lower() not in _DURATION:
         raise UnitError(f"not a duration: {value!r}", expected)
     return _finite(float(m.group(1)) * _DURATION[m.group(2).lower()], value, expected)
+
+
+_SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_slurm_time(value: object) -> float:
+    """Seconds, from a duration ('4d', '48h') or any of SLURM's --time forms: 'MM:SS', 'HH:MM:SS', 'D-HH',
+    'D-HH:MM' and 'D-HH:MM:SS' ('48:00:00', '2-00:00:00'). A bare number is refused: SLURM reads it as
+    minutes, a dtc duration as seconds, so it is ambiguous."""
+    expected = ("a time limit such as 4d, 48h, 48:00:00 or 2-00:00:00 (SLURM's D-HH:MM:SS, HH:MM:SS, MM:SS, D-HH "
+                "and D-HH:MM also work)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) or \
+            (isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value)):
+        raise UnitError(f"a bare number is ambiguous as a time limit (SLURM reads minutes, dtc seconds): {value!r}",
+                        f"a unit, since SLURM reads a bare number as minutes and dtc as seconds: e.g. "
+                        f"'{value}min' or '{value}s'; or {expected}")
+    if isinstance(value, str):
+        text = value.strip()
+        m = _SLURM_TIME.fullmatch(text)
+        if m and (":" in text or "-" in text):
+            days, a, b, c = m.groups()
+            if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+                parts = [int(a), int(b or 0), int(c or 0)]
+            elif c is not None:  # HH:MM:SS
+                parts = [int(a), int(b), int(c)]
+            else:  # MM:SS (any number of minutes)
+                parts = [int(a) // 60, int(a) % 60, int(b)]
+            hours, minutes, seconds = parts
+            if minutes >= 60 or seconds >= 60 or (days is not None and hours >= 24):
+                raise UnitError(f"not a SLURM time: {value!r} (minutes and seconds below 60, hours below 24 after "
+                                "a day count)", expected)
+            return float(int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds)
+    try:
+        return parse_duration(value)
+    except UnitError:
+        raise UnitError(f"not a time limit: {value!r}", expected) from None
 
 
 def round_sig(x: float, digits: int = 4) -> float:

@@ -132,8 +132,14 @@ def test_check_edited_file_is_stale(project: Path, monkeypatch: pytest.MonkeyPat
     plan_md = folders["a"] / "PLAN.md"
     plan_md.write_text(plan_md.read_text() + "an edit\n")
     result = run_cli(["check"], exit_code=1)
+    # by default: what is stale, where the details are, and the command that fixes it; nothing else
+    assert result.stdout == (f"specs/a.yaml -> generated/{folders['a'].name}/: stale: PLAN.md changed\n"
+                             "Details: dtc check --diff specs/a.yaml\n"
+                             "Check: 2 specs, 1 up to date, 1 stale (1 file). Run: dtc compile --force specs/a.yaml\n")
+    result = run_cli(["check", "--diff"], exit_code=1)
     assert f"specs/a.yaml -> generated/{folders['a'].name}/: stale" in result.stdout
     assert "  ~ PLAN.md" in result.stdout and "      -an edit" in result.stdout
+    assert "Details:" not in result.stdout
     assert result.stdout.endswith("Check: 2 specs, 1 up to date, 1 stale (1 file). "
                                   "Run: dtc compile --force specs/a.yaml\n")
 
@@ -143,6 +149,9 @@ def test_check_missing_and_orphaned_files(project: Path, monkeypatch: pytest.Mon
     (folders["a"] / "PLAN.md").unlink()
     (folders["b"] / "notes.txt").write_text("stray\n")
     result = run_cli(["check"], exit_code=1)
+    assert ": stale: PLAN.md missing\n" in result.stdout
+    assert ": stale: notes.txt orphaned (not produced by the spec)\n" in result.stdout
+    result = run_cli(["check", "--diff"], exit_code=1)
     assert "  + PLAN.md (missing)" in result.stdout
     assert "  - notes.txt (orphaned: not produced by the spec)" in result.stdout
     assert "2 stale (2 files)" in result.stdout
@@ -231,6 +240,8 @@ def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.
     (folder / "PLAN.md").symlink_to("../../.git/config")
     (folder / "notes.md").symlink_to("../../.git/config")
     result = run_cli(["check"], exit_code=1)
+    assert "SECRET-TOKEN" not in result.stdout + result.stderr
+    result = run_cli(["check", "--diff"], exit_code=1)
     assert "SECRET-TOKEN" not in result.stdout + result.stderr
     assert "PLAN.md: a symbolic link or other non-regular file; not followed or read" in result.stdout
     assert "- notes.md (orphaned" in result.stdout

@@ -3,6 +3,7 @@ and the cross-artifact invariants catch disagreeing files."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,15 @@ def test_hand_edits_are_refused_without_force(tmp_path: Path) -> None:
     out = str(tmp_path)
     run_cli(["compile", SPEC, "--out", out])
     edited = tmp_path / "llama2-7b-8xh100" / "ds_config.json"
-    edited.write_text(edited.read_text().replace('"stage": 2', '"stage": 3'))
+    original = edited.read_text()
+    hand = re.sub(r'"stage": (\d)', lambda m: f'"stage": {(int(m.group(1)) + 1) % 4}', original, count=1)
+    assert hand != original
+    edited.write_text(hand)
     result = run_cli(["compile", SPEC, "--out", out], exit_code=2)
     assert "edited by hand" in result.stderr and "ds_config.json" in result.stderr
-    assert '"stage": 3' in edited.read_text()  # nothing was overwritten
+    assert edited.read_text() == hand  # nothing was overwritten
     run_cli(["compile", SPEC, "--out", out, "--force"])
-    assert '"stage": 3' not in edited.read_text()
+    assert edited.read_text() == original
 
 
 def test_json_output_and_target_subset(tmp_path: Path) -> None:

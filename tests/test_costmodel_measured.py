@@ -268,7 +268,7 @@ def _memory_items(precision: str, dp_replicate: int, dp_shard: int) -> tuple[dic
     problem = lower(load_spec_text(spec, "fsdp2-tiny.yaml"))
     layout = Layout(gpu="h100-sxm", gpus_per_node=8, tp=1, pp=1, cp=1, ep=1, dp_replicate=dp_replicate,
                     dp_shard=dp_shard, zero_stage=3, micro_batch=2, grad_accum=1)
-    est = evaluate(problem, layout)
+    est = evaluate(problem, layout, target="fsdp")  # the FSDP2 trainer's gradient dtype (frameworks.py)
     assert not hasattr(est, "code"), est
     return {i.name: i.value for i in est.memory.items}, problem.params.total
 

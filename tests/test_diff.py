@@ -134,7 +134,7 @@ def test_python_keys_module_constants():
 
 
 def test_identical_sides_are_the_same():
-    plan = _plan(dp_shard=8, zero_stage=1)
+    plan = _plan(dp_shard=8, zero_stage=2)
     d = _diff(plan, plan)
     assert d.status == "same" and not d.changed and d.warnings == ()
     assert {f.action for f in d.files} == {"same"}
@@ -165,7 +165,7 @@ def test_layout_change_summary_and_key_changes():
 
 
 def test_plan_json_lists_setting_changes_only():
-    old = _plan(dp_shard=8, zero_stage=1)
+    old = _plan(dp_shard=8, zero_stage=2)
     new = dataclasses.replace(old, slurm=old.slurm.model_copy(update={"partition": "batch"}))
     d = _diff(old, new)
     assert not d.plan_changed
@@ -174,7 +174,7 @@ def test_plan_json_lists_setting_changes_only():
     sbatch = next(f for f in d.files if f.path == "train.sbatch")
     assert [(k.key, k.old, k.new) for k in sbatch.key_changes] == [("#SBATCH --partition", "gpu", "batch")]
     text = format_diff(d)
-    assert "  plan unchanged: tp=1 pp=1 dp=8 zero=1" in text
+    assert "  plan unchanged: tp=1 pp=1 dp=8 zero=2" in text
     markdown = format_diff(d, "markdown")
     assert "Plan unchanged" in markdown and ["", "old", "new", "change"] not in md_tables(markdown)
 
@@ -187,7 +187,7 @@ def test_plan_json_lists_setting_changes_only():
     ({"mfu": 0.5}, {"mfu": 0.44}, "MFU down 12% relative (50.0% -> 44.0%)"),
 ])
 def test_warnings(old_est, new_est, expected):
-    plan = _plan(dp_shard=8, zero_stage=1)
+    plan = _plan(dp_shard=8, zero_stage=2)
     old, new = _with(plan, **old_est), _with(plan, **new_est)
     d = diff_sides(Side("a", old, _artifacts(old)), Side("b", new, _artifacts(new)))
     assert expected in d.warnings
@@ -199,7 +199,7 @@ def test_warnings(old_est, new_est, expected):
     ({"mfu": 0.5}, {"mfu": 0.46}),
 ])
 def test_no_warning_below_thresholds(old_est, new_est):
-    plan = _plan(dp_shard=8, zero_stage=1)
+    plan = _plan(dp_shard=8, zero_stage=2)
     old, new = _with(plan, **old_est), _with(plan, **new_est)
     d = diff_sides(Side("a", old, _artifacts(old)), Side("b", new, _artifacts(new, **{"x.txt": "x\n"})))
     assert d.changed and d.warnings == ()
@@ -207,7 +207,7 @@ def test_no_warning_below_thresholds(old_est, new_est):
 
 def test_plan_json_change_explained_when_nothing_else_changed():
     """A comment-only spec edit changes only plan.json's provenance: say so rather than nothing."""
-    old = _plan(dp_shard=8, zero_stage=1)
+    old = _plan(dp_shard=8, zero_stage=2)
     new = dataclasses.replace(old, provenance=dataclasses.replace(old.provenance, spec_sha256="beef"))
     d = _diff(old, new)
     (plan_json,) = [f for f in d.files if f.action != "same"]
@@ -215,7 +215,7 @@ def test_plan_json_change_explained_when_nothing_else_changed():
 
 
 def test_budget_warning_and_input_only_change():
-    plan = _with(_plan(dp_shard=8, zero_stage=1), cost_usd=96_000.0)
+    plan = _with(_plan(dp_shard=8, zero_stage=2), cost_usd=96_000.0)
     old = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=200_000.0))
     new = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, max_cost_usd=100_000.0))
     d = _diff(old, new)
@@ -228,7 +228,7 @@ def test_budget_warning_and_input_only_change():
 
 
 def test_target_dropped_and_global_batch_warnings():
-    old = _plan(dp_shard=8, zero_stage=1)
+    old = _plan(dp_shard=8, zero_stage=2)
     new = dataclasses.replace(old, targets=tuple(t for t in old.targets if t != "fsdp"),
                               training=dataclasses.replace(old.training, global_batch=32))
     old_files = _artifacts(old, **{"fsdp_config.py": "TP = 1\n"})
@@ -239,7 +239,7 @@ def test_target_dropped_and_global_batch_warnings():
 
 
 def test_added_removed_and_infeasible_sides():
-    plan = _plan(dp_shard=8, zero_stage=1)
+    plan = _plan(dp_shard=8, zero_stage=2)
     added = diff_sides(Side("a"), Side("b", plan, _artifacts(plan)))
     assert added.status == "added" and all(f.action == "add" for f in added.files)
     assert "new: no old version" in format_diff(added)

@@ -78,7 +78,7 @@ def test_inputs_are_exact_and_estimates_rounded(out: Path) -> None:
 
 def test_a_fraction_of_a_second_rounds_up(tmp_path: Path) -> None:
     spec = tmp_path / "s.yaml"
-    spec.write_text(SPEC.read_text().replace("time_limit: 14d", "time_limit: 90.2"))
+    spec.write_text(SPEC.read_text().replace("time_limit: 14d", "time_limit: 90.2s"))
     run_cli(["compile", str(spec), "--out", str(tmp_path / "out"), "--target", "fsdp,slurm"])
     text = (tmp_path / "out/exact-values/train.sbatch").read_text()
     assert "#SBATCH --time=0-00:01:31" in text

@@ -26,7 +26,7 @@ EXPECTED_OPTIONS = {
                  "--offload-params", "--plan", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
                  "--zero"],  # --plan: re-cost a compiled plan.json (issue #14)
     "smoke": ["--allow-edited", "--json", "--preempt-at", "--slurm", "--steps", "--target", "--timeout"],
-    "check": ["--generated", "--json", "--specs-dir"],
+    "check": ["--diff", "--generated", "--json", "--specs-dir"],  # --diff: the details behind the summary (issue #15)
     "diff": ["--base", "--format", "--unified"],
     "schema": [],
     "catalog": ["--json"],

@@ -314,9 +314,12 @@ def test_pipeline_svg_one_rect_per_event_and_visible_bubble(files: dict[str, str
     assert len(svg_rects(svg, "F")) == len(svg_rects(svg, "B")) == 64
     idle = svg_rects(svg, "idle")
     assert idle and sum(float(r.get("width")) for r in idle) > 0
-    assert not svg_rects(svg, "omitted")
+    assert not svg_rects(svg, "busy")
     texts = [t.text for t in ET.fromstring(svg).iter(SVG_NS + "text")]
     assert "stage 3" in texts and "time (s)" in texts and "idle (bubble)" in texts
+    # tooltips: one per stage row, none per event (issue #15: 430 KB of tooltips)
+    titles = [t.text for t in ET.fromstring(svg).iter(SVG_NS + "title")]
+    assert len(titles) == 1 + 4 and titles[1].startswith("stage 0: busy ")
 
 
 def test_memory_svg(files: dict[str, str], plan: Plan) -> None:
@@ -333,22 +336,44 @@ def test_interleaved_chunks_are_shaded() -> None:
     p = make_test_plan(pp=2, vpp=2, gbs=8, alternatives=False)
     svg = render_report(p)["pipeline.svg"]
     fills = {(r.get("class"), r.get("fill")) for r in svg_rects(svg, "ev")}
-    assert len(fills) == 4  # F/B x chunk 0/1
+    assert len(fills) == 4  # F/B x even/odd chunk
     assert len(svg_rects(svg, "ev")) == len(p.estimate.pipeline) == 2 * 2 * 2 * 2
     assert "F0b" in render_report(p)["PLAN.md"]
 
 
-def test_large_schedule_is_capped_but_bubble_stays() -> None:
+def test_large_schedule_is_summarised_and_only_idle_is_hatched() -> None:
     events = gpipe_schedule(4, 300, 0.01, 0.02)
     p = make_test_plan(gbs=600, events=events, alternatives=False)
     out = render_report(p)
-    evs = svg_rects(out["pipeline.svg"], "ev")
-    assert len(events) == 2400 and len(evs) == MAX_PIPELINE_BOXES
-    assert svg_rects(out["pipeline.svg"], "omitted")
-    assert sum(float(r.get("width")) for r in svg_rects(out["pipeline.svg"], "idle")) > 0
-    assert "Drawn one box each: microbatches 0-249 (2000 of 2400 events)" in out["PLAN.md"]
+    svg = out["pipeline.svg"]
+    assert len(events) == 2400 and len(events) > MAX_PIPELINE_BOXES and not svg_rects(svg, "ev")
+    busy = svg_rects(svg, "busy")
+    # GPipe: all forwards, then all backwards: two colours, few runs, and the stage's busy time exactly
+    assert {r.get("fill") for r in busy} <= {"#4e79a7", "#f28e2b"} and len(busy) <= 4 * 4
+    idle = svg_rects(svg, "idle")
+    plot = 960.0
+    drawn = sum(float(r.get("width")) for r in busy + idle)
+    assert abs(drawn - 4 * plot) < 4 * 0.05  # busy + idle tile every row: nothing else is drawn
+    assert len(svg) < 40_000
+    assert "Too many events to draw one by one" in out["PLAN.md"]
     timeline = out["PLAN.md"].split("```text\n")[2].split("```", 1)[0].splitlines()
     assert all(line.endswith("| ...") for line in timeline) and "shown" in out["PLAN.md"]
+
+
+def test_many_virtual_stages_read_as_three_phases() -> None:
+    """Issue #15: at vpp 10 the picture was 20 near-identical legend colours and a grey band that looked like
+    idle time. Now: a legend of four swatches, warm-up (forward), steady state (both), cool-down (backward)."""
+    from compiler.costmodel.pipeline import pipeline_events
+
+    events = pipeline_events("interleaved_1f1b", 4, 64, 10, 0.01, 0.02, 0.0)
+    p = make_test_plan(pp=4, vpp=10, gbs=64, events=tuple(events), alternatives=False)
+    svg = render_report(p)["pipeline.svg"]
+    fills = [r.get("fill") for r in svg_rects(svg, "busy") if r.get("y") == svg_rects(svg, "busy")[0].get("y")]
+    assert fills[0] == "#4e79a7" and "#8c6bb1" in fills and fills[-1] == "#f28e2b"
+    texts = [t.text for t in ET.fromstring(svg).iter(SVG_NS + "text")]
+    assert [t for t in texts if t and ("forward" in t or "backward" in t or "idle" in t)] == [
+        "forward", "backward", "forward and backward interleaved (steady state)", "idle (bubble)"]
+    assert len(svg) < 40_000
 
 
 def test_single_stage_has_no_pipeline_svg() -> None:

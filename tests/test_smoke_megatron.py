@@ -137,7 +137,10 @@ def _run(folder: Path, workdir: Path, *, steps: int = 4, extra: tuple[str, ...] 
     setup = scale_plan(plan, device="cpu", max_ranks=4, steps=steps)
     if degrees:
         d = dataclasses.replace(setup.degrees, **degrees)
-        setup = dataclasses.replace(setup, degrees=d, world_size=d.world_size)
+        # the layout the prediction is made for follows the degrees that run (a tp=1 rerun is costed as tp=1)
+        layout = setup.layout.with_(tp=d.tp, pp=d.pp, cp=d.cp, dp_replicate=d.dp_replicate, dp_shard=d.dp_shard,
+                                    vpp=d.vpp, sequence_parallel=setup.layout.sequence_parallel and d.tp > 1)
+        setup = dataclasses.replace(setup, degrees=d, world_size=d.world_size, layout=layout)
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(generated_dir=folder, plan=plan, setup=setup, workdir=workdir, timeout_s=400)
     result = run_megatron_smoke(ctx, extra_args=extra)

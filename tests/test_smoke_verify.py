@@ -1,5 +1,5 @@
 """`dtc smoke` runs only what dtc generated (issue #16, item 8): smoke replaces every degree with its
-own for the reduced world, so an edited `TP = 3` in fsdp_config.py or a plan.json with other degrees
+own for the reduced world, so an edited `"tp": 3` in fsdp_config.json or a plan.json with other degrees
 used to "pass". Now the folder must match its MANIFEST.sha256 (no edits, no extra files, no links)
 and the artifacts' degrees and batch must be plan.json's, or smoke refuses before launching (exit 2).
 A plan.json that is not a plan (`[]`, `null`, NaN, nested 100,000 deep) is exit 2 for smoke and diff.
@@ -105,13 +105,15 @@ def test_allow_edited_runs_the_edit_with_a_warning_per_file(folder: Path) -> Non
     from compiler.smoke import preflight, verify_generated
 
     plan = Plan.from_json((folder / "plan.json").read_text())
-    config = folder / "fsdp_config.py"
-    config.write_text(re.sub(r"^TP = 1$", "TP = 3", config.read_text(), flags=re.M))
+    config = folder / "fsdp_config.json"
+    data = json.loads(config.read_text())
+    data["parallel"]["tp"] = 3
+    config.write_text(json.dumps(data))
     with pytest.raises(SmokeError):
         verify_generated(folder, plan)
     warnings = verify_generated(folder, plan, allow_edited=True)
-    assert warnings == ["edited after dtc wrote it (run anyway, --allow-edited): fsdp_config.py"], warnings
+    assert warnings == ["edited after dtc wrote it (run anyway, --allow-edited): fsdp_config.json"], warnings
     with pytest.raises(SmokeError, match="disagree with plan.json"):
         preflight(folder, plan, ["fsdp"])
     found = preflight(folder, plan, ["fsdp"], allow_edited=True)
-    assert any("fsdp_config.py: TP is 3, the plan says 1" in w for w in found), found
+    assert any("fsdp_config.json: parallel.tp is 3, the plan says 1" in w for w in found), found

@@ -22,6 +22,7 @@ from compiler.solver import solve
 from compiler.solver import feasibility as F
 from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
 from compiler.solver.objective import rank_key
+from compiler.solver.objective import ranked as order
 from compiler.solver.search import _search_evaluate
 from compiler.spec.load import load_spec_text
 
@@ -93,9 +94,9 @@ def brute_force(problem):
         est = _search_evaluate(problem, layout)
         if not isinstance(est, Estimate) or F.check_estimate(problem, est) is not None:
             continue
-        ranked.append((rank_key(problem, layout, est), layout))
-    ranked.sort(key=lambda r: r[0])
-    return ranked
+        ranked.append((layout, est))
+    # the final order: rank_key, and under 'cheapest' the costs within 1% of the cheapest first, fastest first
+    return [(rank_key(problem, layout, est), layout) for layout, est in order(problem, ranked)]
 
 
 @settings(derandomize=True, max_examples=25, deadline=None,

@@ -138,7 +138,27 @@ def _duplicates(results: list[SpecCheck]) -> None:
 # --------------------------------------------------------------------------- output
 
 
+def _names(files: list[str], limit: int = 6) -> str:
+    shown = ", ".join(printable(f) for f in files[:limit])
+    return shown if len(files) <= limit else f"{shown}, ... ({len(files)} in all)"
+
+
+def _short_lines(r: SpecCheck) -> list[str]:
+    """One line per spec that is not up to date: which files, and how (the default output)."""
+    if r.status == "ok":
+        return []
+    spec, out = printable(r.spec), printable(r.out or "")
+    if r.status == "failed":
+        return [f"{spec}: failed", *r.errors]
+    if r.folder_missing:
+        return [f"{spec} -> {out}: missing ({len(r.missing)} files would be written)"]
+    what = [f"{_names(r.stale)} changed" if r.stale else "", f"{_names(r.missing)} missing" if r.missing else "",
+            f"{_names(r.orphaned)} orphaned (not produced by the spec)" if r.orphaned else ""]
+    return [f"{spec} -> {out}: stale: " + "; ".join(w for w in what if w)]
+
+
 def _spec_lines(r: SpecCheck) -> list[str]:
+    """The details (--diff): every file, with a short unified diff of each changed one."""
     if r.status == "ok":
         return []
     spec, out = printable(r.spec), printable(r.out or "")
@@ -159,6 +179,10 @@ def _spec_lines(r: SpecCheck) -> list[str]:
     return lines
 
 
+def _out_args(generated: Path, flag: str = "--generated") -> list[str]:
+    return [] if generated == Path("generated") else [flag, str(generated)]
+
+
 def summary_line(results: list[SpecCheck], orphans: list[str], generated: Path) -> str:
     n = len(results)
     ok = sum(r.status == "ok" for r in results)
@@ -176,8 +200,7 @@ def summary_line(results: list[SpecCheck], orphans: list[str], generated: Path) 
     fixes = []
     if stale:  # commands a person pastes: every name shell-quoted (a spec named 'a;touch x;.yaml')
         force = ["--force"] if any(r.needs_force for r in stale) else []
-        out = [] if generated == Path("generated") else ["--out", str(generated)]
-        fixes.append(shell_command("dtc", "compile", *force, *out, *(r.spec for r in stale)))
+        fixes.append(shell_command("dtc", "compile", *force, *_out_args(generated, "--out"), *(r.spec for r in stale)))
     if orphans:
         fixes.append(shell_command("rm", "-r", "--", *orphans))
     if fixes:
@@ -191,13 +214,15 @@ def summary_line(results: list[SpecCheck], orphans: list[str], generated: Path) 
               help="Where the specs are (used when no SPEC is given).")
 @click.option("--generated", "generated", default="generated", show_default=True, type=click.Path(file_okay=False),
               help="The committed output folder; each spec is compared with GENERATED/<name>/.")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Show every stale file with the first lines of its unified diff.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_command(specs: tuple[str, ...], specs_dir: str, generated: str, as_json: bool) -> None:
+def check_command(specs: tuple[str, ...], specs_dir: str, generated: str, show_diff: bool, as_json: bool) -> None:
     """Check that GENERATED/ is what the specs compile to (nothing is written).
 
-    Recompiles every spec in --specs-dir (or each SPEC) in memory and lists stale,
-    missing and orphaned files, with a short diff. Exit 0 up to date; 1 out of date;
-    2 on a bad or infeasible spec.
+    Recompiles every spec in --specs-dir (or each SPEC) in memory and names, per spec, the
+    stale, missing and orphaned files, then the command that fixes them; --diff adds a short
+    diff of each. Exit 0 up to date; 1 out of date; 2 on a bad or infeasible spec.
     """
     out_root = Path(generated)
     paths = list(specs) or find_specs(Path(specs_dir))
@@ -215,11 +240,15 @@ def check_command(specs: tuple[str, ...], specs_dir: str, generated: str, as_jso
                             "summary": line}), nl=False)
     else:
         for r in results:
-            for text in _spec_lines(r):
+            for text in (_spec_lines(r) if show_diff else _short_lines(r)):
                 click.echo(text, err=r.status == "failed")
         for folder in orphans:
             click.echo(f"{printable(folder)}: orphaned folder (no spec in {printable(specs_dir)}/ is named "
                        f"{printable(Path(folder).name)})")
+        stale = [r for r in results if r.status == "stale" and not r.folder_missing]
+        if stale and not show_diff:
+            click.echo("Details: " + shell_command("dtc", "check", "--diff", *_out_args(out_root),
+                                                   *(r.spec for r in stale)))
         click.echo(line)
     if any(r.status == "failed" for r in results):
         raise SystemExit(int(ExitCode.USER_ERROR))

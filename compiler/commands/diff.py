@@ -38,21 +38,24 @@ def spec_side(label: str, path: str, data: bytes | None = None, *, strict: bool)
     ``strict`` (the new side): an invalid spec raises (exit 2). Otherwise, and for an
     infeasible spec on either side, the failure is shown in the diff instead.
     """
+    from compiler.diff import spec_inputs
     from compiler.errors import InfeasibleError
     from compiler.pipeline import compile_loaded
     from compiler.spec.load import load_spec, load_spec_bytes
 
     label = printable(label)
+    inputs = None
     try:
         loaded = load_spec_bytes(data, path) if data is not None else load_spec(path)
+        inputs = spec_inputs(loaded)
         plan, artifacts = compile_loaded(loaded)
     except InfeasibleError as exc:
-        return Side(label, error=f"infeasible: {_first_line(exc)}")
+        return Side(label, error=f"infeasible: {_first_line(exc)}", inputs=inputs)
     except SpecError as exc:
         if strict:
             raise
-        return Side(label, error=f"invalid spec: {_first_line(exc)}")
-    return Side(label, plan, artifacts.with_manifest())
+        return Side(label, error=f"invalid spec: {_first_line(exc)}", inputs=inputs)
+    return Side(label, plan, artifacts.with_manifest(), inputs=inputs)
 
 
 def folder_side(path: str) -> Side:

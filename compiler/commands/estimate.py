@@ -19,11 +19,11 @@ import click
 
 from compiler import rules, units
 from compiler.arith import grad_accum_for
-from compiler.costmodel import evaluate, find_gpu_option
+from compiler.costmodel import evaluate_targets, find_gpu_option
 from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
-from compiler.plan import Plan, as_in_plan, plan_data
+from compiler.plan import Plan, TargetEstimate, as_in_plan, plan_data
 from compiler.problem import GpuOption, Problem, lower
 from compiler.report import to_json
 from compiler.spec.load import load_spec
@@ -100,8 +100,25 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
 
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model on one layout (the GPU is the spec's option named by layout.gpu)."""
-    return evaluate(problem, layout)
+    """The cost model on one layout (the GPU is the spec's option named by layout.gpu), for each framework
+    target of the spec: the binding target's estimate (the first that rejects it, else the slowest)."""
+    return evaluate_targets(problem, layout).result
+
+
+def format_targets_text(per_target: tuple[TargetEstimate, ...]) -> list[str]:
+    """The layout costed for each framework target (shown when the spec names several)."""
+    if len(per_target) < 2:
+        return []
+    lines = ["", "per target (the figures above are the binding target's: it must fit under each and runs as fast "
+                 "as the slowest)"]
+    width = max(len(e.target) for e in per_target)
+    for e in per_target:
+        lines.append(f"  {e.target:<{width}}  step {units.format_seconds(e.step_time_s):>9}  "
+                     f"{e.tokens_per_s_per_gpu:>10,.0f} tokens/s/GPU  MFU {e.mfu:6.1%}  "
+                     f"{units.format_seconds(e.time_to_train_s):>8}  {units.format_money(e.cost_usd):>9}  "
+                     f"memory {units.format_bytes(e.memory_bytes_per_gpu)} of {units.format_bytes(e.usable_bytes_per_gpu)}"
+                     + ("  (binding)" if e.binding else ""))
+    return lines
 
 
 # --- text -------------------------------------------------------------------------------------------------
@@ -117,7 +134,8 @@ def _item_rows(items: tuple[LineItem, ...], fmt) -> list[str]:
     return lines
 
 
-def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate) -> str:
+def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate,
+                         per_target: tuple[TargetEstimate, ...] = ()) -> str:
     """Both breakdowns and the outputs, as plain text."""
     e, m = estimate, estimate.memory
     head = (f"{problem.name}: {problem.model_name} ({units.format_count(problem.num_params)} params), "
@@ -143,8 +161,9 @@ def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate) -
         f"  time to train         {units.format_seconds(e.time_to_train_s)} ({e.num_steps:,} steps of "
         f"{units.format_count(problem.tokens)} tokens)",
         f"  GPU-hours / cost      {e.gpu_hours:,.0f} GPU-hours, {units.format_money(e.cost_usd)}",
-        "", "assumptions",
     ]
+    lines += format_targets_text(per_target)
+    lines += ["", "assumptions"]
     lines += [f"  - {a}" for a in e.assumptions]
     lines.append("")
     lines.append(f"Estimate: {units.format_bytes(m.total_bytes_per_gpu)} per GPU, step "
@@ -153,9 +172,10 @@ def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate) -
     return "\n".join(lines)
 
 
-def estimate_to_json(layout: Layout, e: Estimate) -> dict[str, Any]:
+def estimate_to_json(layout: Layout, e: Estimate, per_target: tuple[TargetEstimate, ...] = ()) -> dict[str, Any]:
     m = e.memory
     return {
+        "targets": [plan_data(t) for t in per_target],
         "layout": layout.to_dict(),
         "step_time_s": e.step_time_s, "tokens_per_step": e.tokens_per_step, "tokens_per_s": e.tokens_per_s,
         "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu, "model_flops_per_token": e.model_flops_per_token,
@@ -218,12 +238,12 @@ def estimate_command(spec: str | None, plan_path: str | None, as_json: bool, **o
         return
     problem = lower(load_spec(spec))  # type: ignore[arg-type]
     layout = build_layout(problem, overrides)
-    result = estimate_layout(problem, layout)
-    _show(problem, layout, result, as_json)
+    targets = evaluate_targets(problem, layout)
+    _show(problem, layout, targets.result, as_json, per_target=targets.summaries())
 
 
 def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_json: bool,
-          extra: dict[str, Any] | None = None) -> None:
+          extra: dict[str, Any] | None = None, per_target: tuple[TargetEstimate, ...] = ()) -> None:
     if isinstance(result, Rejection):
         if as_json:
             click.echo(to_json({"layout": layout.to_dict(), "rejection": result.to_dict(), **(extra or {})}), nl=False)
@@ -235,9 +255,9 @@ def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_jso
         raise DtcError(Diagnostic(summary=f"{result.message} ({layout.describe()})", detail=detail,
                                   hint=result.fix, code=result.code))
     if as_json:
-        click.echo(to_json({**estimate_to_json(layout, result), **(extra or {})}), nl=False)
+        click.echo(to_json({**estimate_to_json(layout, result, per_target), **(extra or {})}), nl=False)
     else:
-        click.echo(format_estimate_text(problem, layout, result))
+        click.echo(format_estimate_text(problem, layout, result, per_target))
 
 
 def load_plan_file(path: str) -> Plan:
@@ -254,14 +274,17 @@ def load_plan_file(path: str) -> Plan:
 
 
 def _estimate_plan(path: str, as_json: bool) -> None:
-    from compiler.recost import recost
+    from compiler.recost import recost_targets
 
     plan = load_plan_file(path)
-    problem, result = recost(plan)
+    problem, targets = recost_targets(plan)
+    result: Estimate | Rejection = targets if isinstance(targets, Rejection) else targets.result
+    per_target = () if isinstance(targets, Rejection) else tuple(as_in_plan(t) for t in targets.summaries())
     if isinstance(result, Estimate):
         result = as_in_plan(result)  # rounded as plan.json rounds it
-    same = isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
-    _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same})
+    same = (isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
+            and per_target == plan.target_estimates)
+    _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same}, per_target=per_target)
     if not as_json:
         click.echo("plan.json's estimate: " + ("reproduced exactly." if same else
                    "NOT reproduced: the cost model or the catalog changed since the plan was compiled "

@@ -14,6 +14,7 @@ import click
 from compiler import units
 from compiler.plan import Plan
 from compiler.problem import Problem, lower
+from compiler.render.report_layout import run_vs_time_limit
 from compiler.report import table, to_json
 from compiler.solver.feasibility import SHAPE_CODES
 from compiler.spec.load import load_spec
@@ -52,6 +53,8 @@ def batch_line(plan: Plan) -> str:
             f"x dp {lay.dp} ({units.format_count(t.tokens_per_step)} tokens per step, {t.num_steps:,} steps)")
     if lay.global_batch != t.requested_global_batch:
         line += f"; requested {t.requested_global_batch}"
+    if " tokens / " in t.batch_note:  # a token batch: how its sequence count was chosen
+        line += f"\n  {t.batch_note}"
     return line
 
 
@@ -94,14 +97,15 @@ def summary_line(plan: Plan) -> str:
     e, s = plan.estimate, plan.search
     return (f"Plan: {plan.layout.describe()} on {e.num_gpus} x {plan.cluster.gpu}, "
             f"{units.format_seconds(e.time_to_train_s)}, {units.format_money(e.cost_usd)} "
-            f"(searched {s.num_considered:,} layouts, {s.num_feasible:,} feasible, "
+            f"(searched {s.num_considered:,} layouts: {s.num_evaluated:,} costed, {s.num_feasible:,} of them feasible; "
             f"{s.num_pruned_by_bound:,} pruned by bound)")
 
 
 @click.command("plan")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--top", "top", type=click.IntRange(0, 50), default=None,
-              help="Alternatives to show (default: the spec's search.top_k).")
+              help="Alternatives to show (default: the spec's search.top_k). More alternatives means fewer layouts "
+                   "pruned by bound, so more are costed (and found feasible); the plan is the same.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan, the table and the summary as JSON.")
 def plan_command(spec: str, top: int | None, as_json: bool) -> None:
     """Solve SPEC and print the ranked layouts, why each alternative lost, and the rejections.
@@ -109,19 +113,22 @@ def plan_command(spec: str, top: int | None, as_json: bool) -> None:
     Nothing is written. Exit 0 with a plan; 2 if the spec is invalid or nothing fits
     (then the closest misses and what would make them fit are shown).
     """
-    from compiler.solver.search import search
+    from compiler.solver.search import search, target_costs
 
     problem = lower(load_spec(spec))
     result = search(problem, top_k=top)
     plan = result.plan
     rows = candidate_rows(plan)
+    costs = [c.describe(problem, plan) for c in target_costs(problem, plan)]
     if as_json:
         click.echo(to_json({"plan": plan.to_dict(), "table": rows, "summary": summary_line(plan),
-                            "batch": batch_line(plan), "rejection_examples": result.examples}), nl=False)
+                            "batch": batch_line(plan), "rejection_examples": result.examples,
+                            "targets_ruled_out": costs, "jobs": run_vs_time_limit(plan)}), nl=False)
         return
     out = header_lines(problem, plan) + ["", _table_text(rows, len(problem.gpu_options) > 1), ""]
     out += tally_lines(plan, result.examples)
-    if plan.notes:
-        out += ["notes:"] + [f"  - {n}" for n in plan.notes]
+    jobs = run_vs_time_limit(plan)
+    if plan.notes or costs or jobs:
+        out += ["notes:"] + [f"  - {n}" for n in ([jobs] if jobs else []) + costs + list(plan.notes)]
     out += ["", summary_line(plan)]
     click.echo("\n".join(out))

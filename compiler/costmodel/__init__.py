@@ -1,6 +1,7 @@
 """The cost model: per-GPU memory and step time of a layout, as named line items.
 
-    evaluate(problem, layout, *, gpu=None) -> Estimate | Rejection
+    evaluate(problem, layout, *, gpu=None, target=None) -> Estimate | Rejection
+    evaluate_targets(problem, layout) -> TargetEstimates (one Estimate per framework target, the binding one)
 
 Modules (each small, each quantity a named function with its unit in the name):
 
@@ -13,7 +14,8 @@ Modules (each small, each quantity a named function with its unit in the name):
 * ``step``         composition into the time breakdown and the Estimate
 * ``context``      the per-(problem, layout, GPU) inputs, precision recipes, memoised per-layer costs
 * ``parts``        the public door for the solver's lower bounds (compiler/solver/bounds.py)
-* ``efficiency``   compiler/data/efficiency.yaml, typed
+* ``frameworks``   which cost profile a target names (the facts: compiler/targets/<name>/cost.py)
+* ``efficiency``   compiler/data/physics.yaml (sourced) + compiler/data/efficiency.yaml (fitted), typed
 
 Structural problems come back as ``Rejection`` with a stable code (compiler.rules, via ``check_layout``);
 a layout that does not fit comes back as ``Rejection("out_of_memory")`` with the
@@ -22,18 +24,26 @@ breakdown and what would make it fit.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Callable
 
 from compiler import rules
 from compiler.catalog import normalize_name
+from compiler.costmodel.activations import ActivationImpl
 from compiler.costmodel.context import Setup, make_setup
+from compiler.costmodel.efficiency import Efficiency
+from compiler.costmodel.frameworks import costed_targets, profile_of
 from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stage_activation_bytes_per_microbatch
 from compiler.costmodel.step import make_estimate, step_time
 from compiler.estimate import Estimate, MemoryBreakdown, Rejection
 from compiler.layout import Layout
+from compiler.plan import TargetEstimate
 from compiler.problem import GpuOption, Problem
+from compiler.targets.cost import CostProfile
 from compiler.units import format_bytes
 
-__all__ = ["evaluate", "check_layout", "find_gpu_option"]
+__all__ = ["evaluate", "evaluate_targets", "evaluate_targets_unless", "TargetEstimates", "check_layout",
+           "find_gpu_option", "default_target"]
 
 
 def find_gpu_option(problem: Problem, name: str) -> GpuOption | None:
@@ -78,17 +88,29 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
     text = ", ".join(f"{name} (-{format_bytes(saving)})" for saving, name in options if saving > 0)
     return (f"needs {format_bytes(need)} more per GPU ({format_bytes(memory.total_bytes_per_gpu)} of "
             f"{format_bytes(memory.usable_bytes_per_gpu)} usable): "
-            + (text + ", " if text else "") + "or more tensor/pipeline parallel stages")
+            + (text + ", or " if text else "") + "more tensor/pipeline parallel stages")
 
 
-def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, pipeline_events: bool = True,
-             check_memory: bool = True) -> Estimate | Rejection:
-    """Memory and step time of ``layout`` for ``problem``; a Rejection when it cannot run or fit.
+def default_target(problem: Problem) -> str:
+    """The framework a problem is costed for when none is asked: its first framework target."""
+    return costed_targets(problem.targets)[0]
+
+
+def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
+             target: str | CostProfile | None = None, pipeline_events: bool = True, check_memory: bool = True,
+             efficiency: Efficiency | None = None, impl: ActivationImpl | None = None) -> Estimate | Rejection:
+    """Memory and step time of ``layout`` for ``problem`` run by ``target``; a Rejection when it cannot run or fit.
 
     ``gpu``: the GpuOption to use; default: the one of ``problem.gpu_options`` named by layout.gpu.
+    ``target``: the framework that runs it: a dtc target (megatron, fsdp, deepspeed: its cost profile in the
+    target registry) or a CostProfile (the frameworks of published runs, compiler/calibration/frameworks.py);
+    default: the problem's first framework target (megatron when it names none).
     ``pipeline_events``: include the simulated schedule in the Estimate (the solver may skip it: it is the
     costly part of a call, ~1 us per event).
     ``check_memory``: False returns the Estimate even when it does not fit (what-if reports, benchmarks).
+    ``efficiency``: other constants than the shipped ones (calibration, leave-one-source-out).
+    ``impl``: which tensors the training code saves for backward, instead of the target's own (its cost
+    profile's activations); ``dtc smoke`` costs its reduced runs with what they really run on CPU.
     """
     if gpu is None:
         gpu = find_gpu_option(problem, layout.gpu)
@@ -96,17 +118,64 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None, 
             names = ", ".join(o.name for o in problem.gpu_options)
             return Rejection(rules.GPU_NOT_OFFERED, f"gpu must be one of {names}, got {layout.gpu}",
                              {"gpu": layout.gpu, "field": "gpu"}, f"use one of {names}")
+    profile = profile_of(target or default_target(problem))
     bad = check_layout(problem, layout, gpu)
     if bad is not None:
         return bad
-    setup = make_setup(problem, layout, gpu)
+    setup = make_setup(problem, layout, gpu, target=profile, eff=efficiency)
+    if impl is not None:
+        setup = dataclasses.replace(setup, impl=impl)
     memory = memory_breakdown(setup)
     if check_memory and memory.total_bytes_per_gpu > memory.usable_bytes_per_gpu:
         return Rejection(
             "out_of_memory",
             f"{format_bytes(memory.total_bytes_per_gpu)} per GPU exceeds {format_bytes(memory.usable_bytes_per_gpu)} "
-            f"usable on {gpu.name} (stage {memory.stage})",
+            f"usable on {gpu.name} (stage {memory.stage}, costed for {setup.framework.display_name})",
             {"needed_bytes": memory.total_bytes_per_gpu, "usable_bytes": memory.usable_bytes_per_gpu,
-             "stage": memory.stage, "items": {i.name: int(i.value) for i in memory.items}},
+             "stage": memory.stage, "target": setup.framework.name, "items": {i.name: int(i.value) for i in memory.items}},
             out_of_memory_fix(setup, memory))
     return make_estimate(setup, memory, step_time(setup), with_events=pipeline_events)
+
+
+@dataclass(frozen=True)
+class TargetEstimates:
+    """One estimate per framework target of a problem, and which one binds (slowest; any rejection binds)."""
+
+    by_target: tuple[tuple[str, Estimate | Rejection], ...]
+    binding: str
+
+    @property
+    def result(self) -> Estimate | Rejection:
+        return dict(self.by_target)[self.binding]
+
+    def summaries(self) -> tuple[TargetEstimate, ...]:
+        """One plan.json record per target (all of them costed: the layout fits under each)."""
+        return tuple(TargetEstimate.of(t, e, binding=t == self.binding) for t, e in self.by_target
+                     if isinstance(e, Estimate))
+
+
+def evaluate_targets(problem: Problem, layout: Layout, **kwargs) -> TargetEstimates:
+    """``evaluate`` for each framework target of ``problem``: a plan rendered for several targets must fit
+    and is as fast as the slowest of them. The binding target is the first that rejects the layout (the
+    targets after it are not costed), else the one with the longest step."""
+    out = evaluate_targets_unless(problem, layout, None, **kwargs)
+    assert out is not None
+    return out
+
+
+def evaluate_targets_unless(problem: Problem, layout: Layout, hopeless: Callable[[Estimate], bool] | None,
+                            **kwargs) -> TargetEstimates | None:
+    """``evaluate_targets``, or None as soon as one target's estimate is ``hopeless`` while more targets are
+    left: the binding estimate is at least as slow as any target's (the solver skips a layout that cannot
+    enter its top list without costing the other targets)."""
+    results: list[tuple[str, Estimate | Rejection]] = []
+    targets = costed_targets(problem.targets)
+    for i, t in enumerate(targets):
+        r = evaluate(problem, layout, target=t, **kwargs)
+        results.append((t, r))
+        if isinstance(r, Rejection):
+            return TargetEstimates(tuple(results), t)
+        if hopeless is not None and i < len(targets) - 1 and hopeless(r):
+            return None
+    slowest = max(results, key=lambda tr: (tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))  # type: ignore
+    return TargetEstimates(tuple(results), slowest[0])

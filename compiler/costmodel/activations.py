@@ -51,6 +51,8 @@ class ActivationImpl:
     gqa_expanded_kv: bool  # K and V are saved after being repeated to every query head
     source: str
     dropout_mask_act_dtype: bool = False  # dropout keeps a scaled mask in the activation dtype (CPU), not bytes
+    recompute_norms_and_up_proj: bool = False  # norm outputs and MLA up-projections are recomputed in backward
+    fp8_activation_cache: bool = False  # SwiGLU inputs, attention outputs and dispatched tokens cached in fp8
 
 
 PAPER = ActivationImpl("paper", "unfused", 0, 0, 2, False, False, PAPER_SOURCE)
@@ -69,7 +71,14 @@ TORCH_EAGER_CPU = replace(
     TORCH_EAGER, name="torch_eager_cpu", dropout_mask_act_dtype=True,
     source=TORCH_EAGER.source + "; on CPU, F.dropout multiplies by a scaled mask kept in the input dtype "
     "(CUDA's native_dropout keeps a 1-byte bool mask)")
+DEEPSEEK_V3 = replace(
+    MEGATRON_TE, name="deepseek_v3", recompute_norms_and_up_proj=True, fp8_activation_cache=True,
+    source="DeepSeek-V3 report (arXiv:2412.19437) sec. 3.3.2-3.3.3: 'recompute all RMSNorm operations and MLA "
+           "up-projections during back-propagation', the input of the Linear after attention cached in E5M6, SwiGLU "
+           "inputs cached in FP8, tokens dispatched in FP8")
 DEFAULT_IMPL = MEGATRON_TE
+# the activation profiles a cost profile (compiler/targets/cost.py) names
+IMPLS = {impl.name: impl for impl in (PAPER, MEGATRON_TE, TORCH_EAGER, TORCH_EAGER_CPU, DEEPSEEK_V3)}
 
 
 @dataclass(frozen=True)
@@ -258,10 +267,48 @@ def layer_terms(shape: ModelShape, *, moe_layer: bool, seq_kv: int, act_bytes: i
     (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; default: ``act_bytes``)."""
     gb = gemm_bytes or act_bytes
     mlp = moe_mlp_terms(shape, act_bytes, impl, gb) if moe_layer else dense_mlp_terms(shape, act_bytes, impl, gb)
-    return tuple(attention_terms(shape, seq_kv, act_bytes, impl, gb) + mlp)
+    terms = attention_terms(shape, seq_kv, act_bytes, impl, gb) + mlp
+    if impl.recompute_norms_and_up_proj:
+        dropped = ("qkv_input", "mlp_input") + (("qkv",) if shape.mla is not None else ())
+        terms = [t for t in terms if t.name not in dropped]
+    if impl.fp8_activation_cache:
+        w = attention_widths(shape)
+        cached = {"attention_output": w.out_width * 1.0}
+        if shape.moe is not None:
+            cached["moe_dispatched_tokens"] = shape.moe.top_k * shape.hidden_size * 1.0
+            cached["moe_expert_activation"] = shape.moe.top_k * mlp_activation_bytes_per_token(
+                shape.moe.expert_ffn_hidden_size, shape.mlp, 1, impl)
+        terms = [replace(t, bytes_per_token=cached[t.name]) if t.name in cached else t for t in terms]
+    return tuple(terms)
 
 
 RECOMPUTED_BY_SELECTIVE = ("attention_scores", "attention_lse")  # the attention core (Korthikanti sec. 5)
+# PyTorch op-level selective activation checkpointing (torchtitan's 'selective (op)', dtc's fsdp trainer:
+# torch.utils.checkpoint.create_selective_checkpoint_contexts saving mm / addmm / bmm / SDPA outputs) keeps
+# the matmul and attention outputs and recomputes every elementwise op: of a layer's terms it keeps these,
+# plus the block input and the outputs of the two output projections (attention out, fc2).
+KEPT_BY_PER_OP_SAC = ("qkv", "attention_output", "attention_lse", "mlp_activation", "moe_router_probs",
+                      "moe_expert_activation", "shared_expert_activation")
+
+
+def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp: int, sequence_parallel: bool,
+                                       act_bytes: int) -> float:
+    """torchtitan's op-level selective checkpointing keeps the outputs of matmuls and SDPA 'except every second
+    mm' (torchtitan/models/llama/parallelize_llama.py _custom_policy): of a Llama block's wq, wk, wv, wo, w1, w3,
+    w2 it keeps wq, wv, w1 and w2 (the 1st, 3rd, 5th and 7th), with SDPA's output and log-sum-exp and the block
+    input; everything else is recomputed in backward. MoE layers keep the router probabilities, the routed
+    experts' first matmul outputs and the layer's input instead of w1 and w2."""
+    w = attention_widths(shape)
+    h, sp_div = shape.hidden_size, (tp if sequence_parallel else 1)
+    kept = (w.q_width + w.kv_heads * w.v_head_dim + w.out_width) * act_bytes / tp  # wq, wv, SDPA output
+    kept += attention_logsumexp_bytes_per_token(w.heads) / tp
+    kept += 2 * h * act_bytes / sp_div  # the block input and w2's (row-parallel) output
+    if moe_layer and shape.moe is not None:
+        m = shape.moe
+        kept += moe_router_bytes_per_token(m.num_experts) + m.top_k * m.expert_ffn_hidden_size * act_bytes / tp
+    else:
+        kept += shape.ffn_hidden_size * act_bytes / tp  # w1
+    return kept
 
 
 def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, sequence_parallel: bool,
@@ -270,6 +317,13 @@ def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, se
     if recompute == "full":
         # Only the layer input is kept (2sbh); with sp it is the sequence-parallel shard.
         return hidden * act_bytes / (tp if sequence_parallel else 1)
+    if recompute == "selective_per_op":
+        kept = [t for t in terms if t.name in KEPT_BY_PER_OP_SAC]
+        total = 3.0 * hidden * act_bytes / (tp if sequence_parallel else 1)
+        for t in kept:
+            share = (2.0 / 3.0) if t.name.endswith("activation") and t.bytes_per_token > 0 else 1.0
+            total += share * (t.bytes_per_token / tp if (t.tp_sharded or sequence_parallel) else t.bytes_per_token)
+        return total
     total = 0.0
     for t in terms:
         if recompute == "selective" and t.name in RECOMPUTED_BY_SELECTIVE:

@@ -196,19 +196,27 @@ def expected_remote_domains_per_token(top_k: int, ep: int, members_per_domain: i
 
 def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setup: Setup) -> float:
     """One dispatch (or combine) of ``tokens`` local tokens, each to top_k experts over the ep group.
-    Inside the NVLink domain each copy moves over NVLink; across domains a token crosses the network
-    once per destination domain and is forwarded over NVLink there (node-deduplicated hierarchical
-    all-to-all: DeepSeek-V3 report sec. 3.2.2; DeepEP; Megatron-Core flex dispatcher)."""
+    Inside the NVLink domain each copy moves over NVLink. Across domains, frameworks with a
+    hierarchical dispatcher send a token over the network once per destination domain and forward it
+    over NVLink there (DeepSeek-V3 report sec. 3.2.2; DeepEP; Megatron-Core flex dispatcher); plain
+    NCCL all-to-all dispatchers send every copy. Link rates at the achieved all-to-all fraction
+    (physics.yaml comm.all_to_all_fraction, DeepEP's measured bandwidths)."""
     ep = setup.layout.ep
     link = ep_link(setup)
-    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTRA]
+    a2a = setup.eff.physics.all_to_all_fraction
+    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * a2a[INTRA]
     g = link.members_per_domain if link.link == INTER else ep
     local_copies = top_k * (g - 1) / ep  # copies to other GPUs of the own domain
-    on = tokens * bytes_per_copy * (local_copies + (top_k * (ep - g) / ep if link.link == INTER else 0.0)) / intra_bw
+    remote_copies = top_k * (ep - g) / ep if link.link == INTER else 0.0
+    on = tokens * bytes_per_copy * (local_copies + remote_copies) / intra_bw
     if link.link == INTRA:
         return on + link.latency_s
-    remote = expected_remote_domains_per_token(top_k, ep, g)
-    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTER]
+    if setup.framework.hierarchical_all_to_all:
+        remote = expected_remote_domains_per_token(top_k, ep, g)
+    else:
+        on = tokens * bytes_per_copy * local_copies / intra_bw
+        remote = remote_copies
+    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * a2a[INTER]
     return max(on, tokens * bytes_per_copy * remote / nic) + link.latency_s
 
 
@@ -268,7 +276,16 @@ def _collective(name: str, group: str, kind: str, nbytes: float, n: int, link: G
     return Collective(name, group, n, link.link, nbytes, fn(nbytes, n, link), calls, phase)
 
 
-def dp_collectives(setup: Setup, sp: StageParams) -> list[Collective]:
+def _per_unit(c: Collective | None, units: int, link: GroupLink) -> Collective | None:
+    """The same bytes moved as ``units`` collectives: (units - 1) more ring latencies."""
+    if c is None or units <= 1:
+        return c
+    extra = (units - 1) * (c.group_size - 1) * link.latency_s
+    return Collective(c.name, c.group, c.group_size, c.link, c.bytes_per_call, c.time_per_call_s + extra,
+                      c.calls_per_step, c.phase)
+
+
+def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collective]:
     """Gradient reduction and parameter gathering of one step, by ZeRO stage.
 
     * ZeRO 0 (DDP): all-reduce the gradients over dp x cp once per step (accumulated locally).
@@ -280,6 +297,8 @@ def dp_collectives(setup: Setup, sp: StageParams) -> list[Collective]:
       backward (reshard after forward) and reduce-scatter the gradients (Zhao et al. 2023, sec. 3).
     * HSDP (dp_replicate > 1): the sharded gradient is also all-reduced across replicas once per step.
     Experts use their own group: dp x cp / ep ranks at stride tp x ep.
+    ZeRO-3 gathers and reduces one unit (a decoder layer, or the embedding) at a time: ``units``
+    collectives per pass, each paying the ring's latency (NCCL all-gather / reduce-scatter are rings).
     """
     lay, r, m = setup.layout, setup.recipe, setup.num_microbatches
     out: list[Collective | None] = []
@@ -291,7 +310,7 @@ def dp_collectives(setup: Setup, sp: StageParams) -> list[Collective]:
             link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
         else:
             link = group_link(setup, lay.tp * lay.ep, n)
-        grads, weights = params * r.grad_bytes, params * r.weight_bytes
+        grads, weights = params * setup.grad_reduce_bytes, params * r.weight_bytes
         z = lay.zero_stage
         if z == 0:
             out.append(_collective(f"{part}_grad_all_reduce", "dp", "all_reduce", grads, n, link, 1, "step_grad"))
@@ -299,12 +318,14 @@ def dp_collectives(setup: Setup, sp: StageParams) -> list[Collective]:
         if z == 1:
             out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, 1, "step_grad"))
         else:
-            out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, m, "backward"))
+            c = _collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, m, "backward")
+            out.append(_per_unit(c, units, link) if z == 3 else c)
         if z in (1, 2):
             out.append(_collective(f"{part}_param_all_gather", "dp", "all_gather", weights, n, link, 1, "step_param"))
         else:
-            out.append(_collective(f"{part}_param_all_gather_fwd", "dp", "all_gather", weights, n, link, m, "forward"))
-            out.append(_collective(f"{part}_param_all_gather_bwd", "dp", "all_gather", weights, n, link, m, "backward"))
+            for name, phase in (("fwd", "forward"), ("bwd", "backward")):
+                c = _collective(f"{part}_param_all_gather_{name}", "dp", "all_gather", weights, n, link, m, phase)
+                out.append(_per_unit(c, units, link))
         if lay.dp_replicate > 1:
             out.append(_collective(f"{part}_grad_all_reduce_replicas", "dp", "all_reduce", grads / n,
                                    lay.dp_replicate, replicate_link(setup), 1, "step_grad"))

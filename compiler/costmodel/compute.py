@@ -1,4 +1,4 @@
-"""FLOPs and compute time.
+"""FLOPs and compute time, from published kernel benchmarks (compiler/data/physics.yaml).
 
 FLOP convention (dtc's; the Megatron-Bridge 25.09+ accounting):
 
@@ -19,12 +19,24 @@ FLOP convention (dtc's; the Megatron-Bridge 25.09+ accounting):
   (2 x layer GEMM parameters + the attention forward; not the output layer);
   selective recompute replays the attention core forward.
 
-Compute time of one micro-batch on one GPU = sum over its GEMMs of
-FLOPs / (peak[dtype] x gemm efficiency(M, N, K)) + the attention core at the generation's
-flash-attention efficiency + memory-bound work at a fraction of HBM bandwidth (all from
-compiler/data/efficiency.yaml), plus a fixed time per layer (kernel launches, MoE host syncs)
-and, in backward, the read + write of the gradient buffer of every local parameter.
-Backward = 2x forward for GEMMs (input and weight gradient).
+Time of one micro-batch on one GPU, per part (each with its source in physics.yaml):
+
+* GEMMs: FLOPs / (dense peak[dtype] x measured large-GEMM fraction of the kernel class and
+  dtype/fp8 recipe x fit.compute_scale x power factor) + a fixed time per kernel, or the memory
+  roofline of its operands when longer. Backward = dgrad + wgrad = 2 x forward. MoE experts run
+  as one grouped GEMM per projection (physics.yaml grouped_fraction) with balanced routing.
+* fp8 casts: every activation (forward) and output-gradient (backward) GEMM input is quantised,
+  gemm.quantize_bytes_per_element[recipe] of HBM traffic per element.
+* Attention core: the kernel the framework asks for (cuDNN, FlashAttention-2/3), measured
+  forward and backward rates against sequence length (per CP rank) and head dim; Megatron-LM
+  before FlashAttention: two batched GEMMs over the full s x s scores + softmax traffic.
+* Memory-bound work (norms, activations, rope, residuals, dropout, MoE permutes):
+  fit.memory_bound_traffic x the bytes a layer saves for backward, at the framework's kernels'
+  achieved HBM fraction (fused or eager).
+* Launch-bound layers: a layer cannot run faster than its host launches its kernels
+  (framework ops per layer x fit.cpu_op_s); MoE layers synchronise with the host every layer
+  (token counts), so each pays max(GPU, launch) on its own; dense layers overlap launches.
+* Gradient-buffer traffic of every local parameter in backward (weight-gradient accumulation).
 """
 from __future__ import annotations
 
@@ -32,7 +44,6 @@ from dataclasses import dataclass
 
 from compiler.costmodel.activations import attention_widths
 from compiler.costmodel.context import Setup
-from compiler.costmodel.efficiency import GenerationEfficiency
 from compiler.costmodel.memory import activation_bytes_per_layer_kind
 from compiler.costmodel.stages import StageLayers, stage_params
 from compiler.model import ModelShape, ParamCount
@@ -86,23 +97,47 @@ class Gemm:
     n: float  # output columns on this GPU
     k: float  # reduction dimension on this GPU
     count: float  # how many such GEMMs (e.g. local experts)
-    dtype: str
+    dtype: str  # bf16 / fp16 / fp32 / fp8
+    grouped: bool = False  # one grouped kernel for all ``count`` GEMMs (MoE experts)
 
     @property
     def forward_flops(self) -> float:
         return 2.0 * self.m * self.n * self.k * self.count
 
+    @property
+    def input_elements(self) -> float:
+        """Elements of the activation input (quantised per use under fp8)."""
+        return self.m * self.k * self.count
 
-def gemm_size_saturation(x: float, half_dim: float) -> float:
-    """x / (x + half): 0.5 at the half-saturation dim, -> 1 for large matrices."""
-    return x / (x + half_dim)
+    @property
+    def output_elements(self) -> float:
+        """Elements of the output (its gradient is quantised in backward under fp8)."""
+        return self.m * self.n * self.count
 
 
-def gemm_efficiency(g: Gemm, gen: GenerationEfficiency) -> float:
-    """Achievable fraction of the dtype's dense peak for a GEMM of this size (efficiency.yaml)."""
-    sat = (gemm_size_saturation(g.m, gen.gemm_half_dim) * gemm_size_saturation(g.n, gen.gemm_half_dim)
-           * gemm_size_saturation(g.k, gen.gemm_half_dim))
-    return gen.gemm_fraction_for(g.dtype) * sat
+def gemm_kind(setup: Setup, dtype: str) -> str:
+    """The physics.yaml gemm.fraction key: the dtype, or the fp8 recipe family."""
+    if dtype != "fp8":
+        return dtype
+    recipe = setup.fp8_recipe
+    return "fp8_tensorwise" if recipe.startswith("fp8_tensorwise") else recipe
+
+
+def gemm_rate(setup: Setup, dtype: str) -> float:
+    """Sustained FLOP/s of large GEMMs of this dtype on this GPU."""
+    fraction = setup.eff.physics.gemm_fraction_for(setup.kernel_class, gemm_kind(setup, dtype))
+    return setup.peak_flops_per_s(dtype) * fraction * setup.eff.fit("compute_scale") * setup.power_factor
+
+
+def gemm_time_s(g: Gemm, setup: Setup) -> float:
+    """max(compute, memory roofline) + the fixed kernel time (one per grouped kernel)."""
+    rate = gemm_rate(setup, g.dtype) * (setup.eff.physics.grouped_gemm_fraction if g.grouped else 1.0)
+    compute = g.forward_flops / rate
+    in_bytes = 1 if g.dtype == "fp8" else (4 if g.dtype == "fp32" else 2)
+    nbytes = ((g.m * g.k + g.k * g.n) * in_bytes + g.m * g.n * 2) * g.count
+    memory = nbytes / setup.hbm_rate("fused")
+    kernels = 1 if g.grouped else g.count
+    return max(compute, memory) + kernels * setup.eff.physics.gemm_launch_s
 
 
 def attention_gemms(setup: Setup, tokens: float) -> list[Gemm]:
@@ -126,12 +161,20 @@ def attention_gemms(setup: Setup, tokens: float) -> list[Gemm]:
             Gemm("attention_out", tokens, h, w.out_width / tp, 1, dt)]
 
 
-def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str) -> list[Gemm]:
+def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str, grouped: bool = False) -> list[Gemm]:
     shape, tp, dt = setup.shape, setup.layout.tp, setup.recipe.gemm_dtype
     up = 2 if shape.mlp == "swiglu" else 1
     h = shape.hidden_size
-    return [Gemm(f"{name}_fc1", tokens, up * ffn / tp, h, count, dt),
-            Gemm(f"{name}_fc2", tokens, h, ffn / tp, count, dt)]
+    return [Gemm(f"{name}_fc1", tokens, up * ffn / tp, h, count, dt, grouped),
+            Gemm(f"{name}_fc2", tokens, h, ffn / tp, count, dt, grouped)]
+
+
+def tokens_per_local_expert(setup: Setup) -> float:
+    """Routed token copies each local expert receives per micro-batch, routing balanced (the
+    published MoE benchmarks force-balance; Megatron-Core --moe-router-force-load-balancing)."""
+    m, lay = setup.shape.moe, setup.layout
+    assert m is not None
+    return setup.tokens_per_microbatch * m.top_k * lay.ep / m.num_experts
 
 
 def layer_gemms(setup: Setup, moe_layer: bool) -> list[Gemm]:
@@ -144,9 +187,9 @@ def layer_gemms(setup: Setup, moe_layer: bool) -> list[Gemm]:
     m = shape.moe
     assert m is not None
     local_experts = m.num_experts / lay.ep
-    tokens_per_expert = t * m.top_k * lay.ep / m.num_experts
     gemms.append(Gemm("router", t, m.num_experts, shape.hidden_size, 1, "bf16"))
-    gemms += mlp_gemms(setup, tokens_per_expert, m.expert_ffn_hidden_size, local_experts, "expert")
+    gemms += mlp_gemms(setup, tokens_per_local_expert(setup), m.expert_ffn_hidden_size, local_experts, "expert",
+                       grouped=True)
     if m.num_shared_experts:
         gemms += mlp_gemms(setup, t, m.shared_ffn * m.num_shared_experts, 1, "shared_expert")
     return gemms
@@ -159,8 +202,15 @@ def logits_gemm(setup: Setup) -> Gemm:
                 setup.shape.hidden_size, 1, dt)
 
 
-def gemm_time_s(g: Gemm, setup: Setup) -> float:
-    return g.forward_flops / (setup.peak_flops_per_s(g.dtype) * gemm_efficiency(g, setup.gen))
+def fp8_cast_time_s(setup: Setup, gemms: list[Gemm]) -> tuple[float, float]:
+    """(forward, backward) HBM time of quantising the fp8 GEMMs' activation inputs and output gradients."""
+    fp8 = [g for g in gemms if g.dtype == "fp8"]
+    if not fp8:
+        return 0.0, 0.0
+    per_element = setup.eff.physics.quantize_bytes_per_element[setup.fp8_recipe]
+    rate = setup.hbm_rate("fused")
+    return (sum(g.input_elements for g in fp8) * per_element / rate,
+            sum(g.output_elements for g in fp8) * per_element / rate)
 
 
 # --- attention core and memory-bound work --------------------------------------------------------------
@@ -173,82 +223,233 @@ def attention_core_flops_forward_per_layer(setup: Setup) -> float:
             * setup.seq_len / 2.0)
 
 
-def attention_core_time_s(setup: Setup) -> float:
-    """Forward + backward of the attention core of one layer: 3 x forward FLOPs at the generation's
-    flash-attention efficiency (bf16 peak)."""
-    def compute() -> float:
-        peak = setup.peak_flops_per_s("fp32" if setup.recipe.name == "fp32" else "bf16")
-        return 3.0 * attention_core_flops_forward_per_layer(setup) / (peak * setup.gen.attention_fraction)
+def attention_variant(setup: Setup) -> str:
+    w = attention_widths(setup.shape)
+    if w.qk_head_dim >= 160:
+        return "mla"
+    if w.qk_head_dim <= 96:
+        return "hd64"
+    return "hd128"
 
-    return setup.memo("attention_core_s", compute)
+
+def _unfused_attention_s(setup: Setup) -> tuple[float, float]:
+    """Megatron-LM before FlashAttention: QK^T and AV as batched GEMMs over all s x s scores (the causal
+    half is computed and masked) and a fused scale-mask-softmax kernel reading/writing the scores
+    (fwd: scores in, probabilities (+ dropout mask and output) out; bwd: the same in reverse)."""
+    w = attention_widths(setup.shape)
+    lay = setup.layout
+    heads = w.heads / lay.tp
+    seqs = setup.tokens_per_microbatch / (setup.seq_len / lay.cp)
+    s, kv = setup.seq_len / lay.cp, setup.seq_len
+    dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
+    batch = seqs * heads
+    qk = Gemm("scores", s, kv, w.qk_head_dim, batch, dt, grouped=True)
+    av = Gemm("context", s, w.v_head_dim, kv, batch, dt, grouped=True)
+    fwd_gemm = gemm_time_s(qk, setup) + gemm_time_s(av, setup)
+    scores = batch * s * kv
+    per_score = setup.recipe.activation_bytes * (2 + (1.5 if setup.shape.linear_bias else 0.0))
+    softmax = scores * per_score / setup.hbm_rate("fused")
+    return fwd_gemm + softmax, 2.0 * fwd_gemm + softmax
+
+
+def attention_core_time_s(setup: Setup) -> tuple[float, float]:
+    """(forward, backward) of the attention core of one layer and micro-batch."""
+    return setup.memo("attention_core_s", lambda: _attention_core_time_s(setup))
+
+
+def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
+    kernel = setup.framework.attention
+    if kernel == "unfused":
+        return _unfused_attention_s(setup)
+    curve, reference = setup.eff.physics.attention_curve(setup.kernel_class, kernel, attention_variant(setup))
+    from compiler.catalog import load_catalog
+
+    ref = load_catalog().gpus.get(reference)
+    dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
+    scale = (ref.peak_flops_for("bf16") / setup.peak_flops_per_s(dt)) if ref is not None else 1.0
+    scale /= setup.eff.fit("compute_scale") * setup.power_factor
+    seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
+    flops = attention_core_flops_forward_per_layer(setup)
+    total = flops * curve.seconds_per_forward_flop(seq) * scale
+    if curve.fwd:
+        fwd = flops / (curve._at(curve.fwd, seq) * 1e12) * scale
+        return fwd, total - fwd
+    return total / 3.5, total * 2.5 / 3.5
+
+
+def elementwise_bytes_per_token(setup: Setup, moe_layer: bool, eager: bool) -> float:
+    """Forward HBM bytes per token of one layer's elementwise steps (2 norms, 2 residual adds, RoPE on q and k,
+    the MLP activation), fused or eager (physics.yaml memory_bound.bytes_per_element)."""
+    shape, table = setup.shape, setup.eff.physics.elementwise_bytes
+    k = 1 if eager else 0
+    w = attention_widths(shape)
+    out = 2 * shape.hidden_size * (table[shape.norm][k] + table["residual"][k])
+    if shape.position == "rope":
+        out += (w.q_width + w.k_width) * table["rope"][k]
+    act = table["swiglu" if shape.mlp == "swiglu" else "gelu"][k]
+    if moe_layer and shape.moe is not None:
+        m = shape.moe
+        ffn = m.top_k * m.expert_ffn_hidden_size + m.num_shared_experts * m.shared_ffn
+    else:
+        ffn = shape.ffn_hidden_size
+    return out + ffn * act
+
+
+def elementwise_traffic_ratio(setup: Setup, moe_layer: bool) -> float:
+    """HBM bytes of the framework's elementwise kernels per byte of a fused implementation's: 1 for fused
+    kernels; for eager PyTorch, what this block's steps move eagerly over what they move fused (a Llama block
+    with composite RMSNorm, RoPE and SwiGLU ~3x; an MPT block with one-kernel LayerNorm and GELU and no RoPE 1x)."""
+    if setup.framework.elementwise != "eager":
+        return 1.0
+    return setup.memo(("elementwise_ratio", moe_layer), lambda: elementwise_bytes_per_token(setup, moe_layer, True)
+                      / elementwise_bytes_per_token(setup, moe_layer, False))
 
 
 def memory_bound_time_per_layer_s(setup: Setup, moe_layer: bool) -> float:
-    """Elementwise work of one layer (forward + backward): activation_traffic x saved bytes / HBM rate."""
+    """Elementwise work of one layer (forward + backward): fitted traffic x saved bytes x the framework's
+    elementwise traffic ratio / HBM rate."""
     saved = activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute="none")  # memoised
-    traffic = setup.eff.activation_traffic.get(setup.recipe.name, setup.eff.activation_traffic["bf16"])
-    return traffic * saved / (setup.gpu.spec.hbm_bandwidth_bytes_per_s * setup.gen.hbm_fraction)
+    traffic = setup.eff.fit("memory_bound_traffic") * elementwise_traffic_ratio(setup, moe_layer)
+    return traffic * saved / setup.hbm_rate()
+
+
+def moe_permute_time_s(setup: Setup) -> float:
+    """Permute before and unpermute after the experts, forward and backward: each token copy is read
+    and written once per pass (Megatron-Core moe_utils.permute/unpermute)."""
+    m = setup.shape.moe
+    assert m is not None
+    copies = setup.tokens_per_microbatch * m.top_k / (setup.layout.tp if setup.layout.sequence_parallel else 1)
+    nbytes = copies * setup.shape.hidden_size * setup.recipe.activation_bytes * 2 * 2 * 2  # r+w, 2 ops, fwd+bwd
+    return nbytes / setup.hbm_rate()
 
 
 # --- one stage, one micro-batch ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class StageCompute:
-    """Compute seconds of one micro-batch on one GPU of a stage (no communication)."""
+class LayerTime:
+    """GPU seconds of one decoder layer for one micro-batch, and its launches."""
 
-    gemm_forward_s: float
-    attention_s: float  # forward + backward
-    memory_bound_s: float  # forward + backward
-    recompute_s: float
-    logits_forward_s: float
-    overhead_s: float = 0.0  # fixed per-layer cost (launches, host syncs), forward + backward
-    grad_accumulation_s: float = 0.0  # backward only: read + write of the gradient buffer
+    gemm_f: float
+    attention: tuple[float, float]
+    memory_bound: float  # forward + backward
+    casts: tuple[float, float]
+    permute: float  # forward + backward
+    launch_f: float  # host launch time of the forward (backward: 2x)
 
     @property
     def forward_s(self) -> float:
-        return (self.gemm_forward_s + self.logits_forward_s
-                + (self.attention_s + self.memory_bound_s + self.overhead_s) / 3.0)
+        return self.gemm_f + self.attention[0] + (self.memory_bound + self.permute) / 3.0 + self.casts[0]
 
     @property
     def backward_s(self) -> float:
-        return (2.0 * (self.gemm_forward_s + self.logits_forward_s)
-                + 2.0 * (self.attention_s + self.memory_bound_s + self.overhead_s) / 3.0 + self.grad_accumulation_s)
+        return 2.0 * self.gemm_f + self.attention[1] + 2.0 * (self.memory_bound + self.permute) / 3.0 + self.casts[1]
 
 
-def layer_forward_gemm_time_s(setup: Setup, moe_layer: bool) -> float:
-    return setup.memo(("layer_gemm_s", moe_layer),
-                      lambda: sum(gemm_time_s(g, setup) for g in layer_gemms(setup, moe_layer)))
+def layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
+    return setup.memo(("layer_time", moe_layer), lambda: _layer_time(setup, moe_layer))
+
+
+def _layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
+    gemms = layer_gemms(setup, moe_layer)
+    fw = setup.framework
+    ops = fw.ops_per_dense_layer
+    if moe_layer:
+        m = setup.shape.moe
+        assert m is not None
+        ops = fw.ops_per_moe_layer + fw.ops_per_local_expert * m.num_experts / setup.layout.ep
+    return LayerTime(
+        gemm_f=sum(gemm_time_s(g, setup) for g in gemms),
+        attention=attention_core_time_s(setup),
+        memory_bound=memory_bound_time_per_layer_s(setup, moe_layer),
+        casts=fp8_cast_time_s(setup, gemms),
+        permute=moe_permute_time_s(setup) if moe_layer else 0.0,
+        launch_f=ops * setup.eff.fit("cpu_op_s"))
+
+
+@dataclass(frozen=True)
+class StageCompute:
+    """Compute seconds of one micro-batch on one GPU of a stage (no communication), with the
+    parts for reports: name -> (forward, backward)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    parts: tuple[tuple[str, float, float], ...] = ()
+
+
+def skipped_mm_share(setup: Setup, moe_layer: bool) -> float:
+    """The share of a layer's forward GEMM FLOPs in the matmuls torchtitan's op-level checkpointing recomputes
+    (wk, wo and w3 of wq, wk, wv, wo, w1, w3, w2; activations.every_other_mm_sac_bytes_per_token)."""
+    shape = setup.shape
+    w = attention_widths(shape)
+    h = shape.hidden_size
+    f = shape.ffn_hidden_size if not (moe_layer and shape.moe) else shape.moe.top_k * shape.moe.expert_ffn_hidden_size
+    up = 2 if shape.mlp == "swiglu" else 1
+    total = h * (w.q_width + w.k_width + w.v_width) + w.out_width * h + (up + 1) * h * f
+    skipped = h * w.k_width + w.out_width * h + (h * f if up == 2 else 0)
+    return skipped / total
 
 
 def grad_accumulation_time_s(setup: Setup, local_params: float) -> float:
     """Each micro-batch's weight-gradient GEMMs read and write the gradient of every local parameter."""
-    bw = setup.gpu.spec.hbm_bandwidth_bytes_per_s * setup.gen.hbm_fraction
-    return local_params * setup.eff.grad_accumulation_bytes_per_param / bw
+    return local_params * setup.eff.physics.grad_accumulation_bytes_per_param / setup.hbm_rate("fused")
 
 
 def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
-    gemm_f = 0.0
-    mem = 0.0
-    for moe_layer, n in ((False, sl.dense), (True, sl.moe)):
-        if n:
-            gemm_f += n * layer_forward_gemm_time_s(setup, moe_layer)
-            mem += n * memory_bound_time_per_layer_s(setup, moe_layer)
-    attn = sl.layers * attention_core_time_s(setup)
-    logits_f = setup.memo("logits_s", lambda: gemm_time_s(logits_gemm(setup), setup)) if sl.last else 0.0
-    recompute = setup.layout.recompute
-    if recompute == "full":
-        re = gemm_f + (attn + mem) / 3.0
-    elif recompute == "selective":
-        re = attn / 3.0
-    else:
-        re = 0.0
-    overhead = setup.eff.layer_overhead_s
     lay = setup.layout
-    local_experts = setup.shape.moe.num_experts / lay.ep if setup.shape.moe else 0.0
-    fixed = sl.dense * overhead["dense"] + sl.moe * (overhead["moe"] + overhead.get("moe_per_local_expert", 0.0)
-                                                      * local_experts)
+    fwd = bwd = rec = 0.0
+    parts: dict[str, list[float]] = {}
+
+    def add(name: str, f: float, b: float) -> None:
+        p = parts.setdefault(name, [0.0, 0.0])
+        p[0] += f
+        p[1] += b
+
+    launch_f = launch_b = 0.0
+    for moe_layer, n in ((False, sl.dense), (True, sl.moe)):
+        if not n:
+            continue
+        lt = layer_time(setup, moe_layer)
+        f, b = lt.forward_s, lt.backward_s
+        add("gemm", n * lt.gemm_f, 2 * n * lt.gemm_f)
+        add("attention", n * lt.attention[0], n * lt.attention[1])
+        add("memory_bound", n * (lt.memory_bound + lt.permute) / 3, 2 * n * (lt.memory_bound + lt.permute) / 3)
+        if lt.casts[0] or lt.casts[1]:
+            add("fp8_casts", n * lt.casts[0], n * lt.casts[1])
+        if moe_layer:
+            # the host waits for the token counts every MoE layer: launches cannot run ahead of it
+            extra_f, extra_b = max(0.0, lt.launch_f - f), max(0.0, 2 * lt.launch_f - b)
+            if extra_f or extra_b:
+                add("launch_bound", n * extra_f, n * extra_b)
+            f, b = f + extra_f, b + extra_b
+        else:
+            launch_f += n * lt.launch_f
+            launch_b += 2 * n * lt.launch_f
+        fwd += n * f
+        bwd += n * b
+        if lay.recompute == "full":
+            rec += n * lt.forward_s
+        elif lay.recompute == "selective":
+            mode = setup.framework.recompute_selective
+            rec += n * (lt.attention[0] if mode == "attention_core" else lt.memory_bound / 3.0)
+            if mode == "per_op_every_other_mm":  # and the forward of the matmuls it does not keep
+                rec += n * lt.gemm_f * skipped_mm_share(setup, moe_layer)
+    if sl.last:
+        logits = setup.memo("logits_s", lambda: gemm_time_s(logits_gemm(setup), setup))
+        add("logits", logits, 2 * logits)
+        fwd += logits
+        bwd += 2 * logits
+    # dense layers: the host launches ahead of the GPU unless it is slower than the GPU overall
+    if launch_f > fwd:
+        add("launch_bound", launch_f - fwd, 0.0)
+        fwd = launch_f
+    if launch_b > bwd:
+        add("launch_bound", 0.0, launch_b - bwd)
+        bwd = launch_b
     local = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp).total
-    return StageCompute(gemm_forward_s=gemm_f, attention_s=attn, memory_bound_s=mem, recompute_s=re,
-                        logits_forward_s=logits_f, overhead_s=fixed,
-                        grad_accumulation_s=grad_accumulation_time_s(setup, local))
+    acc = grad_accumulation_time_s(setup, local)
+    add("grad_accumulation", 0.0, acc)
+    bwd += acc
+    return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=rec,
+                        parts=tuple((k, v[0], v[1]) for k, v in parts.items()))

@@ -1,20 +1,23 @@
-"""What every cost-model function needs to know about one (problem, layout, gpu), computed once.
+"""What every cost-model function needs to know about one (problem, layout, gpu, target), computed once.
 
 ``Setup`` gathers the resolved inputs: the model shape and parameter count, the layout,
-the GPU option, the precision recipe, the efficiency table and the per-stage layers.
-It holds no results; memory.py, compute.py, comm.py and step.py compute those.
+the GPU option, the framework profile of the target it is costed for, the precision recipe,
+the constants (physics + fit) and the per-stage layers. It holds no results; memory.py,
+compute.py, comm.py and step.py compute those.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from compiler.costmodel.activations import DEFAULT_IMPL, ActivationImpl
-from compiler.costmodel.efficiency import Efficiency, GenerationEfficiency, load_efficiency
+from compiler.costmodel.activations import IMPLS, ActivationImpl
+from compiler.costmodel.efficiency import Efficiency, load_efficiency
+from compiler.costmodel.frameworks import DEFAULT_TARGET, profile_of
 from compiler.costmodel.stages import StageLayers, stage_layers
 from compiler.layout import Layout
 from compiler.model import ModelShape, ParamCount
 from compiler.problem import GpuOption, Problem
+from compiler.targets.cost import CostProfile
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ RECIPES = {
 }
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
+FP8_RECIPES = ("fp8_tensorwise_delayed", "fp8_tensorwise_current", "fp8_blockwise", "mxfp8")
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,11 @@ class Setup:
     layout: Layout
     gpu: GpuOption
     eff: Efficiency
-    gen: GenerationEfficiency
     recipe: PrecisionRecipe
-    impl: ActivationImpl
+    framework: CostProfile
+    impl: ActivationImpl  # the framework's activation profile (which tensors autograd keeps)
     stages: tuple[StageLayers, ...]
+    fp8_recipe: str = ""  # the scaling recipe of fp8 GEMMs ("" unless precision is fp8)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-layer quantities, computed once
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -63,6 +68,10 @@ class Setup:
         except KeyError:
             value = self._memo[key] = compute()
             return value
+
+    @property
+    def kernel_class(self) -> str:
+        return self.gpu.spec.kernel_family
 
     @property
     def shape(self) -> ModelShape:
@@ -87,7 +96,22 @@ class Setup:
 
     @property
     def optimizer_state_bytes(self) -> int:
-        return OPTIMIZER_STATE_BYTES.get(self.problem.optimizer, 8)
+        return self.framework.optimizer_state_bytes or OPTIMIZER_STATE_BYTES.get(self.problem.optimizer, 8)
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per kept gradient element: 16-bit mixed precision keeps the framework's gradient buffers
+        (Megatron: fp32 main_grad); fp32 training keeps fp32."""
+        if self.recipe.name == "fp32":
+            return 4
+        return self.framework.grad_bytes
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element on the wire of the data-parallel reduction."""
+        if self.recipe.name == "fp32":
+            return 4
+        return self.framework.grad_reduce_bytes
 
     @property
     def nvlink_domain_gpus(self) -> int:
@@ -97,15 +121,31 @@ class Setup:
             return spec.nvlink_domain_gpus
         return self.layout.gpus_per_node
 
+    @property
+    def power_factor(self) -> float:
+        """Compute slowdown of a part run under a power limit below its TDP (physics.yaml power)."""
+        limit, tdp = self.gpu.power_limit_w, self.gpu.spec.tdp_w
+        if not limit or not tdp or limit >= tdp:
+            return 1.0
+        return (limit / tdp) ** self.eff.physics.dvfs_exponent
+
     def peak_flops_per_s(self, dtype: str) -> float:
         return self.gpu.spec.peak_flops_for(dtype)
 
+    def hbm_rate(self, kernels: str | None = None) -> float:
+        """Achieved HBM bytes/s of memory-bound kernels: fused (TE, cuDNN, compiled) or eager."""
+        fraction = self.eff.physics.memory_bound_fraction[kernels or self.framework.elementwise]
+        return self.gpu.spec.hbm_bandwidth_bytes_per_s * fraction
 
-def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, impl: ActivationImpl = DEFAULT_IMPL,
+def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str | CostProfile = DEFAULT_TARGET,
                eff: Efficiency | None = None, stages: tuple[StageLayers, ...] | None = None) -> Setup:
-    """``stages``: the layout's stages when the caller already has them (the solver's bounds cache them)."""
+    """``target``: a dtc target name or a cost profile; ``stages``: the layout's stages when the caller already
+    has them (the solver's bounds cache them)."""
     eff = eff or load_efficiency()
-    return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, gen=eff.for_generation(gpu.spec.generation),
-                 recipe=RECIPES[problem.precision], impl=impl,
-                 stages=stages if stages is not None else stage_layers(problem.shape, layout.pp, layout.vpp,
-                                                                       layout.split))
+    framework = profile_of(target)
+    recipe = RECIPES[problem.precision]
+    fp8 = (problem.fp8_recipe or framework.fp8_recipe_on(gpu.spec.generation)) if recipe.gemm_dtype == "fp8" else ""
+    if stages is None:
+        stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)
+    return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, recipe=recipe, framework=framework,
+                 impl=IMPLS[framework.activations], stages=stages, fp8_recipe=fp8)

@@ -1,147 +1,329 @@
-"""The efficiency constants of compiler/data/efficiency.yaml as frozen, typed values.
+"""The cost model's constants as frozen, typed values: physics (hand-written, sourced) + the fit.
 
-Read once per process (``load_efficiency``); every key is checked so that a typo in
-the data file fails loudly instead of silently using a default. The meaning of each
-number and its source is in the YAML file itself.
+* ``compiler/data/physics.yaml``: kernel benchmarks, link and host measurements, datasheet
+  facts, each with its source. Nothing in it is fitted to end-to-end runs.
+* ``compiler/data/efficiency.yaml``: the few constants fitted on the calibration set
+  (benchmarks/data/published_runs_dev.csv) by ``benchmarks/fit.py``; generated, never edited.
+  ``FIT_PARAMETERS`` below defines them: meaning, prior (the physics-only value) and the
+  physical range the fit may not leave.
+
+Both files are read once per process (``load_efficiency``); every key is checked, so a typo
+fails loudly instead of silently using a default.
 """
 from __future__ import annotations
 
+import bisect
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from ruamel.yaml import YAML
 
+PHYSICS_FILE = "physics.yaml"
 EFFICIENCY_FILE = "efficiency.yaml"
+FLASH_BACKWARD_FLOPS_RATIO = 2.5  # FlashAttention convention: backward = 2.5 x forward FLOPs (5 GEMMs vs 2)
+ELEMENTWISE_STEPS = ("rmsnorm", "layernorm", "rope", "swiglu", "gelu", "residual")
 
 
 @dataclass(frozen=True)
-class GenerationEfficiency:
-    """Achievable fractions of peak for one GPU generation."""
+class FitParameter:
+    """One fitted constant: what it means, the physics-only value, and the range it must stay in."""
 
-    generation: str
-    gemm_max_fraction: Mapping[str, float]  # by precision (bf16, fp16, fp8, fp32)
-    gemm_half_dim: float
-    attention_fraction: float
-    hbm_fraction: float
-    sources: Mapping[str, str]
+    name: str
+    prior: float
+    lower: float
+    upper: float
+    meaning: str
 
-    def gemm_fraction_for(self, precision: str) -> float:
-        table = self.gemm_max_fraction
-        return table.get(precision, table["bf16"])
+
+FIT_PARAMETERS: tuple[FitParameter, ...] = (
+    FitParameter("compute_scale", 1.0, 0.6, 1.15,
+                 "sustained fraction of the kernel-benchmark GEMM and attention rates over a whole training run "
+                 "(clock and power throttling under sustained load, interference with communication kernels)"),
+    FitParameter("memory_bound_traffic", 3.0, 1.0, 8.0,
+                 "HBM bytes moved by normalisation, activation, rope, residual and dropout kernels (forward + "
+                 "backward) per byte of activations a layer saves for backward"),
+    FitParameter("cpu_op_s", 2.0e-5, 2.0e-6, 6.0e-5,
+                 "host time to launch one kernel (Python, dispatcher, driver): a layer whose GPU work is shorter "
+                 "than its launches is launch-bound; prior ~20 us: PyTorch eager spends ~10 us per operator in "
+                 "Python and the dispatcher before the ~5 us CUDA launch (H. He, 'Making Deep Learning Go Brrrr "
+                 "From First Principles', horace.io/brrr_intro.html)"),
+    FitParameter("tp_exposed_fraction", 0.5, 0.05, 1.0,
+                 "share of tensor-parallel collectives left on the critical path by frameworks that overlap them "
+                 "with GEMMs (Megatron async TP all-reduce, Transformer Engine userbuffers)"),
+    FitParameter("step_overhead_s", 0.05, 0.005, 1.0,
+                 "fixed time per optimizer step outside the layers (gradient clipping and norm, loss reduction, "
+                 "data loader, logging, launch of the optimizer)"),
+    FitParameter("straggler_cv", 0.01, 0.001, 0.05,
+                 "coefficient of variation of one rank's step time; a synchronous step waits for the slowest of N "
+                 "ranks, ~ cv x sqrt(2 ln N) longer (expected maximum of N normal variables)"),
+)
+FIT_PARAMETER_NAMES = tuple(p.name for p in FIT_PARAMETERS)
+
+
+# --- physics ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Efficiency:
-    generations: Mapping[str, GenerationEfficiency]
-    activation_traffic: Mapping[str, float]
-    activation_traffic_source: str
-    layer_overhead_s: Mapping[str, float]  # dense, moe, moe_per_local_expert: seconds per layer per micro-batch
-    layer_overhead_source: str
-    grad_accumulation_bytes_per_param: float
-    grad_accumulation_source: str
-    busbw_fraction: Mapping[str, float]  # intra_node / inter_node
+class AttentionCurve:
+    """Measured forward / backward TFLOP/s (FlashAttention convention) against sequence length."""
+
+    seq: tuple[float, ...]
+    fwd: tuple[float, ...] = ()
+    bwd: tuple[float, ...] = ()
+    fwd_bwd: tuple[float, ...] = ()
+
+    def _at(self, values: tuple[float, ...], seq: float) -> float:
+        """Log-linear interpolation in sequence length, clamped at the measured ends."""
+        xs = self.seq
+        if seq <= xs[0]:
+            return values[0]
+        if seq >= xs[-1]:
+            return values[-1]
+        i = bisect.bisect_right(xs, seq)
+        x0, x1 = math.log(xs[i - 1]), math.log(xs[i])
+        w = (math.log(seq) - x0) / (x1 - x0)
+        return values[i - 1] + w * (values[i] - values[i - 1])
+
+    def seconds_per_forward_flop(self, seq: float) -> float:
+        """Forward + backward seconds per forward FLOP at the reference part: 1/R_f + 2.5/R_b."""
+        if self.fwd_bwd:
+            return (1.0 + FLASH_BACKWARD_FLOPS_RATIO) / (self._at(self.fwd_bwd, seq) * 1e12)
+        return 1.0 / (self._at(self.fwd, seq) * 1e12) + FLASH_BACKWARD_FLOPS_RATIO / (self._at(self.bwd, seq) * 1e12)
+
+
+@dataclass(frozen=True)
+class AttentionTable:
+    reference_gpu: str
+    variants: Mapping[str, AttentionCurve]  # hd128, mla, hd64
+
+
+@dataclass(frozen=True)
+class Physics:
+    gemm_fraction: Mapping[str, Mapping[str, float]]  # kernel class -> kind -> fraction
+    grouped_gemm_fraction: float
+    gemm_launch_s: float
+    quantize_bytes_per_element: Mapping[str, float]
+    attention_tables: Mapping[str, Mapping[str, AttentionTable]]  # kernel class -> kernel -> table
+    attention_kernels: Mapping[str, Mapping[str, str]]  # kernel class -> requested kernel -> table kernel
+    attention_borrow: Mapping[str, str]
+    memory_bound_fraction: Mapping[str, float]  # fused / eager
+    elementwise_bytes: Mapping[str, tuple[float, float]]  # step -> (fused, eager) forward bytes per element
+    dvfs_exponent: float
+    busbw_fraction: Mapping[str, float]
     latency_s: Mapping[str, float]
-    comm_sources: Mapping[str, str]
-    tp_exposed_fraction: float
-    ep_exposed_fraction: float
+    all_to_all_fraction: Mapping[str, float]
     cp_exposed_fraction: float
+    ep_exposed_fraction: float
     dp_overlap_window_fraction: float
     last_bucket_bytes: float
-    overlap_sources: Mapping[str, str]
+    grad_accumulation_bytes_per_param: float
+    comm_sm_fraction: float  # SMs an overlapped all-to-all kernel takes from the computation under it
     cpu_adam_params_per_s_per_node: float
     nvme_bandwidth_bytes_per_s_per_node: float
     pcie_fraction: float
-    host_sources: Mapping[str, str]
     cuda_context_bytes: float
     nccl_bytes_per_group: float
     fragmentation_fraction: float
     torch_ddp_bucket_bytes: float
     deepspeed_bucket_elements: float
-    allowance_sources: Mapping[str, str]
+    sources: Mapping[str, Mapping[str, str]]  # section -> key -> source text
 
-    def for_generation(self, generation: str) -> GenerationEfficiency:
-        if generation not in self.generations:
-            raise KeyError(f"efficiency.yaml has no generation {generation!r}; known: {', '.join(self.generations)}")
-        return self.generations[generation]
+    def gemm_fraction_for(self, kernel_class: str, kind: str) -> float:
+        table = self.gemm_fraction.get(kernel_class) or self.gemm_fraction["hopper"]
+        return table.get(kind, table["bf16"])
+
+    def attention_curve(self, kernel_class: str, kernel: str, variant: str) -> tuple[AttentionCurve, str]:
+        """(curve, reference GPU) for a requested kernel on a kernel class and a head-dim variant."""
+        cls = kernel_class if kernel_class in self.attention_tables else self.attention_borrow.get(kernel_class,
+                                                                                                     "hopper")
+        actual = self.attention_kernels.get(kernel_class, {}).get(kernel, kernel)
+        tables = self.attention_tables[cls]
+        table = tables.get(actual) or next(iter(tables.values()))
+        curve = table.variants.get(variant) or table.variants["hd128"]
+        return curve, table.reference_gpu
 
 
-def _keys(raw: Any, allowed: tuple[str, ...], what: str) -> dict:
+# --- the fit and the whole ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Everything the cost model's formulas read: physics + fitted constants."""
+
+    physics: Physics
+    fitted: Mapping[str, float]
+    fit_provenance: Mapping[str, Any] = field(default_factory=dict)
+    loso: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # left-out source -> fitted values
+
+    def __post_init__(self) -> None:
+        # the formulas read eff.<name> thousands of times per search: plain attributes, not __getattr__
+        for f in fields(self.physics):
+            self.__dict__.setdefault(f.name, getattr(self.physics, f.name))
+        for name, value in self.fitted.items():
+            self.__dict__.setdefault(name, value)
+
+    def fit(self, name: str) -> float:
+        return self.fitted[name]
+
+    def with_fitted(self, values: Mapping[str, float]) -> "Efficiency":
+        """The same physics with other fitted constants (calibration, leave-one-source-out)."""
+        merged = dict(self.fitted)
+        merged.update(values)
+        return replace(self, fitted=MappingProxyType(merged))
+
+    def left_out(self, source_id: str) -> "Efficiency":
+        """The constants fitted without ``source_id`` (the committed fit's leave-one-source-out refit), or
+        this fit when that source was not in the calibration set."""
+        values = self.loso.get(source_id)
+        return self.with_fitted(values) if values else self
+
+    # the names the formulas use (one place that maps them onto the two files)
+    def __getattr__(self, name: str) -> Any:
+        physics = self.__dict__.get("physics")
+        if physics is not None and hasattr(physics, name):
+            return getattr(physics, name)
+        fitted = self.__dict__.get("fitted")
+        if fitted is not None and name in fitted:
+            return fitted[name]
+        raise AttributeError(name)
+
+
+def _file(name: str) -> str:
+    return f"compiler/data/{name}"
+
+
+def _keys(raw: Any, allowed: tuple[str, ...], what: str, file: str = PHYSICS_FILE,
+          optional: tuple[str, ...] = ()) -> dict:
     if not isinstance(raw, dict):
-        raise ValueError(f"compiler/data/{EFFICIENCY_FILE}: {what} must be a mapping")
-    extra = sorted(set(raw) - set(allowed))
+        raise ValueError(f"{_file(file)}: {what} must be a mapping")
+    extra = sorted(set(raw) - set(allowed) - set(optional))
     missing = sorted(set(allowed) - set(raw))
     if extra or missing:
-        raise ValueError(f"compiler/data/{EFFICIENCY_FILE}: {what}: unknown keys {extra}, missing keys {missing}")
+        raise ValueError(f"{_file(file)}: {what}: unknown keys {extra}, missing keys {missing}")
     return raw
 
 
-def _floats(raw: Any, what: str) -> Mapping[str, float]:
+def _floats(raw: Any, what: str, file: str = PHYSICS_FILE) -> Mapping[str, float]:
     if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in raw.values()):
-        raise ValueError(f"compiler/data/{EFFICIENCY_FILE}: {what} must map names to positive numbers")
+        raise ValueError(f"{_file(file)}: {what} must map names to positive numbers")
     return MappingProxyType({str(k): float(v) for k, v in raw.items()})
 
 
-def _generation(name: str, raw: Any) -> GenerationEfficiency:
-    raw = _keys(raw, ("gemm_max_fraction", "gemm_half_dim", "attention_fraction", "hbm_fraction", "sources"),
-                f"generations.{name}")
-    return GenerationEfficiency(
-        generation=name,
-        gemm_max_fraction=_floats(raw["gemm_max_fraction"], f"generations.{name}.gemm_max_fraction"),
-        gemm_half_dim=float(raw["gemm_half_dim"]),
-        attention_fraction=float(raw["attention_fraction"]),
-        hbm_fraction=float(raw["hbm_fraction"]),
-        sources=MappingProxyType(dict(raw["sources"])),
-    )
+def _curve(raw: Any, what: str) -> AttentionCurve:
+    raw = _keys(raw, ("seq",), what, optional=("fwd", "bwd", "fwd_bwd"))
+    seq = tuple(float(x) for x in raw["seq"])
+    cols = {k: tuple(float(x) for x in raw.get(k, ())) for k in ("fwd", "bwd", "fwd_bwd")}
+    if list(seq) != sorted(seq) or not all(len(v) in (0, len(seq)) for v in cols.values()):
+        raise ValueError(f"{_file(PHYSICS_FILE)}: {what}: seq must increase and every column match its length")
+    if not (cols["fwd_bwd"] or (cols["fwd"] and cols["bwd"])):
+        raise ValueError(f"{_file(PHYSICS_FILE)}: {what}: needs fwd and bwd, or fwd_bwd")
+    return AttentionCurve(seq, cols["fwd"], cols["bwd"], cols["fwd_bwd"])
 
 
-def parse_efficiency(data: dict) -> Efficiency:
-    """Validate the parsed YAML mapping and build an ``Efficiency``."""
-    data = _keys(data, ("schema_version", "generations", "activation_traffic", "activation_traffic_source",
-                        "layer_overhead_s", "layer_overhead_source", "grad_accumulation_bytes_per_param",
-                        "grad_accumulation_source", "comm", "overlap", "host", "allowances"),
-                 "top level")
-    comm = _keys(data["comm"], ("busbw_fraction", "latency_s", "sources"), "comm")
-    overlap = _keys(data["overlap"], ("tp_exposed_fraction", "ep_exposed_fraction", "cp_exposed_fraction",
-                                      "dp_overlap_window_fraction", "last_bucket_bytes", "sources"), "overlap")
+def parse_physics(data: dict) -> Physics:
+    data = _keys(data, ("schema_version", "gemm", "attention", "memory_bound", "power", "comm", "overlap", "host",
+                        "allowances"), "top level")
+    gemm = _keys(data["gemm"], ("fraction", "grouped_fraction", "launch_s", "quantize_bytes_per_element", "sources"),
+                 "gemm")
+    att = _keys(data["attention"], ("tables", "kernels", "borrow", "sources"), "attention")
+    tables: dict[str, dict[str, AttentionTable]] = {}
+    for cls, kernels in att["tables"].items():
+        tables[cls] = {}
+        for kernel, raw in kernels.items():
+            ref = raw.get("reference")
+            variants = {k: _curve(v, f"attention.tables.{cls}.{kernel}.{k}") for k, v in raw.items() if k != "reference"}
+            if not ref or "hd128" not in variants:
+                raise ValueError(f"{_file(PHYSICS_FILE)}: attention.tables.{cls}.{kernel} needs a reference GPU and hd128")
+            tables[cls][kernel] = AttentionTable(ref, MappingProxyType(variants))
+    mb = _keys(data["memory_bound"], ("fraction", "bytes_per_element", "sources"), "memory_bound")
+    bpe = _keys(mb["bytes_per_element"], ELEMENTWISE_STEPS, "memory_bound.bytes_per_element")
+    for step, pair in bpe.items():
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pair)):
+            raise ValueError(f"{_file(PHYSICS_FILE)}: memory_bound.bytes_per_element.{step} must be [fused, eager]")
+    power = _keys(data["power"], ("dvfs_exponent", "sources"), "power")
+    comm = _keys(data["comm"], ("busbw_fraction", "latency_s", "all_to_all_fraction", "sources"), "comm")
+    overlap = _keys(data["overlap"], ("cp_exposed_fraction", "ep_exposed_fraction", "dp_overlap_window_fraction",
+                                      "last_bucket_bytes",
+                                      "grad_accumulation_bytes_per_param", "comm_sm_fraction", "sources"),
+                    "overlap")
     host = _keys(data["host"], ("cpu_adam_params_per_s_per_node", "nvme_bandwidth_bytes_per_s_per_node",
                                 "pcie_fraction", "sources"), "host")
     allow = _keys(data["allowances"], ("cuda_context_bytes", "nccl_bytes_per_group", "fragmentation_fraction",
                                        "torch_ddp_bucket_bytes", "deepspeed_bucket_elements", "sources"), "allowances")
-    return Efficiency(
-        generations=MappingProxyType({k: _generation(k, v) for k, v in data["generations"].items()}),
-        activation_traffic=_floats(data["activation_traffic"], "activation_traffic"),
-        activation_traffic_source=str(data["activation_traffic_source"]),
-        layer_overhead_s=_floats(data["layer_overhead_s"], "layer_overhead_s"),
-        layer_overhead_source=str(data["layer_overhead_source"]),
-        grad_accumulation_bytes_per_param=float(data["grad_accumulation_bytes_per_param"]),
-        grad_accumulation_source=str(data["grad_accumulation_source"]),
+    return Physics(
+        gemm_fraction=MappingProxyType({k: _floats(v, f"gemm.fraction.{k}") for k, v in gemm["fraction"].items()}),
+        grouped_gemm_fraction=float(gemm["grouped_fraction"]),
+        gemm_launch_s=float(gemm["launch_s"]),
+        quantize_bytes_per_element=_floats(gemm["quantize_bytes_per_element"], "gemm.quantize_bytes_per_element"),
+        attention_tables=MappingProxyType({k: MappingProxyType(v) for k, v in tables.items()}),
+        attention_kernels=MappingProxyType({k: MappingProxyType(dict(v)) for k, v in att["kernels"].items()}),
+        attention_borrow=MappingProxyType(dict(att["borrow"])),
+        memory_bound_fraction=_floats(mb["fraction"], "memory_bound.fraction"),
+        elementwise_bytes=MappingProxyType({k: (float(v[0]), float(v[1])) for k, v in bpe.items()}),
+        dvfs_exponent=float(power["dvfs_exponent"]),
         busbw_fraction=_floats(comm["busbw_fraction"], "comm.busbw_fraction"),
         latency_s=_floats(comm["latency_s"], "comm.latency_s"),
-        comm_sources=MappingProxyType(dict(comm["sources"])),
-        tp_exposed_fraction=float(overlap["tp_exposed_fraction"]),
-        ep_exposed_fraction=float(overlap["ep_exposed_fraction"]),
+        all_to_all_fraction=_floats(comm["all_to_all_fraction"], "comm.all_to_all_fraction"),
         cp_exposed_fraction=float(overlap["cp_exposed_fraction"]),
+        ep_exposed_fraction=float(overlap["ep_exposed_fraction"]),
         dp_overlap_window_fraction=float(overlap["dp_overlap_window_fraction"]),
         last_bucket_bytes=float(overlap["last_bucket_bytes"]),
-        overlap_sources=MappingProxyType(dict(overlap["sources"])),
+        grad_accumulation_bytes_per_param=float(overlap["grad_accumulation_bytes_per_param"]),
+        comm_sm_fraction=float(overlap["comm_sm_fraction"]),
         cpu_adam_params_per_s_per_node=float(host["cpu_adam_params_per_s_per_node"]),
         nvme_bandwidth_bytes_per_s_per_node=float(host["nvme_bandwidth_bytes_per_s_per_node"]),
         pcie_fraction=float(host["pcie_fraction"]),
-        host_sources=MappingProxyType(dict(host["sources"])),
         cuda_context_bytes=float(allow["cuda_context_bytes"]),
         nccl_bytes_per_group=float(allow["nccl_bytes_per_group"]),
         fragmentation_fraction=float(allow["fragmentation_fraction"]),
         torch_ddp_bucket_bytes=float(allow["torch_ddp_bucket_bytes"]),
         deepspeed_bucket_elements=float(allow["deepspeed_bucket_elements"]),
-        allowance_sources=MappingProxyType(dict(allow["sources"])),
+        sources=MappingProxyType({name: MappingProxyType(dict(section["sources"])) for name, section in
+                                  (("gemm", gemm), ("attention", att), ("memory_bound", mb), ("power", power),
+                                   ("comm", comm), ("overlap", overlap), ("host", host),
+                                   ("allowances", allow))}),
     )
+
+
+def _fitted_values(raw: Any, what: str) -> Mapping[str, float]:
+    raw = _keys(raw, FIT_PARAMETER_NAMES, what, EFFICIENCY_FILE)
+    out = {}
+    for p in FIT_PARAMETERS:
+        v = raw[p.name]
+        if not isinstance(v, (int, float)) or not (p.lower <= v <= p.upper):
+            raise ValueError(f"{_file(EFFICIENCY_FILE)}: {what}.{p.name} = {v!r} is outside its range "
+                             f"[{p.lower:g}, {p.upper:g}] ({p.meaning})")
+        out[p.name] = float(v)
+    return MappingProxyType(out)
+
+
+def parse_efficiency(physics: dict, fitted: dict) -> Efficiency:
+    """Validate both parsed YAML mappings and build an ``Efficiency``."""
+    fitted = _keys(fitted, ("schema_version", "fitted", "leave_one_source_out", "provenance"), "top level",
+                   EFFICIENCY_FILE)
+    loso = {str(k): _fitted_values(v, f"leave_one_source_out.{k}") for k, v in
+            (fitted["leave_one_source_out"] or {}).items()}
+    return Efficiency(physics=parse_physics(physics), fitted=_fitted_values(fitted["fitted"], "fitted"),
+                      fit_provenance=MappingProxyType(dict(fitted["provenance"] or {})),
+                      loso=MappingProxyType(loso))
+
+
+def read_data_file(name: str) -> str:
+    return (resources.files("compiler") / "data" / name).read_text(encoding="utf-8")
+
+
+def prior_efficiency() -> Efficiency:
+    """The physics with every fitted constant at its prior (what the fit starts from)."""
+    physics = parse_physics(YAML(typ="safe").load(read_data_file(PHYSICS_FILE)))
+    return Efficiency(physics=physics, fitted=MappingProxyType({p.name: p.prior for p in FIT_PARAMETERS}))
 
 
 @functools.cache
 def load_efficiency() -> Efficiency:
-    """The shipped efficiency table (parsed and validated once per process)."""
-    text = (resources.files("compiler") / "data" / EFFICIENCY_FILE).read_text(encoding="utf-8")
-    return parse_efficiency(YAML(typ="safe").load(text))
+    """The shipped constants (parsed and validated once per process)."""
+    yaml = YAML(typ="safe")
+    return parse_efficiency(yaml.load(read_data_file(PHYSICS_FILE)), yaml.load(read_data_file(EFFICIENCY_FILE)))

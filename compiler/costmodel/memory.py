@@ -79,6 +79,26 @@ def optimizer_state_bytes_per_gpu(sp: StageParams, layout: Layout, state_bytes: 
     return state_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 1)
 
 
+def persistent_weight_bytes(setup: Setup, sharding: Layout) -> int:
+    """Bytes per parameter of the 16-bit weight copy a GPU keeps between uses: none when the framework's fp32
+    master is the sharded parameter itself and ZeRO-3 shards it (FSDP: the 16-bit weights exist only while a
+    unit is gathered, zero3_gathered_params), else the precision's weight bytes."""
+    r = setup.recipe
+    if setup.framework.master_is_param and r.master_bytes and sharding.zero_stage >= 3:
+        return 0
+    return r.weight_bytes
+
+
+def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -> float:
+    """Weights + gradients + fp32 master + optimizer states of one GPU as ``setup``'s target keeps them
+    (``sharding``: the layout, or any object with its tp, cp, ep, dp_shard, zero_stage and offload fields)."""
+    r = setup.recipe
+    return (weight_bytes_per_gpu(sp, sharding, persistent_weight_bytes(setup, sharding))
+            + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes)
+            + master_weight_bytes_per_gpu(sp, sharding, r.master_bytes)
+            + optimizer_state_bytes_per_gpu(sp, sharding, setup.optimizer_state_bytes))
+
+
 def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
                             weight_bytes: int) -> float:
     """Host (CPU or NVMe) bytes of one GPU's offloaded shard."""
@@ -107,10 +127,24 @@ def setup_layer_terms(setup: Setup, moe_layer: bool) -> tuple[act.Term, ...]:
                               setup.impl, gemm_bytes)
 
 
+def recompute_mode(setup: Setup, recompute: str) -> str:
+    """'selective' means the attention core in Megatron, per-op SAC in PyTorch frameworks."""
+    if recompute == "selective" and setup.framework.recompute_selective == "per_op":
+        return "selective_per_op"
+    if recompute == "selective" and setup.framework.recompute_selective == "per_op_every_other_mm":
+        return "selective_per_op_every_other_mm"
+    return recompute
+
+
 def activation_bytes_per_layer_kind(setup: Setup, *, moe_layer: bool, recompute: str | None = None) -> float:
     """One decoder layer's saved activations for one micro-batch on one GPU."""
     lay = setup.layout
-    mode = recompute or lay.recompute
+    mode = recompute_mode(setup, recompute or lay.recompute)
+    if mode == "selective_per_op_every_other_mm":
+        return setup.memo(("activation_bytes", moe_layer, mode), lambda: setup.tokens_per_microbatch
+                          * act.every_other_mm_sac_bytes_per_token(setup.shape, moe_layer=moe_layer, tp=lay.tp,
+                                                                   sequence_parallel=lay.sequence_parallel,
+                                                                   act_bytes=setup.recipe.activation_bytes))
     return setup.memo(("activation_bytes", moe_layer, mode), lambda: act.activation_bytes_per_layer(
         setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
         sequence_parallel=lay.sequence_parallel, recompute=mode, hidden=setup.shape.hidden_size,
@@ -149,9 +183,12 @@ def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
 
 
 def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
-    """(saved fp32 softmax for the in-flight micro-batches, transient fp32 gradient) on the last stage."""
+    """(saved fp32 softmax, transient fp32 gradient) on the last stage. The loss belongs to the last virtual
+    stage, which runs each micro-batch's backward right after its forward in every schedule (1F1B's steady
+    state; GPipe keeps them all): one micro-batch's softmax is kept, not the stage's in-flight count."""
     t, v, tp = setup.tokens_per_microbatch, setup.shape.vocab_size, setup.layout.tp
-    return (t * inflight * act.logits_saved_bytes_per_token(v, tp), t * act.logits_transient_bytes_per_token(v, tp))
+    kept = inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
+    return (t * kept * act.logits_saved_bytes_per_token(v, tp), t * act.logits_transient_bytes_per_token(v, tp))
 
 
 # --- transient buffers and allowances ---------------------------------------------------------------
@@ -160,23 +197,30 @@ def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
 def zero3_gathered_bytes(setup: Setup, sp: StageParams) -> float:
     """FSDP/ZeRO-3 all-gathers one unit (a decoder layer, or the embedding) at a time and prefetches
     the next: 2 units of weights + 1 unit of unsharded gradients before its reduce-scatter
-    (Zhao et al. 2023, PyTorch FSDP, sec. 3.3 and 4.2)."""
+    (Zhao et al. 2023, PyTorch FSDP, sec. 3.3 and 4.2). DeepSpeed gathers parameter by parameter and
+    keeps at most stage3_max_live_parameters gathered, its unsharded gradients in reduce buckets
+    (the target's cost profile: zero3_live_params; physics.yaml deepspeed_bucket_elements)."""
     if setup.layout.zero_stage < 3:
         return 0.0
     unit = max(sp.layer_dense, sp.embedding)
     r = setup.recipe
-    return unit * (2 * r.weight_bytes + r.grad_bytes)
+    cap = setup.framework.zero3_live_params
+    if cap:
+        return min(2 * unit, cap) * r.weight_bytes + min(unit, setup.eff.deepspeed_bucket_elements) * setup.grad_bytes
+    return unit * (2 * r.weight_bytes + setup.grad_bytes)
 
 
 def dp_bucket_bytes(setup: Setup, sp: StageParams) -> float:
     """Gradient communication buckets outside the gradient buffer: torch DDP copies gradients into
-    25 MB buckets (ZeRO 0); DeepSpeed ZeRO-1/2 fill a reduce bucket of up to 5e8 elements."""
+    25 MB buckets (ZeRO 0); DeepSpeed ZeRO-1/2 fill a reduce bucket of up to 5e8 elements. Megatron's
+    gradients are views into its contiguous grad buffer, reduced in place (megatron/core/distributed/
+    param_and_grad_buffer.py): no extra bucket."""
     lay, eff = setup.layout, setup.eff
-    if lay.dp * lay.cp == 1 or lay.zero_stage == 3:
+    if lay.dp * lay.cp == 1 or lay.zero_stage == 3 or setup.impl.name.startswith(("megatron", "deepseek")):
         return 0.0
     if lay.zero_stage == 0:
-        return min(eff.torch_ddp_bucket_bytes, sp.total * setup.recipe.grad_bytes)
-    return min(eff.deepspeed_bucket_elements, sp.total) * setup.recipe.grad_bytes
+        return min(eff.torch_ddp_bucket_bytes, sp.total * setup.grad_bytes)
+    return min(eff.deepspeed_bucket_elements, sp.total) * setup.grad_bytes
 
 
 def fp8_weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
@@ -213,11 +257,12 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         return f" / shard ({nd} dense, {ne:g} expert)" if on and lay.zero_stage > 0 else ""
 
     items = [
-        LineItem("weights", weight_bytes_per_gpu(sp, lay, r.weight_bytes),
-                 f"{r.weight_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
+        LineItem("weights", weight_bytes_per_gpu(sp, lay, persistent_weight_bytes(setup, lay)),
+                 f"{persistent_weight_bytes(setup, lay)} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
                  + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
-        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, r.grad_bytes),
-                 f"{r.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}", r.source),
+        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes),
+                 f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}",
+                 r.source if setup.grad_bytes == r.grad_bytes else setup.framework.source),
         LineItem("master_weights", master_weight_bytes_per_gpu(sp, lay, r.master_bytes),
                  f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
                  + (" (offloaded)" if lay.offload_optimizer != "none" else ""), r.source),
@@ -246,31 +291,33 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         saved, transient = logits_bytes(setup, inflight)
         items.append(LineItem(
             "logits_loss", saved + transient,
-            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x (4 B fp32 softmax x "
-            f"{inflight:g} in flight + 4 B fp32 gradient)",
+            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x (4 B fp32 softmax of "
+            f"the micro-batch in its loss + 4 B fp32 gradient)",
             "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)"))
     if lay.zero_stage == 3:
         items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),
                               f"largest unit {format_count(max(sp.layer_dense, sp.embedding))} params x "
-                              f"(2 x {r.weight_bytes} B gathered + prefetch, {r.grad_bytes} B unsharded grad)",
+                              f"(2 x {r.weight_bytes} B gathered + prefetch, {setup.grad_bytes} B unsharded grad)"
+                              + (f", at most {format_count(setup.framework.zero3_live_params)} live"
+                                 if setup.framework.zero3_live_params else ""),
                               "Zhao et al. 2023, PyTorch FSDP, sec. 3.3 (prefetch) / DeepSpeed ZeRO-3 prefetch"))
     buckets = dp_bucket_bytes(setup, sp)
     if buckets:
         items.append(LineItem("dp_comm_buckets", buckets,
                               "torch DDP 25 MB bucket" if lay.zero_stage == 0 else
-                              f"min(5e8, local params) x {r.grad_bytes} B reduce bucket",
-                              eff.allowance_sources["torch_ddp_bucket_bytes" if lay.zero_stage == 0
+                              f"min(5e8, local params) x {setup.grad_bytes} B reduce bucket",
+                              eff.physics.sources["allowances"]["torch_ddp_bucket_bytes" if lay.zero_stage == 0
                                                     else "deepspeed_bucket_elements"]))
     items.append(LineItem("cuda_context", eff.cuda_context_bytes, f"{_gb(eff.cuda_context_bytes)} allowance",
-                          eff.allowance_sources["cuda_context_bytes"]))
+                          eff.physics.sources["allowances"]["cuda_context_bytes"]))
     groups = num_process_groups(lay)
     items.append(LineItem("nccl_buffers", groups * eff.nccl_bytes_per_group,
                           f"{groups} communicators x {_gb(eff.nccl_bytes_per_group)}",
-                          eff.allowance_sources["nccl_bytes_per_group"]))
+                          eff.physics.sources["allowances"]["nccl_bytes_per_group"]))
     allocated = sum(i.value for i in items if i.name not in ("cuda_context", "nccl_buffers"))
     items.append(LineItem("fragmentation", eff.fragmentation_fraction * allocated,
                           f"{eff.fragmentation_fraction:.0%} x {_gb(allocated)} allocated",
-                          eff.allowance_sources["fragmentation_fraction"]))
+                          eff.physics.sources["allowances"]["fragmentation_fraction"]))
     return items
 
 

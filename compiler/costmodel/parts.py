@@ -5,6 +5,8 @@ model's own quantity functions, stage by stage and piece by piece, so that a bou
 what ``evaluate`` returns. It goes through this module only; the cost model's modules (memory,
 comm, compute, step, stages, context) may change behind it as long as these keep their meaning.
 
+    bound_target(problem)                         the framework target the bounds cost (the first one)
+    bound_efficiency()                            the constants with host launch time left out (see there)
     setup_for(problem, layout, gpu, *, stages)    the inputs every function below reads (a Setup)
     stages_of(problem, pp, vpp)                   Megatron's layers per pipeline stage (the pinned split)
     distinct_stages(stages)                       the stages whose maximum is the maximum over all
@@ -12,38 +14,59 @@ comm, compute, step, stages, context) may change behind it as long as these keep
     stage_params_of(problem, stage, tp, ep, pp)   parameters one GPU of a stage holds before sharding
     stage_forward_backward_s(setup, stage, params) a stage's time per micro-batch, without ZeRO-2/3 traffic
     pipeline_send_s(setup)                        one activation send between pipeline stages
-    zero_traffic(setup, params)                   the ZeRO/FSDP collectives of a stage: per micro-batch and per step
+    zero_traffic(setup, params, units)            the ZeRO/FSDP collectives of a stage: per micro-batch and per step
     step_extras_s(setup, params)                  optimizer step + offload traffic that cannot overlap
+    sync_overhead_s(world_size, busy_s)           the straggler wait and fixed time a synchronous step adds
     activations_in_flight_bytes(setup, stage)     saved activations (and logits on the last stage)
-    model_state_bytes(problem, params, sharding)  weights + gradients + master + optimizer states per GPU
+    model_state_bytes(setup, params, sharding)    weights + gradients + master + optimizer states per GPU
     fixed_bytes(layout)                           the CUDA context and the communicators' buffers
     fragmentation_factor(), dp_overlap_window()   the allowances the memory and time models apply
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from compiler.costmodel import comm, memory, step
 from compiler.costmodel.compute import StageCompute
-from compiler.costmodel.context import OPTIMIZER_STATE_BYTES, RECIPES, Setup, make_setup
-from compiler.costmodel.efficiency import load_efficiency
+from compiler.costmodel.context import Setup, make_setup
+from compiler.costmodel.efficiency import Efficiency, load_efficiency
+from compiler.costmodel.frameworks import costed_targets
 from compiler.costmodel.stages import StageLayers, StageParams, stage_layers, stage_params
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 
-__all__ = ["Setup", "StageLayers", "StageParams", "ZeroTraffic", "setup_for", "stages_of", "distinct_stages",
-           "unit_stage", "stage_params_of", "stage_forward_backward_s", "pipeline_send_s", "zero_traffic",
-           "step_extras_s", "activations_in_flight_bytes", "model_state_bytes", "fixed_bytes",
-           "fragmentation_factor", "dp_overlap_window"]
+__all__ = ["Setup", "StageLayers", "StageParams", "ZeroTraffic", "bound_target", "bound_efficiency", "setup_for",
+           "stages_of", "distinct_stages", "unit_stage", "stage_params_of", "stage_forward_backward_s",
+           "pipeline_send_s", "zero_traffic", "step_extras_s", "sync_overhead_s", "activations_in_flight_bytes",
+           "model_state_bytes", "fixed_bytes", "fragmentation_factor", "dp_overlap_window"]
 
 _NEVER_S = 1e30  # a compute window no traffic fills (the offload terms that cannot overlap whatever runs)
 
 
-def setup_for(problem: Problem, layout: Layout, gpu: GpuOption, *,
-              stages: tuple[StageLayers, ...] | None = None) -> Setup:
-    """The Setup ``evaluate`` builds for (problem, layout, gpu); ``stages`` may pass the stages already known."""
-    return make_setup(problem, layout, gpu, stages=stages)
+def bound_target(problem: Problem) -> str:
+    """The framework target the bounds cost: the problem's first. A layout's estimate is its binding target's
+    (compiler.costmodel.evaluate_targets: the first that rejects it, else the slowest), so a bound on the
+    first target's step time is a bound on the layout's, and a layout the first target cannot fit is
+    rejected."""
+    return costed_targets(problem.targets)[0]
+
+
+@functools.cache
+def bound_efficiency() -> Efficiency:
+    """The shipped constants with the host's kernel-launch time set to 0. A stage is launch-bound when its
+    launches take longer than its GPU work (compute.stage_compute: max(GPU, launches), per stage for dense
+    layers and per layer for MoE layers); leaving launches out only lowers a stage's time, and what remains is
+    linear in the stage's pieces (``unit_stage``), as the bounds need."""
+    return load_efficiency().with_fitted({"cpu_op_s": 0.0})
+
+
+def setup_for(problem: Problem, layout: Layout, gpu: GpuOption, *, stages: tuple[StageLayers, ...] | None = None,
+              target: str | None = None, efficiency: Efficiency | None = None) -> Setup:
+    """The Setup ``evaluate`` builds for (problem, layout, gpu) and ``target`` (default: ``bound_target``);
+    ``stages`` may pass the stages already known, ``efficiency`` other constants (``bound_efficiency``)."""
+    return make_setup(problem, layout, gpu, target=target or bound_target(problem), eff=efficiency, stages=stages)
 
 
 def stages_of(problem: Problem, pp: int, vpp: int) -> tuple[StageLayers, ...]:
@@ -95,8 +118,10 @@ class ZeroTraffic:
     param_tail_s: float
 
 
-def zero_traffic(setup: Setup, params: StageParams) -> ZeroTraffic:
-    coll = comm.dp_collectives(setup, params)
+def zero_traffic(setup: Setup, params: StageParams, units: int = 1) -> ZeroTraffic:
+    """``units``: the pieces ZeRO-3 gathers one at a time on the stage (its layers, + 1 for the embedding or
+    the output layer): each collective pays the ring latency (comm.dp_collectives)."""
+    coll = comm.dp_collectives(setup, params, units=units)
     last = setup.eff.last_bucket_bytes
     pieces: list[float] = []
     for phase in ("step_grad", "step_param"):
@@ -109,9 +134,16 @@ def zero_traffic(setup: Setup, params: StageParams) -> ZeroTraffic:
 
 def step_extras_s(setup: Setup, params: StageParams, stage: int = 0) -> float:
     """The optimizer step and the offload traffic that cannot overlap any compute."""
-    never = step.StageTime(stage, StageCompute(_NEVER_S, 0.0, 0.0, 0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0),
-                           (0.0, 0.0))
-    return step.optimizer_step_time_s(setup, params) + step.offload_time_s(setup, params, never)[0]
+    never = step.StageTime(stage, StageCompute(forward_s=_NEVER_S, backward_s=_NEVER_S, recompute_s=0.0),
+                           (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
+    return (step.optimizer_step_time_s(setup, params) + step.fp8_weight_cast_time_s(setup, params)
+            + step.offload_time_s(setup, params, never)[0])
+
+
+def sync_overhead_s(world_size: int, busy_s: float, efficiency: Efficiency | None = None) -> tuple[float, float]:
+    """(straggler wait, fixed time) a synchronous step of ``world_size`` ranks adds to ``busy_s``
+    (step.sync_overhead_for): the wait grows with the busy time, the fixed time does not."""
+    return step.sync_overhead_for(world_size, efficiency or load_efficiency(), busy_s)
 
 
 def activations_in_flight_bytes(setup: Setup, stage: StageLayers) -> float:
@@ -125,15 +157,11 @@ def activations_in_flight_bytes(setup: Setup, stage: StageLayers) -> float:
     return out
 
 
-def model_state_bytes(problem: Problem, params: StageParams, sharding: Any) -> float:
-    """Weights + gradients + fp32 master + optimizer states per GPU; ``sharding`` has the layout's tp, cp,
-    ep, dp_shard, dp_replicate, zero_stage, offload_optimizer and offload_params (a Layout will do)."""
-    r = RECIPES[problem.precision]
-    states = OPTIMIZER_STATE_BYTES.get(problem.optimizer, 8)
-    return (memory.weight_bytes_per_gpu(params, sharding, r.weight_bytes)
-            + memory.gradient_bytes_per_gpu(params, sharding, r.grad_bytes)
-            + memory.master_weight_bytes_per_gpu(params, sharding, r.master_bytes)
-            + memory.optimizer_state_bytes_per_gpu(params, sharding, states))
+def model_state_bytes(setup: Setup, params: StageParams, sharding: Any) -> float:
+    """Weights + gradients + fp32 master + optimizer states per GPU as ``setup``'s target keeps them;
+    ``sharding`` has the layout's tp, cp, ep, dp_shard, dp_replicate, zero_stage, offload_optimizer and
+    offload_params (a Layout will do)."""
+    return memory.model_state_bytes_per_gpu(setup, params, sharding)
 
 
 def fixed_bytes(layout: Layout) -> float:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pipeline
 from compiler.costmodel.context import Setup
+from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
@@ -32,15 +33,18 @@ ASSUMPTIONS = (
     "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
     "forward (2 x heads x (d_qk + d_v) x s/2 per layer); hardware adds the recomputed forward.",
     "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 runs (fp32 runs: TF32 peak).",
-    "Mixed precision keeps 2 B weights + 2 B gradients + 4 B fp32 master + optimizer states per parameter "
-    "(ZeRO paper); Megatron's fp32 gradient buffer would add 2 B/param.",
+    "Mixed precision keeps 16-bit weights, gradients in the target's dtype (Megatron's fp32 main_grad, FSDP2's "
+    "fp32 sharded gradients, DeepSpeed's bf16), a 4 B fp32 master and the optimizer states per parameter (ZeRO "
+    "paper); FSDP's fp32 master is the sharded parameter itself (no 16-bit copy at rest under ZeRO-3).",
     "ZeRO/FSDP shard over dp_shard x cp; experts over dp_shard x cp / ep; ZeRO-2/3 reduce-scatter after every "
-    "micro-batch, ZeRO-0/1 once per step.",
+    "micro-batch on their own streams (what exceeds the step's busy time shows), ZeRO-0/1 once per step.",
     "Rank order tp-cp-ep-dp-pp (Megatron); a group inside the NVLink domain uses NVLink, else the network.",
-    "Activations: Korthikanti et al. 2022 per saved tensor for Megatron-Core + Transformer Engine "
-    "(flash attention, fused SwiGLU; fp8 GEMM inputs kept in 1 B); expert tensor parallel = tp.",
+    "Activations: Korthikanti et al. 2022 per saved tensor, for what the target's implementation keeps (fused "
+    "Megatron-Core + Transformer Engine kernels, or eager PyTorch modules; fp8 GEMM inputs kept in 1 B); "
+    "expert tensor parallel = tp.",
     "MoE all-to-all: a token crosses the network once per destination node (DeepEP-style hierarchical "
-    "dispatch), dispatched in the GEMM input dtype, combined in bf16.",
+    "dispatch) where the target dispatches hierarchically, in the GEMM input dtype, combined in bf16; on the "
+    "critical path unless the target overlaps it.",
     "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; the layers "
     "per stage are Megatron's split (compiler/split.py).",
 )
@@ -55,16 +59,17 @@ class StageTime:
     tp_s: tuple[float, float]  # exposed (forward, backward)
     cp_s: tuple[float, float]
     ep_s: tuple[float, float]
-    dp_s: tuple[float, float]  # exposed per-micro-batch ZeRO-2/3 traffic
+    # ZeRO-2/3 collectives of one micro-batch (forward gathers; backward gathers and reduce-scatters): they run
+    # on the network beside everything the stage computes in the step (step_time costs what they leave exposed)
+    dp_s: tuple[float, float]
 
     @property
     def forward_s(self) -> float:
-        return self.compute.forward_s + self.tp_s[0] + self.cp_s[0] + self.ep_s[0] + self.dp_s[0]
+        return self.compute.forward_s + self.tp_s[0] + self.cp_s[0] + self.ep_s[0]
 
     @property
     def backward_s(self) -> float:
-        return (self.compute.backward_s + self.compute.recompute_s + self.tp_s[1] + self.cp_s[1] + self.ep_s[1]
-                + self.dp_s[1])
+        return self.compute.backward_s + self.compute.recompute_s + self.tp_s[1] + self.cp_s[1] + self.ep_s[1]
 
 
 def _exposed(total_s: float, window_s: float, tail_s: float, setup: Setup) -> float:
@@ -74,25 +79,40 @@ def _exposed(total_s: float, window_s: float, tail_s: float, setup: Setup) -> fl
     return max(total_s - setup.eff.dp_overlap_window_fraction * window_s, min(total_s, tail_s))
 
 
+def tp_exposed_fractions(setup: Setup) -> tuple[float, float]:
+    """(forward, backward) shares of the TP collectives on the critical path: where the framework's artifacts
+    overlap them with GEMMs (its cost profile's tp_overlap) the fitted share stays exposed; vanilla torch TP
+    and Megatron-LM before its async TP leave all of it on the critical path."""
+    mode = setup.framework.tp_overlap
+    x = setup.eff.fit("tp_exposed_fraction")
+    return (x if mode == "full" else 1.0, x if mode in ("full", "backward") else 1.0)
+
+
 def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list[comm.Collective]) -> StageTime:
     eff = setup.eff
     c = compute.stage_compute(setup, sl)
     tp_f, tp_b = comm.tp_comm_time_per_layer_s(setup)
     cp_f, cp_b = comm.cp_comm_time_per_layer_s(setup)
     ep_f, ep_b = comm.ep_comm_time_per_moe_layer_s(setup)
-    attn = compute.attention_core_time_s(setup)
-    cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn / 3.0),
-              max(eff.cp_exposed_fraction * cp_b, cp_b - 2.0 * attn / 3.0))
-    fwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "forward")
-    bwd_dp = sum(x.time_per_call_s for x in collectives if x.phase == "backward")
-    units = max(1, sl.layers)
-    dp = (_exposed(fwd_dp, c.forward_s, fwd_dp / units, setup),
-          _exposed(bwd_dp, c.backward_s + c.recompute_s, bwd_dp / units, setup))
+    attn_f, attn_b = compute.attention_core_time_s(setup)
+    cp_exp = (max(eff.cp_exposed_fraction * cp_f, cp_f - attn_f),
+              max(eff.cp_exposed_fraction * cp_b, cp_b - attn_b))
+    dp = (sum(x.time_per_call_s for x in collectives if x.phase == "forward"),
+          sum(x.time_per_call_s for x in collectives if x.phase == "backward"))
+    (tp_xf, tp_xb), ep_x = tp_exposed_fractions(setup), eff.ep_exposed_fraction
+    if setup.framework.ep_overlap and sl.moe:
+        # DualPipe: a chunk's dispatch/combine runs under another chunk's compute; only the excess shows, and
+        # the computation under it runs on the SMs the communication kernels leave (physics.yaml comm_sm_fraction)
+        per_f, per_b = c.forward_s / max(1, sl.layers), c.backward_s / max(1, sl.layers)
+        slow = eff.physics.comm_sm_fraction / (1.0 - eff.physics.comm_sm_fraction)
+        ep_pair = (max(0.0, ep_f - per_f) + slow * min(ep_f, per_f), max(0.0, ep_b - per_b) + slow * min(ep_b, per_b))
+    else:
+        ep_pair = (ep_x * ep_f, ep_x * ep_b)
     return StageTime(
         stage=sl.stage, compute=c,
-        tp_s=(eff.tp_exposed_fraction * tp_f * sl.layers, eff.tp_exposed_fraction * tp_b * sl.layers),
+        tp_s=(tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers),
         cp_s=(cp_exp[0] * sl.layers, cp_exp[1] * sl.layers),
-        ep_s=(eff.ep_exposed_fraction * ep_f * sl.moe, eff.ep_exposed_fraction * ep_b * sl.moe),
+        ep_s=(ep_pair[0] * sl.moe, ep_pair[1] * sl.moe),
         dp_s=dp,
     )
 
@@ -109,8 +129,30 @@ def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
     if setup.layout.offload_optimizer != "none":
         return 0.0
     local = params_after_sharding(sp, setup.layout, setup.layout.zero_stage >= 1)
-    bw = setup.gpu.spec.hbm_bandwidth_bytes_per_s * setup.gen.hbm_fraction
-    return local * optimizer_bytes_touched_per_param(setup) / bw
+    return local * optimizer_bytes_touched_per_param(setup) / setup.hbm_rate("fused")
+
+
+def fp8_weight_cast_time_s(setup: Setup, sp: StageParams) -> float:
+    """fp8 recipes quantise each layer weight once per step (Transformer Engine caches the fp8 weight and its
+    transpose across micro-batches, is_first_microbatch)."""
+    if setup.recipe.gemm_dtype != "fp8":
+        return 0.0
+    per_element = setup.eff.physics.quantize_bytes_per_element[setup.fp8_recipe]
+    return (sp.total - sp.embedding) * per_element / setup.hbm_rate("fused")
+
+
+def sync_overhead_s(setup: Setup, busy_s: float) -> tuple[float, float]:
+    return sync_overhead_for(setup.layout.world_size, setup.eff, busy_s)
+
+
+def sync_overhead_for(world_size: int, eff: Efficiency, busy_s: float) -> tuple[float, float]:
+    """(straggler wait, fixed per-step time): a synchronous step waits for the slowest of N ranks, whose
+    step time varies with coefficient of variation cv: E[max] ~ mean x (1 + cv sqrt(2 ln N)) (expected
+    maximum of N normal variables); plus the fitted fixed time per step."""
+    n = max(1, world_size)
+    cv = eff.fit("straggler_cv")
+    straggler = busy_s * cv * math.sqrt(2.0 * math.log(n)) if n > 1 else 0.0
+    return straggler, eff.fit("step_overhead_s")
 
 
 def offload_time_s(setup: Setup, sp: StageParams, st: StageTime) -> tuple[float, str]:
@@ -170,7 +212,7 @@ def step_time(setup: Setup) -> StepResult:
     best: tuple[StageTime, StageParams, list[comm.Collective]] | None = None
     for sl in candidate_stages(setup):
         sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-        coll = comm.dp_collectives(setup, sp)
+        coll = comm.dp_collectives(setup, sp, units=sl.layers + int(sl.first or sl.last))
         st = stage_time(setup, sl, sp, coll)
         if best is None or st.forward_s + st.backward_s > best[0].forward_s + best[0].backward_s:
             best = (st, sp, coll)
@@ -188,38 +230,61 @@ def step_time(setup: Setup) -> StepResult:
     param_tail = param_total * min(1.0, eff.last_bucket_bytes / param_bytes) if param_bytes else 0.0
     dp_exposed = (_exposed(grad_total, c.backward_s + c.recompute_s, grad_tail, setup)
                   + _exposed(param_total, c.forward_s, param_tail, setup))
-    opt = optimizer_step_time_s(setup, sp)
+    zero_exposed = zero_exposed_s(setup, st, makespan)
+    opt = optimizer_step_time_s(setup, sp) + fp8_weight_cast_time_s(setup, sp)
     offload, offload_txt = offload_time_s(setup, sp, st)
-    items = _time_items(setup, st, makespan, makespan_no_p2p, dp_exposed, opt, offload, offload_txt, p2p)
+    straggler, fixed = sync_overhead_s(setup, makespan + zero_exposed + dp_exposed + opt)
+    items = _time_items(setup, st, makespan, makespan_no_p2p, zero_exposed, dp_exposed, opt, offload, offload_txt,
+                        p2p)
+    items.append(LineItem("sync_and_fixed", straggler + fixed,
+                          f"waiting for the slowest of {setup.layout.world_size} ranks "
+                          f"({format_seconds(straggler)}) + fixed per-step time ({format_seconds(fixed)})",
+                          "compiler/data/efficiency.yaml (straggler_cv, step_overhead_s; fitted)"))
     total = sum(i.value for i in items)
-    volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, dp_exposed)
+    volumes = _comm_volumes(setup, st, coll, p2p, makespan - makespan_no_p2p, zero_exposed, dp_exposed)
     bubble = (makespan_no_p2p - m * (fwd + bwd)) / makespan if lay.pp > 1 and makespan > 0 else 0.0
     return StepResult(TimeBreakdown(items=tuple(items), step_time_s=total), volumes, max(0.0, bubble),
                       fwd, bwd, p2p, st.stage)
 
 
-def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, dp_exposed: float,
-                opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
+def zero_exposed_s(setup: Setup, st: StageTime, makespan_s: float) -> float:
+    """The ZeRO-2/3 traffic of a step (every micro-batch's gathers and reduce-scatters) not hidden behind it.
+    FSDP and DeepSpeed run it on their own streams while the GPU computes: a unit's all-gather is prefetched
+    under the previous unit's compute, its reduce-scatter runs under the next units' backward and, with several
+    micro-batches, under the next micro-batches' work (Zhao et al. 2023, PyTorch FSDP, sec. 3.3-3.4). What
+    shows is what exceeds the overlap window of the step's busy time, and at least the first unit's gather and
+    the last unit's reduce-scatter, which nothing runs beside."""
+    fwd, bwd = st.dp_s
+    if fwd + bwd <= 0:
+        return 0.0
+    units = max(1, setup.stages[st.stage].layers)
+    return _exposed(setup.num_microbatches * (fwd + bwd), makespan_s, (fwd + bwd) / units, setup)
+
+
+def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: float, zero_exposed: float,
+                dp_exposed: float, opt: float, offload: float, offload_txt: str, p2p: float) -> list[LineItem]:
     lay, m, c, eff = setup.layout, setup.num_microbatches, st.compute, setup.eff
-    gen_src = f"compiler/data/efficiency.yaml ({setup.gen.generation})"
     busy = m * (st.forward_s + st.backward_s)
+    src = f"compiler/data/physics.yaml ({setup.kernel_class} kernels, {setup.framework.display_name})"
+    parts = ", ".join(f"{k} {format_seconds(f)}/{format_seconds(b)}" for k, f, b in c.parts)
     items = [
         LineItem("forward_compute", m * c.forward_s,
-                 f"{m} micro-batches x {format_seconds(c.forward_s)} (GEMMs at size-dependent efficiency, attention "
-                 f"core, memory-bound ops; stage {st.stage})", gen_src),
-        LineItem("backward_compute", m * c.backward_s, f"{m} x {format_seconds(c.backward_s)} (2x forward GEMMs)",
-                 gen_src),
+                 f"{m} micro-batches x {format_seconds(c.forward_s)} (stage {st.stage}; forward/backward by part: "
+                 f"{parts})", src),
+        LineItem("backward_compute", m * c.backward_s, f"{m} x {format_seconds(c.backward_s)} (dgrad + wgrad GEMMs, "
+                                                         "attention backward, gradient accumulation)", src),
     ]
     if c.recompute_s:
         items.append(LineItem("recompute", m * c.recompute_s,
-                              f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", gen_src))
-    for name, pair, src in (("tp_comm", st.tp_s, eff.overlap_sources["tp_exposed_fraction"]),
-                            ("cp_comm", st.cp_s, eff.overlap_sources["cp_exposed_fraction"]),
-                            ("ep_comm", st.ep_s, eff.overlap_sources["ep_exposed_fraction"]),
-                            ("zero_per_microbatch_comm", st.dp_s, eff.overlap_sources["dp_overlap_window_fraction"])):
+                              f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", src))
+    overlap = eff.physics.sources["overlap"]
+    for name, pair, why in (("tp_comm", st.tp_s, "compiler/data/efficiency.yaml tp_exposed_fraction (fitted)"
+                             if setup.framework.tp_overlap != "none" else setup.framework.source),
+                            ("cp_comm", st.cp_s, overlap["cp_exposed_fraction"]),
+                            ("ep_comm", st.ep_s, overlap["ep_exposed_fraction"])):
         if sum(pair):
             items.append(LineItem(name, m * sum(pair), f"{m} x ({format_seconds(pair[0])} fwd + "
-                                                       f"{format_seconds(pair[1])} bwd) exposed", src))
+                                                       f"{format_seconds(pair[1])} bwd) exposed", why))
     if lay.pp > 1:
         items.append(LineItem("pp_bubble", makespan_no_p2p - busy,
                               f"simulated {lay.schedule} makespan {format_seconds(makespan_no_p2p)} - {m} x "
@@ -228,20 +293,28 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
         items.append(LineItem("pp_p2p", makespan - makespan_no_p2p,
                               f"p2p {format_seconds(p2p)} per transfer on the critical path",
                               "Narayanan et al. 2021, sec. 4.1 (scatter/gather p2p)"))
+    if zero_exposed:
+        items.append(LineItem("zero_per_microbatch_comm", zero_exposed,
+                              f"{m} x ({format_seconds(st.dp_s[0])} forward gathers + {format_seconds(st.dp_s[1])} "
+                              f"backward gathers / reduce-scatters) not hidden behind the step's busy time",
+                              overlap["dp_overlap_window_fraction"]))
     if dp_exposed:
         items.append(LineItem("dp_comm", dp_exposed, "gradient reduce / parameter gather not hidden behind the "
-                                                      "last backward / first forward", eff.overlap_sources[
-                                                          "dp_overlap_window_fraction"]))
+                                                      "last backward / first forward",
+                              overlap["dp_overlap_window_fraction"]))
     if opt:
         items.append(LineItem("optimizer_step", opt, f"{optimizer_bytes_touched_per_param(setup):g} B per local "
-                                                     "parameter / (HBM bandwidth x fraction)", gen_src))
+                                                     "parameter / (HBM bandwidth x fraction)"
+                              + (" + fp8 weight casts" if setup.recipe.gemm_dtype == "fp8" else ""),
+                              "compiler/data/physics.yaml memory_bound.fraction.fused"))
     if offload:
-        items.append(LineItem("offload", offload, offload_txt, eff.host_sources["cpu_adam_params_per_s_per_node"]))
+        items.append(LineItem("offload", offload, offload_txt,
+                              eff.physics.sources["host"]["cpu_adam_params_per_s_per_node"]))
     return items
 
 
 def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p: float, p2p_exposed: float,
-                  dp_exposed: float) -> tuple[CommVolume, ...]:
+                  zero_exposed: float, dp_exposed: float) -> tuple[CommVolume, ...]:
     lay, m, l = setup.layout, setup.num_microbatches, setup.stages[st.stage]
     msg = comm.activation_message_bytes(setup)
     out = []
@@ -266,7 +339,7 @@ def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p:
     total_dp = sum(x.time_per_call_s * x.calls_per_step for x in coll) or 1.0
     for x in coll:
         t = x.time_per_call_s * x.calls_per_step
-        share = dp_exposed if x.phase.startswith("step") else m * sum(st.dp_s)
+        share = dp_exposed if x.phase.startswith("step") else zero_exposed
         out.append(CommVolume(x.name, x.group, x.group_size, x.link, x.bytes_per_call * x.calls_per_step, t,
                               share * t / total_dp))
     return tuple(out)
@@ -299,6 +372,7 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + (f"Activation implementation: {setup.impl.name}; GPU {setup.gpu.name} "
-                                   f"({setup.gen.generation}); bottleneck stage {step.bottleneck_stage}.",),
+        assumptions=ASSUMPTIONS + (f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
+                                   f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
+                                   f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
     )

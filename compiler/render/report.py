@@ -25,8 +25,8 @@ from compiler.layout import Layout
 from compiler.plan import Plan
 from compiler.render import report_text as txt
 from compiler.render.environment import render_template
-from compiler.render.report_layout import batch_arithmetic, choice, layout_whys
-from compiler.render.report_svg import PipelinePicture, memory_svg, pipeline_svg
+from compiler.render.report_layout import batch_arithmetic, choice, layout_whys, run_vs_time_limit
+from compiler.render.report_svg import BIN_PX, PipelinePicture, memory_svg, pipeline_svg
 from compiler.units import format_bytes, format_count, format_money, format_seconds
 
 TEMPLATE = "report/PLAN.md.j2"
@@ -76,6 +76,7 @@ def _context(plan: Plan, picture: PipelinePicture | None,
                    "choice": choice(plan), "batch": batch_arithmetic(plan)},
         "memory": _memory(plan),
         "time": _time(plan),
+        "per_target": per_target(plan),
         "comm": _comm(est),
         "pipeline": _pipeline(plan, picture),
         "cost": _cost(plan),
@@ -169,6 +170,27 @@ def _time(plan: Plan) -> dict[str, Any]:
             "metrics": txt.table(["metric", "value"], metrics, "lr")}
 
 
+def per_target(plan: Plan) -> dict[str, Any]:
+    """The layout costed for each framework target, when the spec names several and their figures differ (each
+    target's own kernels, gradient dtypes, activations and overlaps): the plan's figures are the binding one's."""
+    ests = plan.target_estimates
+    differ = len({(e.step_time_s, e.memory_bytes_per_gpu) for e in ests}) > 1
+    if len(ests) < 2 or not differ:
+        return {"show": False}
+    from compiler.targets import registry
+
+    rows = [[registry.get(e.target).display_name + (" (binding)" if e.binding else ""), format_seconds(e.step_time_s),
+             txt.thousands(e.tokens_per_s_per_gpu), txt.percent(e.mfu), format_seconds(e.time_to_train_s),
+             format_money(e.cost_usd), f"{format_bytes(e.memory_bytes_per_gpu)} of {format_bytes(e.usable_bytes_per_gpu)}"]
+            for e in ests]
+    return {"show": True,
+            "line": "The layout costed for each target it is rendered for (each with its own kernels, gradient "
+                    "dtypes, saved activations and overlaps); it fits under each, and the plan's figures are the "
+                    "binding target's, the slowest:",
+            "table": txt.table(["target", "step time", "tokens/s per GPU", "MFU", "time to train", "cost",
+                                "memory per GPU"], rows, "lrrrrrr")}
+
+
 def _comm(est: Estimate) -> dict[str, Any]:
     rows = [[c.name, f"{c.group} ({c.group_size})", c.link, format_bytes(c.bytes_per_gpu_per_step),
              format_seconds(c.time_s), format_seconds(c.exposed_s)] for c in est.comm]
@@ -210,9 +232,13 @@ def _pipeline(plan: Plan, picture: PipelinePicture | None) -> dict[str, Any]:
              f"{lay.pp} stages" + (f" x {lay.vpp} chunks" if lay.vpp > 1 else "")
              + f", schedule {lay.schedule}, {lay.grad_accum} microbatches per step, "
              f"{picture.num_events} forward/backward events."]
-    if picture.num_drawn < picture.num_events:
-        lines.append(f"Drawn one box each: microbatches 0-{picture.microbatches_drawn - 1} "
-                     f"({picture.num_drawn} of {picture.num_events} events); the rest are light grey bands.")
+    if picture.summarised:
+        lines.append(f"Too many events to draw one by one: each stage's busy time is drawn in {BIN_PX:g}-pixel "
+                     "bins, blue where only forward passes run, orange where only backward passes run, purple "
+                     "where they interleave (the steady state); the hatched gaps are the real idle time.")
+    elif lay.vpp > 1:
+        lines.append("One box per event, labelled with its microbatch; even and odd chunks (virtual stages) in "
+                     "two shades.")
     base.update(svg=PIPELINE_SVG, lines=lines)
     if lay.pp <= txt.TIMELINE_MAX_STAGES:
         base["ascii"], base["ascii_note"] = txt.ascii_timeline(est.pipeline, lay.pp, lay.vpp)
@@ -237,6 +263,9 @@ def _cost(plan: Plan) -> dict[str, Any]:
         limits.append(_limit("deadline", est.time_to_train_s, b.deadline_s, format_seconds))
     if not limits:
         limits.append("No budget or deadline was given.")
+    jobs = run_vs_time_limit(plan)
+    if jobs:
+        limits.append(jobs)
     return {"table": txt.table(["quantity", "value"], rows, "lr"), "limits": limits}
 
 
@@ -267,7 +296,7 @@ def _alternatives(plan: Plan) -> dict[str, Any]:
 
 def _search(plan: Plan) -> dict[str, Any]:
     s = plan.search
-    counts = txt.table(["considered", "evaluated", "feasible", "pruned by bound"],
+    counts = txt.table(["considered", "costed by the model", "feasible (of those costed)", "pruned by bound"],
                    [[txt.thousands(s.num_considered), txt.thousands(s.num_evaluated),
                      txt.thousands(s.num_feasible), txt.thousands(s.num_pruned_by_bound)]], "rrrr")
     tally = sorted(s.rejections_by_code.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -299,8 +328,26 @@ def _targets(plan: Plan, rendered: Sequence[tuple[str, str]] | None) -> dict[str
     fw = plan.provenance.frameworks
     frameworks = txt.table(["framework", "version"], [[k, txt.code(fw[k])] for k in sorted(fw)], "ll")
     return {"names": ", ".join(plan.targets) or "(none)", "files": files, "frameworks": frameworks,
+            "constraint": targets_constraint(plan),
             "notes": [" ".join(n.split()) for n in plan.notes],
             "cost_model_version": str(plan.provenance.cost_model_version)}
+
+
+def targets_constraint(plan: Plan) -> str:
+    """How the targets narrowed the search (PLAN.md): each framework target must run the plan."""
+    from compiler.targets import registry
+
+    frameworks = [t for t in plan.targets if registry.get(t).support]
+    ruled_out = plan.search.rejections_by_code.get("framework_unsupported", 0)
+    default = ", ".join(registry.names())
+    if not frameworks:
+        return (f"No framework target here, so no framework's support rules narrowed the search (the default "
+                f"targets: {default}).")
+    which = (f"each of {', '.join(frameworks)} supports" if len(frameworks) > 1 else f"{frameworks[0]} supports")
+    return (f"One plan is rendered for every target, so the search kept only the layouts {which} (support "
+            f"rules: compiler/targets/<name>/support.py): {txt.thousands(ruled_out)} layouts were ruled out that "
+            f"way (framework_unsupported). Without `targets` a spec gets all of them ({default}); naming only the "
+            f"frameworks you run widens the search, and `dtc plan` says when a target ruled out a better layout.")
 
 
 def provenance_header(plan: Plan) -> str:

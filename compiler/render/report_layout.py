@@ -92,6 +92,25 @@ def layout_whys(plan: Plan) -> list[str]:
     return out
 
 
+def run_vs_time_limit(plan: Plan) -> str:
+    """The run's length against the job's time limit: how many jobs it takes (PLAN.md, `dtc plan`)."""
+    import math
+
+    run_s, limit = plan.estimate.time_to_train_s, plan.slurm.time_limit
+    if "slurm" not in plan.targets:
+        return ""
+    if limit is None:
+        return (f"The run takes {format_seconds(run_s)}; no slurm.time_limit is set, so the partition's default "
+                "limit applies: set it to know how many jobs the run needs.")
+    jobs = math.ceil(run_s / limit)
+    if jobs <= 1:
+        return (f"The run takes {format_seconds(run_s)}, within slurm.time_limit ({format_seconds(limit)}): "
+                "one job.")
+    return (f"The run takes {format_seconds(run_s)}, longer than slurm.time_limit ({format_seconds(limit)}): it "
+            f"needs at least {jobs:,} jobs one after another, each resuming from the last checkpoint (the time to "
+            f"save, requeue and restart is not included).")
+
+
 def batch_arithmetic(plan: Plan) -> str:
     lay, t = plan.layout, plan.training
     line = (f"global batch {lay.global_batch} = micro {lay.micro_batch} x accumulation {lay.grad_accum} "
@@ -99,6 +118,8 @@ def batch_arithmetic(plan: Plan) -> str:
             f"tokens per step")
     if t.requested_global_batch != lay.global_batch:
         line += f" (requested {t.requested_global_batch}: {t.batch_note})"
+    elif " tokens / " in t.batch_note:  # a token batch: how its sequence count was chosen
+        line += f" ({t.batch_note})"
     return line
 
 
@@ -108,8 +129,15 @@ def choice(plan: Plan) -> str:
     limit = {"fastest": "max_cost_usd", "cheapest": "deadline_s"}.get(objective)
     if limit and getattr(plan.budget, limit) is None:
         why = why.split(" within ")[0]  # no budget (deadline) given: nothing to be within
-    text = (f"Chosen for objective `{objective}` ({why}) among {plan.search.num_feasible} feasible layouts "
-            f"of {txt.thousands(plan.search.num_considered)} considered.")
+    if objective == "cheapest":
+        from compiler.solver.objective import CHEAPEST_TIE
+
+        why += f"; costs within {CHEAPEST_TIE:.0%} of the cheapest are ties, and the fastest of them wins"
+    s = plan.search
+    text = (f"Chosen for objective `{objective}` ({why}) among {txt.thousands(s.num_considered)} layouts considered: "
+            f"{txt.thousands(s.num_evaluated)} costed by the model ({txt.thousands(s.num_feasible)} of them feasible), "
+            f"{txt.thousands(s.num_pruned_by_bound)} pruned by bound (they could not beat the layouts kept), the rest "
+            f"rejected (below).")
     others = [a for a in plan.alternatives if a.layout != plan.layout]
     if others:
         r = min(others, key=lambda a: (a.rank, a.layout.tag))

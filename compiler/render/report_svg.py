@@ -2,9 +2,10 @@
 
 No plotting library: every coordinate is printed with two decimals and every
 colour comes from a fixed palette, so the same Plan gives the same bytes on
-every machine (STYLE 10.3). Each drawn pipeline event is exactly one
-``<rect class="ev ...">``; idle time is drawn as ``<rect class="idle">`` (hatched
-grey), so the bubble is visible and countable.
+every machine (STYLE 10.3). A small schedule draws each pipeline event as exactly
+one ``<rect class="ev ...">``; a large one is summarised per stage (``class="busy"``
+bins coloured by forward, backward or both). Idle time, and only idle time, is
+drawn as ``<rect class="idle">`` (hatched), so the bubble is visible and countable.
 """
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ FONT = "font-family=\"monospace\" font-size=\"11\""
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 KIND_COLOUR = {"F": "#4e79a7", "B": "#f28e2b"}
-IDLE_FILL = "#d9d9d9"
-OMITTED_FILL = "#eeeeee"
 
 
 def _f(x: float) -> str:
@@ -65,11 +64,6 @@ def shade(colour: str, amount: float) -> str:
     return "#" + "".join(f"{c:02x}" for c in mixed)
 
 
-def event_colour(kind: str, chunk: int, vpp: int) -> str:
-    base = KIND_COLOUR.get(kind, PALETTE[6])
-    return base if vpp <= 1 else shade(base, 0.55 * chunk / vpp)
-
-
 # ------------------------------------------------------------------------------ time axis
 def nice_step(raw: float) -> float:
     """The 1-2-5 step at or above ``raw``."""
@@ -96,9 +90,13 @@ def axis_ticks(span: float, target: int = 8) -> tuple[list[tuple[float, str]], s
 class PipelinePicture:
     svg: str
     num_events: int
-    num_drawn: int  # events with their own box
-    microbatches_drawn: int  # microbatches 0..n-1 are drawn individually
-    idle_fraction: float  # idle area / (stages x span), as drawn
+    num_drawn: int  # events drawn as a box of their own (all of them, or none when summarised)
+    microbatches_drawn: int  # microbatches drawn one by one (all, or 0 when summarised)
+    idle_fraction: float  # idle area / (stages x span): the real gaps between events
+
+    @property
+    def summarised(self) -> bool:
+        return self.num_drawn < self.num_events
 
 
 def microbatches_to_draw(events: Sequence[PipelineEvent], cap: int = MAX_PIPELINE_BOXES) -> int:
@@ -137,62 +135,116 @@ def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]
     return out
 
 
+MIN_BOX_PX = 3.0  # events narrower than this on average are summarised, not drawn one by one
+BIN_PX = 4.0  # the summary's resolution
+STEADY_COLOUR = "#8c6bb1"  # forward and backward interleaved (1F1B steady state)
+
+
 def pipeline_svg(events: Sequence[PipelineEvent], *, pp: int, vpp: int, title: str,
                  cap: int = MAX_PIPELINE_BOXES) -> PipelinePicture:
-    """One row per stage, time on x; F/B boxes, hatched idle gaps, a seconds axis and a legend."""
+    """One row per stage, time on x, a seconds axis and a legend of a few swatches.
+
+    Few enough events (at most ``cap``, each at least MIN_BOX_PX wide on average): one box per event, F
+    blue and B orange, chunks told apart by two shades (even and odd chunks). More: each stage's busy time
+    is drawn in BIN_PX bins coloured by what fills them (forward only, backward only, or both interleaved:
+    the steady state). Either way the hatched gaps are exactly the time a stage waits (the bubble), and
+    only the stage rows carry tooltips."""
     t0 = min(e.start_s for e in events)
     span = max(max(e.end_s for e in events) - t0, 1e-12)
-    n_mb = microbatches_to_draw(events, cap)
     row_h, gap, top = 26.0, 8.0, 44.0
     width = LEFT + PLOT_W + RIGHT
     x = lambda t: LEFT + (t - t0) / span * PLOT_W  # noqa: E731
+    mean_px = sum(e.end_s - e.start_s for e in events) / len(events) / span * PLOT_W
+    one_by_one = len(events) <= cap and mean_px >= MIN_BOX_PX
     body = ["<defs><pattern id=\"idle\" patternUnits=\"userSpaceOnUse\" width=\"6\" height=\"6\" "
-            "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ececec\"/>"
+            "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ffffff\"/>"
             "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#9a9a9a\" stroke-width=\"2\"/></pattern></defs>",
             _text(LEFT, 20, title, extra=" font-weight=\"bold\"")]
+    by_stage: dict[int, list[PipelineEvent]] = {}
+    for e in events:
+        by_stage.setdefault(e.stage, []).append(e)
     idle_total = 0.0
     drawn = 0
     for s in range(pp):
         y = top + s * (row_h + gap)
-        mine = sorted((e for e in events if e.stage == s),
-                      key=lambda e: (e.start_s, e.chunk, e.microbatch, e.kind))
+        mine = sorted(by_stage.get(s, []), key=lambda e: (e.start_s, e.chunk, e.microbatch, e.kind))
+        gaps = idle_intervals([(e.start_s, e.end_s) for e in mine], t0, t0 + span)
+        idle = sum(b - a for a, b in gaps)
+        idle_total += idle
+        busy = 1 - idle / span
+        body.append(f"<g class=\"stage\"><title>stage {s}: busy {busy:.1%}, idle {_ms(idle)} of {_ms(span)}</title>")
         body.append(_text(LEFT - 8, y + row_h / 2 + 4, f"stage {s}", anchor="end"))
-        for a, b in idle_intervals([(e.start_s, e.end_s) for e in mine], t0, t0 + span):
-            idle_total += b - a
-            body.append(_rect(x(a), y, x(b) - x(a), row_h, "url(#idle)", cls="idle",
-                              title=f"stage {s} idle {_ms(a - t0)}-{_ms(b - t0)}"))
-        for a, b in _merge([(e.start_s, e.end_s) for e in mine if e.microbatch >= n_mb]):
-            body.append(_rect(x(a), y, x(b) - x(a), row_h, OMITTED_FILL, cls="omitted",
-                              title=f"stage {s} microbatches >= {n_mb} {_ms(a - t0)}-{_ms(b - t0)}"))
-        for e in mine:
-            if e.microbatch >= n_mb:
-                continue
-            drawn += 1
-            body.extend(_event(e, x(e.start_s), y, x(e.end_s) - x(e.start_s), row_h, vpp, t0))
+        for a, b in gaps:
+            body.append(_rect(x(a), y, x(b) - x(a), row_h, "url(#idle)", cls="idle"))
+        if one_by_one:
+            for e in mine:
+                drawn += 1
+                body.extend(_event(e, x(e.start_s), y, x(e.end_s) - x(e.start_s), row_h, vpp))
+        else:
+            body.extend(_summary_row(mine, y, row_h, t0, span, x))
+        body.append("</g>")
     axis_y = top + pp * (row_h + gap)
     body.extend(_axis(axis_y, span, x, t0))
     legend_y = axis_y + 56
-    legend, rows = _pipeline_legend(legend_y, vpp, n_mb, len(events), drawn)
+    legend, rows = _pipeline_legend(legend_y, vpp, one_by_one)
     body.extend(legend)
     svg = _document(width, legend_y + rows * 20 + 8, title, body)
-    return PipelinePicture(svg=svg, num_events=len(events), num_drawn=drawn, microbatches_drawn=n_mb,
+    return PipelinePicture(svg=svg, num_events=len(events), num_drawn=drawn,
+                           microbatches_drawn=1 + max(e.microbatch for e in events) if one_by_one else 0,
                            idle_fraction=idle_total / (pp * span))
+
+
+def _summary_row(mine: Sequence[PipelineEvent], y: float, h: float, t0: float, span: float, x) -> list[str]:
+    """A stage's busy time in bins, each coloured by the kinds that fill it; runs of one colour merged."""
+    bins = max(1, int(PLOT_W / BIN_PX))
+    width = span / bins
+    f_time = [0.0] * bins
+    b_time = [0.0] * bins
+    for e in mine:
+        a, b = e.start_s - t0, e.end_s - t0
+        i = min(bins - 1, int(a / width))
+        while a < b and i < bins:
+            cut = min(b, (i + 1) * width)
+            (f_time if e.kind == "F" else b_time)[i] += cut - a
+            a, i = cut, i + 1
+    runs: list[tuple[int, int, str]] = []  # (first bin, last bin + 1, colour)
+    for i in range(bins):
+        f, b = f_time[i], b_time[i]
+        if f + b <= 0:
+            continue
+        colour = KIND_COLOUR["F"] if b < 0.1 * (f + b) else KIND_COLOUR["B"] if f < 0.1 * (f + b) else STEADY_COLOUR
+        if runs and runs[-1][1] == i and runs[-1][2] == colour:
+            runs[-1] = (runs[-1][0], i + 1, colour)
+        else:
+            runs.append((i, i + 1, colour))
+    out = []
+    busy = _merge([(e.start_s - t0, e.end_s - t0) for e in mine])
+    for first, last, colour in runs:
+        lo, hi = first * width, last * width
+        for a, b in busy:  # only where the stage is really busy: the gaps stay hatched
+            a, b = max(a, lo), min(b, hi)
+            if b > a:
+                out.append(_rect(x(t0 + a), y, x(t0 + b) - x(t0 + a), h, colour, cls="busy"))
+    return out
 
 
 def _ms(t: float) -> str:
     return f"{t * 1e3:.3f} ms"
 
 
-def _event(e: PipelineEvent, x0: float, y: float, w: float, h: float, vpp: int, t0: float) -> list[str]:
-    chunk = f" chunk {e.chunk}" if vpp > 1 else ""
-    title = f"stage {e.stage} {e.kind} microbatch {e.microbatch}{chunk}: {_ms(e.start_s - t0)}-{_ms(e.end_s - t0)}"
+def _event(e: PipelineEvent, x0: float, y: float, w: float, h: float, vpp: int) -> list[str]:
     stroke = " stroke=\"#ffffff\" stroke-width=\"0.5\"" if w >= 3.0 else ""  # thin boxes: no outline
-    out = [_rect(x0, y, w, h, event_colour(e.kind, e.chunk, vpp), cls=f"ev {e.kind}", title=title, extra=stroke)]
+    out = [_rect(x0, y, w, h, event_colour(e.kind, e.chunk, vpp), cls=f"ev {e.kind}", extra=stroke)]
     label = str(e.microbatch)
     if w >= 7.0 * len(label) + 4:
-        colour = "#ffffff" if e.chunk == 0 or vpp <= 1 else "#222222"
-        out.append(_text(x0 + w / 2, y + h / 2 + 4, label, anchor="middle", extra=f" fill=\"{colour}\""))
+        out.append(_text(x0 + w / 2, y + h / 2 + 4, label, anchor="middle", extra=" fill=\"#ffffff\""))
     return out
+
+
+def event_colour(kind: str, chunk: int, vpp: int) -> str:
+    """F blue, B orange; with virtual stages, odd chunks a lighter shade, so neighbours differ."""
+    base = KIND_COLOUR.get(kind, PALETTE[6])
+    return base if vpp <= 1 or chunk % 2 == 0 else shade(base, 0.35)
 
 
 def _axis(y: float, span: float, x, t0: float) -> list[str]:
@@ -206,17 +258,18 @@ def _axis(y: float, span: float, x, t0: float) -> list[str]:
     return out
 
 
-def _pipeline_legend(y: float, vpp: int, n_mb: int, total: int, drawn: int) -> tuple[list[str], int]:
-    """Swatches left to right, wrapped at the plot width; returns (elements, number of rows)."""
+def _pipeline_legend(y: float, vpp: int, one_by_one: bool) -> tuple[list[str], int]:
+    """A few swatches left to right, wrapped at the plot width; returns (elements, number of rows)."""
     entries: list[tuple[str, str]] = []
-    if vpp > 1:
-        for c in range(vpp):
-            entries += [(event_colour("F", c, vpp), f"F chunk {c}"), (event_colour("B", c, vpp), f"B chunk {c}")]
+    if one_by_one and vpp > 1:
+        entries += [(event_colour(kind, chunk, vpp), f"{name}, {parity} chunk")
+                    for kind, name in (("F", "forward"), ("B", "backward"))
+                    for chunk, parity in ((0, "even"), (1, "odd"))]
     else:
-        entries += [(KIND_COLOUR["F"], "F forward"), (KIND_COLOUR["B"], "B backward")]
+        entries += [(KIND_COLOUR["F"], "forward"), (KIND_COLOUR["B"], "backward")]
+    if not one_by_one:
+        entries.append((STEADY_COLOUR, "forward and backward interleaved (steady state)"))
     entries.append(("url(#idle)", "idle (bubble)"))
-    if drawn < total:
-        entries.append((OMITTED_FILL, f"microbatches >= {n_mb} (not drawn one by one)"))
     out, cx, cy, rows = [], LEFT, y, 1
     for fill, label in entries:
         w = 16 + 7.0 * len(label) + 18

@@ -176,6 +176,14 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
     names, explicit = resolve_targets(generated_dir, target)
     warnings = verify_generated(generated_dir, plan, allow_edited=allow_edited)
     warnings += preflight(generated_dir, plan, names, allow_edited=allow_edited)
+    if slurm:
+        from compiler.smoke.slurm import slurm_unavailable
+
+        why = slurm_unavailable()
+        if why is not None:
+            raise SmokeError(Diagnostic(summary=f"--slurm needs a SLURM cluster: {why}",
+                                        hint="run without --slurm, or where sbatch reaches a controller (tests/"
+                                             "slurm_cluster.py starts a local one)"))
     device, ranks, gpus = machine_world()
     setup = scale_plan(plan, device=device, max_ranks=ranks, steps=steps)
     report = SmokeReport(generated_dir=_display(generated_dir), plan_name=plan.name, plan_layout=plan.layout.tag,
@@ -197,7 +205,7 @@ def run_smoke(generated_dir: Path | str, *, target: str = "all", steps: int = DE
 
 def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
     from compiler.smoke import targets as T
-    from compiler.smoke.predict import compare, predict_memory
+    from compiler.smoke.predict import compare, judge, predict_memory
     from compiler.smoke.scale import built_shape
 
     hooks = T.hooks(name)
@@ -224,6 +232,7 @@ def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
         else:
             result.comparisons = compare(memory, result.ranks, host_offload=ctx.setup.device == "cpu",
                                          gpus_per_node=ctx.setup.layout.gpus_per_node)
+            judge(result)
             if result.ranks and all(r.grad_bytes is None for r in result.ranks):
                 result.prediction_note = ("gradients are not measured for this target: model_states compares "
                                           "parameters + optimizer states (+ master copies) with the prediction "

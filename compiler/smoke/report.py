@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compiler.units import format_bytes
+from compiler.units import format_bytes, format_seconds
 
 SMOKE_FILE = "smoke.json"
 SMOKE_SCHEMA_VERSION = 1
@@ -43,6 +43,7 @@ class Comparison:
     measured_bytes: int | None
     predicted_bytes: int | None
     predicted_items: tuple[str, ...] = ()
+    band: tuple[float, float] | None = None  # the ratios that pass (compiler.smoke.predict.BANDS); None: not judged
 
     @property
     def ratio(self) -> float | None:
@@ -50,10 +51,23 @@ class Comparison:
             return None
         return self.measured_bytes / self.predicted_bytes
 
+    @property
+    def out_of_band(self) -> bool:
+        r = self.ratio
+        return self.band is not None and r is not None and not self.band[0] <= r <= self.band[1]
+
+    def verdict(self) -> str:
+        """'x1.52 outside 0.80-1.25 (line items: activations, logits_loss)', for a failed check."""
+        assert self.band is not None and self.ratio is not None
+        items = f" (line items: {', '.join(self.predicted_items)})" if self.predicted_items else ""
+        return (f"{self.name} measured/predicted x{self.ratio:.2f} is outside the band "
+                f"{self.band[0]:.2f}-{self.band[1]:.2f}{items}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "measured_bytes": self.measured_bytes, "predicted_bytes": self.predicted_bytes,
                 "ratio": None if self.ratio is None else round(self.ratio, 4),
-                "predicted_items": list(self.predicted_items)}
+                "predicted_items": list(self.predicted_items),
+                "band": None if self.band is None else list(self.band), "out_of_band": self.out_of_band}
 
 
 @dataclass
@@ -167,6 +181,10 @@ def _b(x: int | None) -> str:
     return "-" if x is None else format_bytes(x)
 
 
+def _s(x: int | None) -> str:  # a step time comparison holds microseconds
+    return "-" if x is None else format_seconds(x / 1e6)
+
+
 def format_setup(setup: dict[str, Any]) -> list[str]:
     s, d = setup["shape"], setup["degrees"]
     mesh = " x ".join(f"{k}={d[k]}" for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
@@ -219,8 +237,10 @@ def format_target(t: TargetResult) -> list[str]:
             f"act {_b(r.activation_bytes)}" for r in t.ranks[:4]) + (" ..." if len(t.ranks) > 4 else ""))
     for c in t.comparisons:
         ratio = "-" if c.ratio is None else f"x{c.ratio:.2f}"
-        lines.append(f"  {c.name:<16} measured {_b(c.measured_bytes):>10}  predicted {_b(c.predicted_bytes):>10}"
-                     f"  ratio {ratio}")
+        band = "" if c.band is None else f"  band {c.band[0]:.2f}-{c.band[1]:.2f}" + (" OUT" if c.out_of_band else "")
+        fmt = _s if c.name == "step_time" else _b
+        lines.append(f"  {c.name:<16} measured {fmt(c.measured_bytes):>10}  predicted {fmt(c.predicted_bytes):>10}"
+                     f"  ratio {ratio}{band}")
     if t.preemption is not None:
         pre = t.preemption
         diff = "-" if pre["max_abs_diff"] is None else f"{pre['max_abs_diff']:.2g}"

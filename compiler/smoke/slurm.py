@@ -113,6 +113,23 @@ def _run(argv: list[str], env: dict[str, str], *, cwd: Path | None = None, timeo
     return subprocess.run([exe, *argv[1:]], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
+def slurm_unavailable(env: dict[str, str] | None = None) -> str | None:
+    """Why ``--slurm`` cannot run here (no sbatch on PATH, no controller answering), or None. A smoke run
+    that cannot start is a usage problem (exit 2), not a failed check (exit 1)."""
+    env = dict(os.environ if env is None else env)
+    for tool in ("sbatch", "scontrol"):
+        if shutil.which(tool, path=env.get("PATH")) is None:
+            return f"{tool} is not on PATH"
+    try:
+        r = _run(["scontrol", "ping"], env, timeout=15)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"scontrol ping failed: {exc}"
+    if r.returncode != 0 or "UP" not in r.stdout:
+        said = [line for line in (r.stdout + "\n" + r.stderr).splitlines() if line.strip()]
+        return f"no SLURM controller answers (scontrol ping: {said[-1].strip() if said else f'exit {r.returncode}'})"
+    return None
+
+
 def job_state(job_id: int, env: dict[str, str]) -> dict[str, str] | None:
     r = _run(["scontrol", "show", "job", "-o", str(job_id)], env, timeout=15)
     if r.returncode == 0 and "JobId=" in r.stdout:

@@ -25,8 +25,9 @@ for each, in the cost model's terms (compiler/costmodel/step.py):
   MoE layers and its first/last extras, so they are built from cached per-layer pieces.
   The bottleneck stage's f + b is at least the largest of these; with the p2p term above
   that bounds the step.
-* **layout**: the stage times + the ZeRO-2/3 traffic per micro-batch that cannot hide
-  (max(total - 0.9 x compute window, total / layers)), then + the exposed gradient reduce and
+* **layout**: the group's span + the step's ZeRO-2/3 traffic that cannot hide behind it
+  (max(m x per-micro-batch traffic - 0.9 x span, one unit's)): the model's makespan M is at least
+  the span and M + max(Z - 0.9 M, t) only grows with M; then + the exposed gradient reduce and
   parameter gather of the step (max(total - window, last bucket)), the optimizer step and the
   offload traffic that cannot overlap (host-to-device parameters, CPU Adam, NVMe), each the
   minimum over stages.
@@ -66,6 +67,10 @@ def pipeline_units_lb(schedule: str, pp: int, m: int, vpp: int) -> float:
 class Bounds:
     def __init__(self, problem: Problem):
         self.problem = problem
+        # the first framework target (the layout's estimate is its slowest target's, never below this one's),
+        # with host launch time left out (parts.bound_efficiency: what remains is linear in a stage's pieces)
+        self.target = cm.bound_target(problem)
+        self.eff = cm.bound_efficiency()
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
         self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
         self._per_token: dict[tuple, float] = {}
@@ -83,7 +88,7 @@ class Bounds:
     # ------------------------------------------------------------------ helpers
     def setup(self, option: int, layout: Layout) -> Setup:
         return cm.setup_for(self.problem, layout, self.problem.gpu_options[option],
-                            stages=self.stages(layout.pp, layout.vpp))
+                            stages=self.stages(layout.pp, layout.vpp), target=self.target, efficiency=self.eff)
 
     def stages(self, pp: int, vpp: int) -> tuple[StageLayers, ...]:
         got = self._stages.get((pp, vpp))
@@ -155,7 +160,8 @@ class Bounds:
             whole = self.stages(1, 1)[0]
             f, b = self.stage_fb(shape, whole, _HUGE_MB, sp, "none")
             tokens = _HUGE_MB * self.problem.seq_len // shape.cp
-            got = self._per_token[key] = SAFETY * (f + b) * shape.tp / tokens
+            straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+            got = self._per_token[key] = SAFETY * (f + b) * (1.0 + straggler) * shape.tp / tokens
         return got
 
     def group_stage_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
@@ -179,6 +185,13 @@ class Bounds:
             got = self._p2p[key] = cm.pipeline_send_s(setup)
         return got
 
+    def sync_lb(self, shape: Shape, busy_s: float) -> float:
+        """``busy_s`` plus what a synchronous step adds to it (compiler/costmodel/step.py sync_overhead_s: the
+        wait for the slowest rank grows with the busy time, the fixed time does not): the model's busy time
+        is never below the bound's, so neither is its wait."""
+        straggler, fixed = cm.sync_overhead_s(shape.world, busy_s, self.eff)
+        return busy_s + straggler + fixed
+
     def span_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, worst_fb: float) -> float:
         """The pipeline makespan: the schedule's closed form + the p2p transfers on its critical path,
         2 (pp x vpp - 1) of them (the first micro-batch's forward down and backward up; the cost model's
@@ -191,7 +204,7 @@ class Bounds:
     def group_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
                       sps: Iterable[bool] = (False, True), fbs=None) -> float:
         fbs = fbs or self.group_stage_fb(shape, vpp, mb, recompute, sps)
-        return SAFETY * self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs))
+        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs)))
 
     def shape_bubble_factor(self, shape: Shape, pipeline: Iterable[tuple[str, int]],
                             batches: Iterable[tuple[int, int]]) -> float:
@@ -220,7 +233,7 @@ class Bounds:
             layout = make_layout()
             setup = self.setup(shape.option, layout)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            z = cm.zero_traffic(setup, spp)
+            z = cm.zero_traffic(setup, spp, units=sl.layers + int(sl.first or sl.last))
             got = self._dp[key] = (z.forward_s, z.backward_s, z.grad_total_s, z.grad_tail_s, z.param_total_s,
                                    z.param_tail_s, cm.step_extras_s(setup, spp, sl.stage))
         return got
@@ -231,19 +244,16 @@ class Bounds:
 
         ``fbs``: group_stage_fb of the group; ``make_layout()`` builds the layout (only on a cache miss)."""
         w = cm.dp_overlap_window()
-        worst = 0.0
-        step_extra = float("inf")
+        span = self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs))
+        zero = step_extra = float("inf")
         for f, b, sl in fbs:
             fwd, bwd, g_tot, g_tail, p_tot, p_tail, extra = self._dp_pieces(shape, vpp, sl, sh, make_layout)
             units = max(1, sl.layers)
-            if fwd:
-                f += max(fwd - w * f, min(fwd, fwd / units))
-            if bwd:
-                b += max(bwd - w * b, min(bwd, bwd / units))
-            worst = max(worst, f + b)
+            total = ga * (fwd + bwd)  # the step's ZeRO-2/3 traffic, hidden behind the step's busy time
+            zero = min(zero, max(total - w * span, min(total, (fwd + bwd) / units)) if total else 0.0)
             exposed = (max(g_tot - w * b, g_tail) if g_tot else 0.0) + (max(p_tot - w * f, p_tail) if p_tot else 0.0)
             step_extra = min(step_extra, exposed + extra)
-        return SAFETY * (self.span_lb(shape, sched, vpp, mb, ga, worst) + step_extra)
+        return SAFETY * (self.sync_lb(shape, span + zero) + step_extra)
 
     # ------------------------------------------------------------------ memory
     def usable_bytes(self, shape: Shape) -> float:
@@ -264,7 +274,8 @@ class Bounds:
         if got is None:
             view = _ShardingView(shape, sh)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            got = self._states[key] = cm.model_state_bytes(self.problem, spp, view)
+            setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, sh=sh))
+            got = self._states[key] = cm.model_state_bytes(setup, spp, view)
         return got
 
     def _min_states(self, shape: Shape, vpp: int, sl: StageLayers, options: tuple) -> float:

@@ -10,7 +10,7 @@ from compiler.layout import Layout
 from compiler.plan import ClosestMiss, SearchSummary
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
-from compiler.solver.objective import objective_key, round_key
+from compiler.solver.objective import CHEAPEST_TIE, in_tie_band, objective_key, round_key
 
 _DIFF_FIELDS = ("gpu", "tp", "pp", "vpp", "cp", "ep", "dp", "dp_shard", "zero_stage", "micro_batch", "grad_accum",
                 "recompute", "sequence_parallel", "schedule", "offload_optimizer", "offload_params")
@@ -56,9 +56,18 @@ def _main_time_difference(alt: Estimate, best: Estimate) -> str:
     return prefix + f"{name.replace('_', ' ')} {units.format_seconds(a)} vs {units.format_seconds(b)}"
 
 
-def why_lost(problem: Problem, alt: Layout, alt_est: Estimate, best: Layout, best_est: Estimate) -> str:
+def why_lost(problem: Problem, alt: Layout, alt_est: Estimate, best: Layout, best_est: Estimate, *,
+             cheapest_usd: float | None = None) -> str:
     ka, kb = objective_key(problem, alt_est), objective_key(problem, best_est)
     diff = layout_diff(alt, best)
+    if problem.objective == "cheapest" and cheapest_usd is not None and in_tie_band(alt_est.cost_usd, cheapest_usd):
+        # both within the tie band of the cheapest: the faster won
+        ta, tb = alt_est.time_to_train_s, best_est.time_to_train_s
+        cost = (f"{'+' if ka >= kb else ''}{_pct(ka / kb - 1)}" if kb > 0 and round_key(ka) != round_key(kb)
+                else "same cost")
+        if round_key(ta) != round_key(tb):
+            return (f"ties on cost ({cost}, within {CHEAPEST_TIE:.0%} of the cheapest); {_pct(ta / tb - 1)} slower "
+                    f"({diff}): {_main_time_difference(alt_est, best_est)}")
     if round_key(ka) == round_key(kb):
         if alt.num_parallel_dims != best.num_parallel_dims:
             why = f"{alt.num_parallel_dims} parallel dims vs {best.num_parallel_dims}"
@@ -89,14 +98,98 @@ def gpus_phrase(problem: Problem) -> str:
     return f"{problem.min_gpus}-{problem.max_gpus} x {names}"
 
 
-_HINTS = {
-    F.OUT_OF_MEMORY: "enable ZeRO-3 or full recompute (unpin them), allow more GPUs, or use GPUs with more memory",
-    F.OVER_BUDGET: "raise budget.max_cost, relax budget.deadline, or choose cheaper GPUs",
-    F.OVER_DEADLINE: "extend budget.deadline, raise budget.max_cost, or allow more GPUs (cluster.max_gpus)",
-    F.FRAMEWORK_UNSUPPORTED: ("drop the target that cannot run these layouts from `targets`, or unpin the layout "
-                              "knobs it rejects"),
-    F.BATCH_NOT_DIVISIBLE: "choose a global batch with more divisors, or allow training.global_batch_tolerance",
-}
+def _more_gpus(problem: Problem) -> str:
+    if problem.num_gpus is not None:
+        return f"use more GPUs than cluster.num_gpus ({problem.num_gpus:,})"
+    return f"allow more GPUs (cluster.max_gpus is {problem.max_gpus:,})"
+
+
+def _pinned_memory_knobs(problem: Problem) -> list[str]:
+    """The pins that keep the search from the layouts that need less memory."""
+    p = problem.pins
+    out = []
+    if p.zero_stage is not None and p.zero_stage < 3:
+        out.append(f"zero_stage ({p.zero_stage})")
+    if p.recompute not in (None, "full"):
+        out.append(f"recompute ({p.recompute})")
+    if p.micro_batch not in (None, 1):
+        out.append(f"micro_batch_size ({p.micro_batch})")
+    if p.offload_optimizer == "none":
+        out.append("offload_optimizer (none)")
+    for name, value in (("tensor_parallel", p.tp), ("pipeline_parallel", p.pp), ("context_parallel", p.cp),
+                        ("data_parallel_shard", p.dp_shard)):
+        if value is not None:
+            out.append(f"{name} ({value})")
+    return out
+
+
+def _larger_gpus(problem: Problem) -> list[str]:
+    from compiler.catalog import load_catalog
+
+    most = max(o.spec.hbm_bytes for o in problem.gpu_options)
+    catalog = load_catalog()
+    found = [g for g in (catalog.find_gpu(n) for n in catalog.gpu_names()) if g is not None and g.hbm_bytes > most]
+    return [f"{g.name} ({units.format_bytes(g.hbm_bytes)})" for g in sorted(found, key=lambda g: -g.hbm_bytes)]
+
+
+def _framework_note(problem: Problem, summary: SearchSummary) -> str:
+    frameworks = [t for t in problem.targets if t != "slurm"]
+    if summary.rejections_by_code.get(F.FRAMEWORK_UNSUPPORTED) and len(frameworks) > 1:
+        return (f"fewer targets (a layout must run under each of {', '.join(frameworks)}; "
+                f"{summary.rejections_by_code[F.FRAMEWORK_UNSUPPORTED]:,} layouts were framework_unsupported)")
+    return ""
+
+
+def _hint(code: str, problem: Problem, summary: SearchSummary, fastest_gpus: int | None = None) -> str:
+    """What would help, as true of this spec as the search can tell: only knobs the spec pins are 'unpinned',
+    only limits the spec sets are 'raised', only larger GPUs that exist are named."""
+    out: list[str] = []
+    if code == F.OUT_OF_MEMORY:
+        pinned = _pinned_memory_knobs(problem)
+        if pinned:
+            out.append("unpin layout." + ", layout.".join(pinned) + " (the search tries ZeRO-3, full recompute, "
+                       "offload and every tp/pp itself)")
+        out.append(_more_gpus(problem))
+        larger = _larger_gpus(problem)
+        if larger:
+            out.append(f"use GPUs with more memory ({', '.join(larger[:3])})")
+        out.append(_framework_note(problem, summary))
+        out.append(f"shorten training.sequence_length ({problem.seq_len})" if problem.seq_len > 2048 else "")
+    elif code == F.OVER_BUDGET:
+        out.append("raise budget.max_cost")
+        if problem.deadline_s is not None:
+            out.append("relax budget.deadline")
+        out.append("choose cheaper GPUs (cluster.gpu; see dtc catalog gpus)")
+    elif code == F.OVER_DEADLINE:
+        out.append("extend budget.deadline")
+        if problem.max_cost_usd is not None and summary.rejections_by_code.get(F.OVER_BUDGET):
+            out.append("raise budget.max_cost")
+        if fastest_gpus is None or fastest_gpus >= problem.max_gpus:  # more GPUs would be used
+            out.append(_more_gpus(problem))
+        else:  # the fastest layout leaves GPUs unused: what caps its size
+            p = problem.pins
+            degrees = [f"layout.{name}" for name, v in (("tensor_parallel", p.tp), ("pipeline_parallel", p.pp),
+                                                       ("context_parallel", p.cp), ("data_parallel", p.dp)) if v]
+            if degrees:
+                out.append(f"unpin {', '.join(degrees)} (the fastest layout uses {fastest_gpus:,} of "
+                           f"{problem.max_gpus:,} GPUs)")
+            out.append(f"a larger training.global_batch (data parallelism is at most {problem.global_batch} "
+                       "sequences wide)")
+        out.append("train on fewer tokens")
+    elif code == F.FRAMEWORK_UNSUPPORTED:
+        frameworks = [t for t in problem.targets if t != "slurm"]
+        if len(frameworks) > 1:
+            out.append(f"drop the target that cannot run these layouts from `targets` ({', '.join(frameworks)})")
+        else:
+            out.append(f"render for another framework than {', '.join(frameworks) or 'none'} (`targets`)")
+        if _pinned_memory_knobs(problem) or problem.pins.schedule or problem.pins.vpp:
+            out.append("unpin the layout knobs it rejects")
+    elif code == F.BATCH_NOT_DIVISIBLE:
+        out.append("choose a global batch with more factors of two, or allow training.global_batch_tolerance")
+    out = [o for o in out if o]
+    if not out:
+        return "unpin layout knobs or change the GPU count"
+    return ", ".join(out[:-1]) + (", or " if len(out) > 1 else "") + out[-1]
 
 
 # The filter that decided: a budget or deadline is checked last, memory before it, the framework table first.
@@ -104,11 +197,13 @@ _HINT_ORDER = (F.OVER_BUDGET, F.OVER_DEADLINE, F.OUT_OF_MEMORY, F.FRAMEWORK_UNSU
 
 
 def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping[str, str],
-                     misses: Sequence[ClosestMiss]) -> InfeasibleError:
+                     misses: Sequence[ClosestMiss], *, batch_fix: str = "",
+                     fastest_gpus: int | None = None) -> InfeasibleError:
+    """The 'no layout fits' report; ``batch_fix``: the global batch is what blocks the spec (a batch that splits
+    better fits), so its fix is the hint and its miss comes first."""
     seq, batch = problem.seq_len, problem.global_batch
     head = f"no layout fits {problem.model_name} on {gpus_phrase(problem)} (seq {seq}, global batch {batch})"
-    lines = [f"searched {summary.num_considered:,} layouts, {summary.num_feasible} feasible "
-             f"({summary.num_evaluated:,} costed by the model, {summary.num_pruned_by_bound:,} pruned by bound)"]
+    lines = [search_line(summary)]
     layout_codes = {c: n for c, n in summary.rejections_by_code.items() if c not in F.SHAPE_CODES}
     shape_codes = {c: n for c, n in summary.rejections_by_code.items() if c in F.SHAPE_CODES}
     width = max([len(f"{n:,}") for n in summary.rejections_by_code.values()] + [1])
@@ -120,14 +215,25 @@ def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping
         lines.append("closest misses:")
         for m in misses:
             fix = f"\n      fix: {m.fix}" if m.fix else ""
-            lines.append(f"  {m.layout}: {m.message}{fix}")
+            on = f" ({m.gpus})" if m.gpus else ""
+            lines.append(f"  {m.layout}{on}: {m.message}{fix}")
     if summary.num_considered == 0:
         lines.append(_empty_space_reason(problem))
-    hint = next((_HINTS[c] for c in _HINT_ORDER if summary.rejections_by_code.get(c)),
-                "unpin layout knobs or change the GPU count")
+    hint = batch_fix or next((_hint(c, problem, summary, fastest_gpus) for c in _HINT_ORDER
+                              if summary.rejections_by_code.get(c)),
+                             "unpin layout knobs or change the GPU count")
     return InfeasibleError([Diagnostic(summary=head, detail="\n".join(lines), hint=hint,
                                        location=Location(problem.source_path or problem.spec_path))],
                            summary=summary, closest=tuple(misses))
+
+
+def search_line(summary: SearchSummary) -> str:
+    """How many layouts the search saw and what became of them. 'feasible' counts only the layouts the cost
+    model costed: the ones a bound proved could not beat the kept top k were never costed (so a larger --top
+    costs, and may find feasible, more)."""
+    return (f"searched {summary.num_considered:,} layouts: {summary.num_evaluated:,} costed by the model "
+            f"({summary.num_feasible:,} of them feasible), {summary.num_pruned_by_bound:,} pruned by bound (could "
+            f"not beat the plans kept), the rest rejected")
 
 
 def _empty_space_reason(problem: Problem) -> str:
@@ -145,6 +251,16 @@ def _empty_space_reason(problem: Problem) -> str:
             "pp splitting the layers, 2 x cp dividing the sequence and dp dividing the global batch")
 
 
+def cheapest_tie_note(problem: Problem, best: Layout, best_est: Estimate, cheapest: Layout,
+                      cheapest_est: Estimate) -> str:
+    """Why 'cheapest' did not choose the cheapest layout: it tied on cost and was slower."""
+    return (f"objective 'cheapest': costs within {CHEAPEST_TIE:.0%} of the cheapest count as ties and the fastest of "
+            f"them is chosen: {best_est.num_gpus} GPUs for {units.format_seconds(best_est.time_to_train_s)} "
+            f"({units.format_money(best_est.cost_usd)}) instead of the cheapest, {cheapest_est.num_gpus} GPUs for "
+            f"{units.format_seconds(cheapest_est.time_to_train_s)} ({units.format_money(cheapest_est.cost_usd)}, "
+            f"{_pct(1 - cheapest_est.cost_usd / best_est.cost_usd)} less)")
+
+
 def plan_notes(problem: Problem, layout: Layout, *, largest_gpus: int) -> tuple[str, ...]:
     notes: list[str] = []
     if layout.global_batch != problem.global_batch:
@@ -156,8 +272,10 @@ def plan_notes(problem: Problem, layout: Layout, *, largest_gpus: int) -> tuple[
                      f"cluster.max_gpus ({largest_gpus}) and by the batch (dp x micro_batch <= global batch "
                      f"{problem.global_batch}); set budget.max_cost to trade speed for money")
     if problem.objective == "cheapest" and problem.deadline_s is None and problem.num_gpus is None:
-        notes.append("objective 'cheapest' with no deadline: the cheapest run may use few GPUs for a long time; "
-                     "set budget.deadline to bound the wall-clock time")
+        notes.append("objective 'cheapest' with no deadline: set budget.deadline to bound the wall-clock time")
+    if problem.num_gpus is None and problem.max_gpus_default:
+        notes.append(f"no cluster.max_gpus: the search went up to {problem.max_gpus:,} GPUs (dtc's default); set "
+                     "cluster.max_gpus to the most GPUs you can use")
     if problem.objective == "throughput" and problem.num_gpus is None:
         notes.append(f"objective 'throughput' maximises tokens/s per GPU on the largest allowed GPU count "
                      f"({largest_gpus})")

@@ -28,23 +28,31 @@ solving again without it (the cheapest / the fastest layout, and by how much it 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from compiler import units
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, make_plan
+from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
 from compiler.solver.candidates import Sharding, Shape, Space
-from compiler.solver.explain import infeasible_error, plan_notes, why_lost
-from compiler.solver.objective import Pricing, can_prune, key_lb_from_gpu_s_per_token, key_lb_from_step, rank_key
+from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
+from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
+                                       key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
+                                       ranked)
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
+if TYPE_CHECKING:
+    from compiler.costmodel import TargetEstimates
+
 Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
+FinalEvaluator = Callable[[Problem, Layout], "TargetEstimates"]  # the chosen layout, costed for every target
 
 
 def solve(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> Plan:
@@ -64,7 +72,7 @@ class SearchResult:
 
 def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> SearchResult:
     """``solve``, plus an example message for each rejection code."""
-    final = evaluator
+    final: Evaluator | FinalEvaluator | None = evaluator
     if evaluator is None:
         evaluator, final = _search_evaluate, _plan_evaluate
     k = problem.top_k if top_k is None else top_k
@@ -75,17 +83,19 @@ def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator |
 
 
 def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The cost model as the search calls it: no pipeline event list (speed)."""
-    from compiler.costmodel import evaluate
+    """The cost model as the search calls it: no pipeline event list (speed). A layout is costed for each
+    framework target of the problem and must fit under each: the binding (rejecting, else slowest) target's
+    estimate is the layout's."""
+    from compiler.costmodel import evaluate_targets
 
-    return evaluate(problem, layout, pipeline_events=False)
+    return evaluate_targets(problem, layout, pipeline_events=False).result
 
 
-def _plan_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
-    """The chosen layout again, with the simulated pipeline schedule for the report."""
-    from compiler.costmodel import evaluate
+def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
+    """The chosen layout again, with the simulated pipeline schedule for the report, for every target."""
+    from compiler.costmodel import evaluate_targets
 
-    return evaluate(problem, layout)
+    return evaluate_targets(problem, layout)
 
 
 @dataclass(order=True)
@@ -103,6 +113,12 @@ class _Search:
         self.space = Space(problem)
         self.bounds = Bounds(problem)
         self.top: list[_Entry] = []  # sorted, at most k + 1
+        # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
+        # by band_key; it only shrinks as the cheapest falls
+        self.ties = problem.objective == "cheapest"
+        self.band: list[_Entry] = []
+        self.cheapest = float("inf")
+        self.fastest_gpus: int | None = None  # infeasible: the GPUs of the fastest layout, deadline aside
         self.tally = Tally(problem)
         self.num_considered = 0
         self.num_evaluated = 0
@@ -122,6 +138,8 @@ class _Search:
         """The objective key a layout must beat to enter the top k+1 (inf until it is full)."""
         if len(self.top) <= self.k:
             return float("inf")
+        if self.ties:  # a layout that might tie with the cheapest is never pruned
+            return max(self.top[-1].key[0], self.cheapest * (1 + CHEAPEST_TIE))
         return self.top[-1].key[0]
 
     def offer(self, layout: Layout, est: Estimate) -> None:
@@ -130,6 +148,20 @@ class _Search:
             bisect.insort(self.top, entry)
             if len(self.top) > self.k + 1:
                 self.top.pop()
+        if self.ties:
+            if est.cost_usd < self.cheapest:
+                self.cheapest = est.cost_usd
+                self.band = [e for e in self.band if in_tie_band(e.estimate.cost_usd, self.cheapest)]
+            if in_tie_band(est.cost_usd, self.cheapest):
+                bisect.insort(self.band, _Entry(band_key(self.problem, layout, est), layout, est))
+
+    def best_first(self) -> list[_Entry]:
+        """The kept layouts in the final order (objective.ranked), at most k + 1."""
+        if not self.ties:
+            return self.top[:self.k + 1]
+        by_tag = {e.layout.tag: e for e in self.top + self.band}
+        order = ranked(self.problem, [(e.layout, e.estimate) for e in by_tag.values()])
+        return [by_tag[layout.tag] for layout, _ in order[:self.k + 1]]
 
     # ------------------------------------------------------------------ the search
     def options(self, shape: Shape, sched: str, vpp: int) -> tuple[tuple[bool, Sharding], ...]:
@@ -316,7 +348,10 @@ class _Search:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
-        result = self.evaluate(problem, layout)
+        result = self._evaluate(layout)
+        if result is None:  # one target's estimate already ranks after the top k+1: the binding one does too
+            self.num_pruned += 1
+            return
         if isinstance(result, Estimate):
             over = F.check_estimate(problem, result)
             if over is None:
@@ -325,6 +360,20 @@ class _Search:
                 return
             result = over
         self.tally.reject_costed(layout, result)
+
+    def _evaluate(self, layout: Layout) -> Estimate | Rejection | None:
+        """The cost model on ``layout`` for every framework target (the binding estimate), or None when the
+        first target's estimate alone cannot enter the top k+1: a layout's estimate is its slowest target's,
+        so the other targets are not costed (the per-target costing costs one target for most layouts)."""
+        if self.evaluate is not _search_evaluate:
+            return self.evaluate(self.problem, layout)
+        from compiler.costmodel import evaluate_targets_unless
+
+        threshold = self.threshold
+        targets = evaluate_targets_unless(
+            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est), threshold),
+            pipeline_events=False)
+        return None if targets is None else targets.result
 
     # ------------------------------------------------------------------ results
     def summary(self, misses: tuple = ()) -> SearchSummary:
@@ -343,6 +392,9 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_budget(problem, e.estimate)
                 if over is not None:
+                    # the cheapest layout: fewer GPUs would not make it cheaper
+                    more = units.format_money(over.details["over_by_usd"])
+                    over = replace(over, fix=f"raise budget.max_cost by {more}, or choose cheaper GPUs")
                     out.append(closest_miss(e.layout, over, "the cheapest layout " + over.message,
                                           over.details["over_by_usd"] / problem.max_cost_usd))
         if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
@@ -352,24 +404,132 @@ class _Search:
                 e = relaxed.top[0]
                 over = F.check_deadline(problem, e.estimate)
                 if over is not None:
+                    extend = f"extend budget.deadline by {units.format_seconds(over.details['over_by_s'])}"
+                    n = self.fastest_gpus = e.estimate.num_gpus
+                    if n < problem.max_gpus:  # more GPUs are allowed, and the fastest layout does not use them
+                        fix = (f"{extend}; the fastest layout uses {n:,} of the {problem.max_gpus:,} GPUs allowed, "
+                               "so more GPUs would not help")
+                    elif problem.num_gpus is not None:
+                        fix = f"{extend}, or use more GPUs (cluster.num_gpus)"
+                    else:
+                        fix = f"{extend}, or allow more GPUs (cluster.max_gpus)"
+                    over = replace(over, fix=fix)
                     out.append(closest_miss(e.layout, over, "the fastest layout " + over.message,
                                           over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
 
-    def result(self, final: Evaluator) -> Plan:
+    def batch_miss(self) -> tuple[ClosestMiss, str] | None:
+        """When the global batch is what blocks the spec: (the plan a batch that splits better gets, the fix).
+
+        Only asked when some parallel shapes failed the batch rule; the batch tried is the count within
+        TOKEN_BATCH_ROUNDING of the spec's with the most factors of two (what a token batch gets)."""
+        from compiler.arith import divisors, power_of_two_form, twos, well_dividing_count
+        from compiler.problem import TOKEN_BATCH_ROUNDING
+        from compiler.rules import some
+
+        problem = self.problem
+        batch = problem.global_batch
+        better = well_dividing_count(batch, TOKEN_BATCH_ROUNDING)
+        if not self.tally[F.BATCH_NOT_DIVISIBLE] or twos(better) <= twos(batch):
+            return None
+        relaxed = _Search(replace(problem, global_batch=better), 0, self.evaluate)
+        relaxed.run()
+        if not relaxed.top:
+            return None
+        e = relaxed.best_first()[0]
+        splits = divisors(batch)
+        form = power_of_two_form(batch)
+        kind = "prime" if len(splits) == 2 else form
+        tolerance = math.ceil(abs(better / batch - 1) * 100) / 100
+        message = (f"the global batch is what blocks it: {batch} sequences ({kind}) split evenly only over dp = "
+                   f"{some(splits, 8)}; {better} sequences ({power_of_two_form(better)}, {better / batch - 1:+.1%}) "
+                   f"fit: "
+                   f"{e.layout.describe()}, {units.format_seconds(e.estimate.time_to_train_s)}, "
+                   f"{units.format_money(e.estimate.cost_usd)}")
+        fix = (f"write training.global_batch: {better} (a token batch is rounded to such a count by itself), or "
+               f"allow training.global_batch_tolerance: {tolerance:g}")
+        miss = ClosestMiss(layout=e.layout.tag, description=e.layout.describe(), code=F.BATCH_NOT_DIVISIBLE,
+                           message=message, fix=fix, over_by=0.0, gpus=f"{e.layout.world_size} x {e.layout.gpu}")
+        return miss, fix
+
+    def result(self, final: "Evaluator | FinalEvaluator") -> Plan:
         problem = self.problem
         if not self.top:
-            misses = (self.relaxed_misses() + self.tally.closest_misses(self.evaluate))[:MAX_MISSES]
-            raise infeasible_error(problem, self.summary(misses), self.tally.examples, misses)
-        best = self.top[0]
+            batch = self.batch_miss()
+            misses = (((batch[0],) if batch else ()) + self.relaxed_misses()
+                      + self.tally.closest_misses(self.evaluate))[:MAX_MISSES]
+            raise infeasible_error(problem, self.summary(misses), self.tally.examples, misses,
+                                   batch_fix=batch[1] if batch else "", fastest_gpus=self.fastest_gpus)
+        kept = self.best_first()
+        best = kept[0]
+        per_target: tuple[TargetEstimate, ...] = ()
         if final is not self.evaluate:  # the chosen layout again, with its simulated pipeline schedule
-            again = final(problem, best.layout)
+            targets = final(problem, best.layout)
+            again = targets.result  # type: ignore[union-attr]
             assert isinstance(again, Estimate), f"the cost model changed its mind about {best.layout.tag}"
-            best.estimate = again
+            best.estimate, per_target = again, targets.summaries()  # type: ignore[union-attr]
         alternatives = tuple(
             Candidate(layout=e.layout, estimate=e.estimate, rank=i + 2,
-                      why_lost=why_lost(problem, e.layout, e.estimate, best.layout, best.estimate))
-            for i, e in enumerate(self.top[1:self.k + 1]))
+                      why_lost=why_lost(problem, e.layout, e.estimate, best.layout, best.estimate,
+                                        cheapest_usd=self.cheapest if self.ties else None))
+            for i, e in enumerate(kept[1:]))
         notes = plan_notes(problem, best.layout, largest_gpus=self.largest_gpus) + framework_notes(problem, best.layout)
+        if self.ties and self.top[0].layout.tag != best.layout.tag:
+            notes = (cheapest_tie_note(problem, best.layout, best.estimate, self.top[0].layout,
+                                       self.top[0].estimate),) + notes
         return make_plan(problem, best.layout, best.estimate, alternatives=alternatives,
-                         search=self.summary(), notes=notes)
+                         search=self.summary(), notes=notes, target_estimates=per_target)
+
+
+@dataclass(frozen=True)
+class TargetCost:
+    """What a target's support rules cost the plan: the best plan without that target, if it is better."""
+
+    target: str
+    layout: Layout
+    estimate: Estimate
+    reason: str  # why the target cannot run that layout (its support rules)
+    better_by: float  # relative improvement of the objective key (0.12 = 12% faster / cheaper)
+
+    def describe(self, problem: Problem, plan: Plan) -> str:
+        from compiler.targets import registry
+
+        name = registry.get(self.target).display_name
+        e, p = self.estimate, plan.estimate
+        if problem.objective == "cheapest":
+            what = (f"{units.format_money(e.cost_usd)} instead of {units.format_money(p.cost_usd)} "
+                    f"({self.better_by:.1%} cheaper)")
+        elif problem.objective == "throughput":
+            what = (f"{e.tokens_per_s_per_gpu:,.0f} instead of {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
+                    f"({self.better_by:.1%} more)")
+        else:
+            what = (f"{units.format_seconds(e.time_to_train_s)} instead of {units.format_seconds(p.time_to_train_s)} "
+                    f"({self.better_by:.1%} faster)")
+        return (f"target {self.target} ruled out a better layout: {self.layout.describe()} on {e.num_gpus:,} x "
+                f"{self.layout.gpu} trains in {what}, but {name} cannot run it ({self.reason})")
+
+
+def target_costs(problem: Problem, plan: Plan, *, min_gain: float = 0.005) -> tuple[TargetCost, ...]:
+    """For each framework target of ``problem``: the best plan of the same spec without that target's support
+    rules, when it beats ``plan`` on the objective by more than ``min_gain``. A plan must run under every
+    target it is rendered for, so each target can only narrow the layouts; this says what it costs."""
+    from compiler.solver.objective import objective_key
+    from compiler.targets import registry
+    from compiler.targets.support import target_reason
+
+    frameworks = [t for t in problem.targets if registry.get(t).support]
+    out = []
+    base = objective_key(problem, plan.estimate)
+    for target in frameworks:
+        others = tuple(t for t in problem.targets if t != target)
+        relaxed = _Search(replace(problem, targets=others, top_k=0), 0, _search_evaluate)
+        relaxed.run()
+        if not relaxed.top:
+            continue
+        e = relaxed.best_first()[0]
+        key = objective_key(problem, e.estimate)
+        gain = 1 - key / base if base > 0 else 0.0
+        hit = target_reason(target, Knobs.of(e.layout), problem.precision)
+        if gain > min_gain and hit is not None:
+            out.append(TargetCost(target, e.layout, e.estimate, hit[1], gain))
+    return tuple(out)

@@ -117,8 +117,13 @@ class Tally:
 
 
 def closest_miss(layout: Layout, rej: Rejection, message: str, distance: float) -> ClosestMiss:
+    fix = rej.fix
+    if rej.code == F.OUT_OF_MEMORY and " usable)" in fix:
+        # what this one layout would need; the remedies on it (recompute, ZeRO-3, ...) are other layouts the
+        # search has already tried, so the spec-level hint says what is left
+        fix = fix[:fix.index(" usable)") + len(" usable)")]
     return ClosestMiss(layout=layout.tag, description=layout.describe(), code=rej.code, message=message,
-                       fix=rej.fix, over_by=round(distance, 4))
+                       fix=fix, over_by=round(distance, 4), gpus=f"{layout.world_size} x {layout.gpu}")
 
 
 def memory_distance(r: Rejection) -> float:

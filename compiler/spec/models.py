@@ -11,7 +11,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from compiler import units
@@ -48,9 +48,25 @@ Bandwidth = Annotated[float, _unit(units.parse_bandwidth, "a bandwidth"), Field(
 Flops = Annotated[float, _unit(units.parse_flops, "a FLOP rate"), Field(json_schema_extra={"examples": ["989TFLOPS"]})]
 Money = Annotated[float, _unit(units.parse_money, "an amount of money"), Field(json_schema_extra={"examples": ["$2.5M", 2.49]})]
 Duration = Annotated[float, _unit(units.parse_duration, "a duration"), Field(json_schema_extra={"examples": ["30d", "12h"]})]
+PLAN_DATA = "plan_data"  # validation context: values read back from plan.json (already in SI units)
+
+
+def _time_limit(value: Any, info: ValidationInfo) -> Any:
+    """A spec's time limit: a duration or SLURM's own forms (48:00:00, 2-00:00:00), but not a bare number
+    (SLURM reads minutes, a dtc duration seconds); plan.json holds whole seconds."""
+    if info.context and info.context.get(PLAN_DATA) and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return math.ceil(units.parse_slurm_time(value))
+    except units.UnitError as exc:
+        raise PydanticCustomError(
+            "dtc_unit", "expected {kind}", {"kind": "a time limit", "expected": exc.expected, "reason": str(exc)}
+        ) from None
+
+
 # SLURM takes whole seconds (D-HH:MM:SS): a time limit is rounded up once, here, and exact from then on.
-WholeSeconds = Annotated[int, _unit(lambda v: math.ceil(units.parse_duration(v)), "a duration"),
-                         Field(json_schema_extra={"examples": ["30d", "12h"]})]
+WholeSeconds = Annotated[int, BeforeValidator(_time_limit, json_schema_input_type=str),
+                         Field(json_schema_extra={"examples": ["4d", "48h", "48:00:00", "2-00:00:00"]})]
 PosInt = Annotated[int, BeforeValidator(_int_only), Field(ge=1, le=10_000_000)]
 NonNegInt = Annotated[int, BeforeValidator(_int_only), Field(ge=0, le=10_000_000)]
 
@@ -216,10 +232,13 @@ class TrainingSpec(_Strict):
     tokens: TokenCount = Field(description="Total training tokens, e.g. 15T.")
     sequence_length: PosInt = Field(description="Tokens per sequence, e.g. 8192.")
     global_batch: PosInt | Annotated[str, Field(max_length=64)] = Field(
-        description="Global batch per optimizer step: sequences (2048) or tokens ('16M tokens').")
+        description="Global batch per optimizer step: sequences (2048) or tokens ('16M tokens', '4Mi tokens'); a "
+                    "token batch is a target: dtc uses the count of sequences within 5% of it that splits best "
+                    "(the most factors of two) and says so in the plan.")
     global_batch_tolerance: float = Field(
         0.0, ge=0.0, le=0.5,
-        description="Allowed relative deviation of the global batch, so the solver may round it to fit a layout (0: exact).")
+        description="Allowed relative deviation of the global batch (in sequences; for a token batch, of the count "
+                    "dtc chose), so the solver may round it to fit a layout (0: exact).")
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
         "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), or fp32.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
@@ -321,7 +340,9 @@ class ClusterSpec(_Strict):
         description="GPU type from the catalog (h100-sxm), a list to choose from, or a custom GPU.")
     gpus_per_node: Annotated[PosInt, Field(le=1024)] | None = Field(None, description="GPUs per node; default from the catalog (8 for HGX).")
     num_gpus: PosInt | None = Field(None, description="Use exactly this many GPUs.")
-    max_gpus: PosInt | None = Field(None, description="Use at most this many GPUs (whole nodes); default 16384.")
+    max_gpus: PosInt | None = Field(None, description="Use at most this many GPUs (whole nodes). A spec gives this, "
+                                   "num_gpus, budget.max_cost or budget.deadline; with only a budget or deadline the "
+                                   "search goes up to 16384.")
     min_gpus: PosInt | None = Field(None, description="Use at least this many GPUs.")
     price_per_gpu_hour: Price | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
     network: NetworkSpec | None = Field(None, description="Link bandwidth overrides.")
@@ -352,8 +373,9 @@ class BudgetSpec(_Strict):
     deadline: PosDuration | None = Field(None, description="Wall-clock limit for the whole run, e.g. 60d.")
     objective: Literal["fastest", "cheapest", "throughput"] = Field(
         "fastest",
-        description="fastest: least time to train within the budget; cheapest: least cost within the deadline; "
-                    "throughput: most tokens/s per GPU on the given GPUs.")
+        description="fastest: least time to train within the budget; cheapest: least cost within the deadline "
+                    "(costs within 1% of the cheapest are ties, and the fastest of them wins); throughput: most "
+                    "tokens/s per GPU on the given GPUs.")
 
 
 # ---------------------------------------------------------------------------- layout
@@ -463,7 +485,7 @@ class SlurmSpec(_Strict):
     partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="Partition (-p).")
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
-    time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit, e.g. 24h (SLURM --time).")
+    time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit (SLURM --time): 24h, 4d, or SLURM's own 48:00:00 or 2-00:00:00.")
     cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
@@ -542,14 +564,22 @@ class Spec(_Strict):
 
 
 def parse_global_batch(value: int | str) -> tuple[str, int]:
-    """('sequences', n) or ('tokens', n) from 2048, '2048 sequences' or '16M tokens'."""
+    """('sequences', n) or ('tokens', n) from 2048, '2048 sequences', '16M tokens' or '4Mi tokens'.
+
+    A number with a size suffix and no unit ('4M') is refused: 4M sequences is 4,000 times a usual
+    batch, and '4M' almost always means tokens."""
+    expected = "2048 (sequences), '2048 sequences', '16M tokens' or '4Mi tokens'"
     if isinstance(value, int):
         return "sequences", value
-    m = re.fullmatch(r"\s*(\S+)\s*(tokens?|sequences?|seqs?|samples?)?\s*", value)
+    m = re.fullmatch(r"\s*(\S+?)\s*(tokens?|sequences?|seqs?|samples?)?\s*", value)
     if not m:
-        raise units.UnitError(f"not a batch size: {value!r}", "2048, '2048 sequences' or '16M tokens'")
+        raise units.UnitError(f"not a batch size: {value!r}", expected)
     n = units.parse_count(m.group(1))
+    if m.group(2) is None and not re.fullmatch(r"[0-9_,]+", m.group(1)):
+        raise units.UnitError(f"a batch with a size suffix needs a unit: {value!r}",
+                              f"'{m.group(1)} tokens' or '{m.group(1)} sequences' (a plain number such as 2048 "
+                              "counts sequences)")
     kind = "tokens" if (m.group(2) or "").startswith("token") else "sequences"
     if n < 1:
-        raise units.UnitError(f"batch must be positive: {value!r}", "2048, '2048 sequences' or '16M tokens'")
+        raise units.UnitError(f"batch must be positive: {value!r}", expected)
     return kind, n

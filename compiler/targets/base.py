@@ -4,8 +4,9 @@ A ``Target`` carries everything dtc knows about one output framework: its name i
 display name, the versions its artifacts are written for, its support rules (what layouts it
 can run, judged by compiler.rules under the code ``framework_unsupported``), its notes for
 PLAN.md, its renderer and templates, the invariants its files must keep with the plan, the
-real-consumer validator the tests run on its files, how SLURM launches it, and its smoke
-runner. Heavy pieces (renderers, smoke runners, validators) are named by ``module:function``
+real-consumer validator the tests run on its files, how SLURM launches it, its smoke
+runner, and its cost profile (what the cost model must know about how its artifacts run a
+layout: gradient dtypes, overlaps, kernels, activation profile, fp8 recipe). Heavy pieces (renderers, smoke runners, validators) are named by ``module:function``
 strings and imported only when used, so that reading the registry costs nothing.
 
 Adding a target: docs/adding-a-target.md.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 if TYPE_CHECKING:
     from compiler.layout import Layout
     from compiler.rules import Knobs
+    from compiler.targets.cost import CostProfile
 
 SupportRule = Callable[["Knobs", str], "tuple[str, str] | None"]  # (knobs, precision) -> (field, reason) | None
 
@@ -83,6 +85,8 @@ class Target:
     slurm: SlurmLaunch | None = None  # how the slurm target launches it (a framework target)
     smoke: SmokeHooks | None = None
     launches_others: bool = False  # it launches framework targets (slurm): a spec must also name one
+    # how it runs a layout, as the cost model needs it (compiler/targets/cost.py); None: not a framework (slurm)
+    cost: "CostProfile | None" = None
 
     def reason(self, knobs: "Knobs", precision: str) -> tuple[str, str] | None:
         """(field, why) this target cannot run ``knobs`` (all failing rules joined), or None (so far)."""

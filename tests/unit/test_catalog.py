@@ -299,7 +299,7 @@ def _raw_gpu() -> dict:
         "peak_flops": {"bf16": "1PFLOPS", "fp16": "1PFLOPS", "tf32": "0.5PFLOPS", "fp32": "60TFLOPS"},
         "hbm": "80GiB", "hbm_bandwidth": "3TB/s", "intra_node_link": "nvlink4",
         "intra_node_bandwidth": "450GB/s", "nvlink_domain_gpus": 8, "default_gpus_per_node": 8,
-        "inter_node_bandwidth": "400Gb/s", "pcie_bandwidth": "64GB/s", "price_per_gpu_hour": "$2",
+        "inter_node_bandwidth": "400Gb/s", "pcie_bandwidth": "64GB/s", "price_per_gpu_hour": "$2", "tdp": "700W",
         "sources": {k: "a datasheet (example.com)" for k in GPU_SOURCED_FIELDS},
     }
 
@@ -312,7 +312,9 @@ def test_gpu_validation_accepts_the_minimal_entry():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda r: r.update(tdp="700W"), "unknown field"),
+        (lambda r: r.update(tgp="700W"), "unknown field"),
+        (lambda r: r.update(tdp="hot"), "tdp"),
+        (lambda r: r.update(kernel_class="volta"), "kernel_class"),
         (lambda r: r["peak_flops"].update(int8="2POPS"), "unknown field"),
         (lambda r: r["sources"].pop("hbm"), "missing field"),
         (lambda r: r.pop("hbm"), "missing field"),

@@ -32,8 +32,12 @@ def test_preset_and_units_resolve():
     p = problem()
     assert p.shape.num_layers == 80 and p.shape.num_kv_heads == 8
     assert p.tokens == 15 * 10**12
-    assert p.global_batch == 1953  # 16e6 / 8192 rounded, and the note says so
-    assert "rounded" in p.batch_note
+    # 16e6 / 8192 = 1953.1 (3^2 x 7 x 31: splits over 31 ranks, not 32): a token batch is a target, and the
+    # count within 5% with the most factors of two is 2048 = 16Mi tokens, Llama 3's batch; the note says so
+    assert p.global_batch == 2048
+    assert p.batch_note.startswith("16M tokens / 8192 tokens per sequence = 1953.1 sequences; chose 2048 = 2^11 "
+                                   "(16.78M tokens, +4.9%)")
+    assert "'global_batch: 1953'" in p.batch_note
     assert p.gpu_options[0].name == "h100-sxm"  # alias
 
 
@@ -130,3 +134,55 @@ def test_problem_from_data_is_the_problem_of_the_same_yaml():
     with pytest.raises(SpecError) as exc:
         problem_from_data({**data, "layout": {"tensor_parallel": 3}})
     assert exc.value.diagnostics[0].code == "tp_not_divisor"
+
+
+@pytest.mark.parametrize("batch,seq,want", [
+    ("16M tokens", 8192, 2048), ("4M tokens", 4096, 1024), ("4Mi tokens", 4096, 1024), ("16Mi tokens", 8192, 2048),
+    ("100M tokens", 4096, 24576), ("3M tokens", 8192, 384), ("2048 sequences", 8192, 2048), (977, 4096, 977),
+    ("'977'", 4096, 977), ("1.5Mi tokens", 2048, 768)])
+def test_token_batches_choose_a_count_that_splits(batch, seq, want):
+    p = problem(BASE.replace("global_batch: 16M tokens", f"global_batch: {batch}")
+                .replace("sequence_length: 8192", f"sequence_length: {seq}"))
+    assert p.global_batch == want
+    if "token" in str(batch):
+        assert "tokens / " in p.batch_note
+
+
+@pytest.mark.parametrize("batch", ["4M", "2K", "1.5Mi", "16M seqs x"])
+def test_a_batch_with_a_suffix_needs_a_unit(batch):
+    with pytest.raises(SpecError) as info:
+        problem(BASE.replace("global_batch: 16M tokens", f"global_batch: {batch}"))
+    text = info.value.render()
+    assert "t.yaml:8:17: error: training.global_batch" in text
+    if batch != "16M seqs x":
+        assert f"'{batch} tokens' or '{batch} sequences'" in text
+
+
+@pytest.mark.parametrize("limit,seconds", [("48:00:00", 172800), ("2-00:00:00", 172800), ("2-12", 216000),
+                                           ("2-12:30", 217800), ("90:30", 5430), ("4d", 345600), ("36h", 129600),
+                                           ("90.2s", 91)])
+def test_slurm_time_limit_forms(limit, seconds):
+    p = problem(BASE + f"slurm:\n  time_limit: {limit}\n")
+    assert p.slurm.time_limit == seconds
+
+
+@pytest.mark.parametrize("limit", ["2880", "'60'", "1-25:00:00", "10:61"])
+def test_ambiguous_or_bad_time_limits_are_refused(limit):
+    with pytest.raises(SpecError) as info:
+        problem(BASE + f"slurm:\n  time_limit: {limit}\n")
+    text = info.value.render()
+    assert "slurm.time_limit" in text and "48:00:00" in text
+    if limit in ("2880", "'60'"):
+        assert "SLURM reads a bare number as minutes" in text
+
+
+def test_a_spec_without_any_limit_is_refused():
+    """Issue #15: with no GPU cap, budget or deadline an 8B spec planned 4,096 H100 for 73 minutes."""
+    text = BASE.replace("  num_gpus: 1024\n", "")
+    with pytest.raises(SpecError) as info:
+        problem(text)
+    out = info.value.render()
+    assert "t.yaml:9:1: error: cluster needs a GPU limit" in out and "max_gpus: 512" in out
+    for limit in ("cluster:\n  gpu: h100\n  max_gpus: 64", "cluster:\n  gpu: h100\nbudget: {max_cost: $1M}",
+                  "cluster:\n  gpu: h100\nbudget: {deadline: 30d}"):
+        assert problem(text.replace("cluster:\n  gpu: h100", limit)).max_gpus in (64, 16384)

@@ -1,6 +1,6 @@
 """DeepSpeed 0.19.8: ds_config.json, the runtime's trainer (dtc_runtime/) with ds_train_config.json, and ds_train.py."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
-from compiler.targets.deepspeed import support
+from compiler.targets.deepspeed import cost, support
 
 TARGET = Target(
     name="deepspeed",
@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"deepspeed": "0.19.8", "torch": "2.13.0"},
     files=("ds_config.json", "ds_train.py"),
     support=support.RULES,
+    cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.deepspeed.render:render_deepspeed",
     check_artifacts="compiler.targets.deepspeed.render:check_artifacts",

@@ -30,6 +30,7 @@ from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
 from compiler.runtime_bundle import render_runtime_target
+from compiler.targets.deepspeed.cost import COST, STAGE3_MAX_LIVE_PARAMETERS
 
 CONFIG_FILE = "ds_config.json"
 RUN_CONFIG_FILE = "ds_train_config.json"
@@ -45,7 +46,6 @@ STEPS_PER_PRINT = 100
 # DeepSpeed's own defaults for the stage-3 knobs that do not scale with the model
 # (docs/config-json "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
 # "sub_group_size": 1e9).
-STAGE3_MAX_LIVE_PARAMETERS = 10**9
 STAGE3_MAX_REUSE_DISTANCE = 10**9
 SUB_GROUP_SIZE = 10**9
 # fp16 dynamic loss scaling, DeepSpeed docs (config-json "fp16") defaults written out:
@@ -129,8 +129,8 @@ def deepspeed_context(plan: Plan) -> dict[str, Any]:
         "optimizer": _optimizer(plan),
         # gradients accumulated and reduced in fp32, as the other two targets do and the cost model
         # counts (DeepSpeed's default for bf16 is to accumulate and reduce in the parameter dtype)
-        "data_types": {"grad_accum_dtype": "fp32"},
-        "communication_data_type": "fp32",
+        "data_types": {"grad_accum_dtype": COST.grad_dtype},  # the cost model reads the same facts (cost.py)
+        "communication_data_type": COST.grad_reduce_dtype,
     }
     cfg.update(_precision(str(plan.training.precision)))
     if lay.zero_stage > 0 and plan.training.optimizer == "sgd":

@@ -1,6 +1,6 @@
 """torch 2.13 FSDP2: the runtime's trainer (dtc_runtime/), fsdp_config.json and the fsdp_train.py entry (torchrun)."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
-from compiler.targets.fsdp import support
+from compiler.targets.fsdp import cost, support
 
 TARGET = Target(
     name="fsdp",
@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"torch": "2.13.0"},
     files=("fsdp_config.json", "fsdp_train.py"),
     support=support.RULES,
+    cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.fsdp.render:render_fsdp",
     check_artifacts="compiler.targets.fsdp.render:check_artifacts",

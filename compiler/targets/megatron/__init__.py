@@ -1,6 +1,6 @@
 """Megatron-LM on megatron-core 0.19.2: megatron_args.sh, the pretrain_gpt.py arguments (srun)."""
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
-from compiler.targets.megatron import support
+from compiler.targets.megatron import cost, support
 
 TARGET = Target(
     name="megatron",
@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"megatron-core": "0.19.2"},
     files=("megatron_args.sh",),
     support=support.RULES,
+    cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.megatron.render:render_megatron",
     templates="templates",

@@ -32,6 +32,7 @@ from compiler.render.common import lr_schedule_steps
 from compiler.render.environment import render_template
 from compiler.render.report import provenance_header
 from compiler.split import LayerSplit, PipelineSplit
+from compiler.targets.megatron.cost import COST
 
 ARGS_FILE = "megatron_args.sh"
 TEMPLATE = "megatron/megatron_args.sh.j2"
@@ -298,10 +299,12 @@ def _precision(plan: Plan) -> list[list[str]]:
     if p == "bf16":
         return [["--bf16"]]
     if p == "fp8":
-        # fp8 GEMMs through Transformer Engine, bf16 elsewhere. Blackwell has hardware MXFP8 block
-        # scaling; Hopper/Ada use delayed (per-tensor history) scaling.
-        if plan.cluster.generation == "blackwell":
+        # fp8 GEMMs through Transformer Engine, bf16 elsewhere, with the recipe the cost model costs
+        # (compiler/targets/megatron/cost.py: MXFP8 on Blackwell, delayed per-tensor scaling elsewhere)
+        recipe = COST.fp8_recipe_on(plan.cluster.generation)
+        if recipe == "mxfp8":
             return [["--bf16"], _f("--fp8-format", "e4m3"), _f("--fp8-recipe", "mxfp8")]
+        assert recipe == "fp8_tensorwise_delayed", recipe
         return [["--bf16"], _f("--fp8-format", "hybrid"), _f("--fp8-recipe", "delayed"),
                 _f("--fp8-amax-history-len", FP8_AMAX_HISTORY_LEN), _f("--fp8-amax-compute-algo", "max")]
     return []  # fp32

@@ -469,7 +469,7 @@ def describe(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None
 
 def predict(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
     """The cost model's memory for the layout and model that ran (same machinery as the others)."""
-    from compiler.smoke.predict import compare, predict_memory
+    from compiler.smoke.predict import compare, judge, predict_memory
 
     if result.status == "skipped" or run.layout is None:
         return
@@ -480,3 +480,4 @@ def predict(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
         return
     result.comparisons = compare(memory, result.ranks, host_offload=setup.device == "cpu",
                                  gpus_per_node=run.layout.gpus_per_node)
+    judge(result)

@@ -10,7 +10,12 @@ from compiler.spec.load import load_spec_text
 
 
 def make_problem(preset: str = "llama3-8b", *, gpu: str = "h100-sxm", num_gpus: int = 8, seq: int = 4096,
-                 gbs: int = 64, precision: str = "bf16", tokens: str = "1T", extra: str = "") -> Problem:
+                 gbs: int = 64, precision: str = "bf16", tokens: str = "1T", extra: str = "",
+                 targets: str = "[megatron]") -> Problem:
+    """A Problem costed for ``targets`` (default Megatron: the cost profile these tests were written
+    against; compiler/targets/megatron/cost.py) unless ``extra`` names its own."""
+    if "targets:" in extra:
+        targets = ""
     text = textwrap.dedent(f"""
         name: cm-test
         model:
@@ -23,7 +28,7 @@ def make_problem(preset: str = "llama3-8b", *, gpu: str = "h100-sxm", num_gpus: 
         cluster:
           gpu: {gpu}
           num_gpus: {num_gpus}
-    """) + textwrap.dedent(extra)
+    """) + (f"targets: {targets}\n" if targets else "") + textwrap.dedent(extra)
     return lower(load_spec_text(text, "cm-test.yaml"))
 
 

@@ -1,10 +1,9 @@
-"""Against published numbers: the accuracy benchmark (regression guard) and time to train.
+"""Against published numbers: the accuracy benchmark (a guard against collapse) and the production layouts.
 
-* benchmarks/accuracy.py on shared/calibration/published_runs_dev.csv: the goal is median |error|
-  <= 10% and p90 <= 25% (a benchmark figure); this test only guards against a collapse.
-* DeepSeek-V3 (arXiv:2412.19437, Table 1: 2.788M H800 GPU-hours for 14.8T tokens) and Llama 3 405B
-  (arXiv:2407.21783 Table 4 layout; 30.84M H100 GPU-hours, Llama 3.1 model card) within 20% from
-  their published layouts.
+* benchmarks/accuracy.py on the vendored calibration set (benchmarks/data): the goals (leave-one-source-out
+  median |error| <= 8%, p90 <= 20%) are benchmark figures; this test only guards against a collapse.
+* benchmarks/time_to_train.py: DeepSeek-V3, Llama 3 405B and NeMo's Llama 3.1 405B pp8 x vpp8 layouts are
+  representable and costed with the memory check on; the 15% goal is a benchmark figure, this guards 35%.
 """
 from __future__ import annotations
 
@@ -14,34 +13,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-CSV = Path("/work/shared/calibration/published_runs_dev.csv")
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import accuracy  # noqa: E402
 import time_to_train  # noqa: E402
+from compiler.estimate import Estimate  # noqa: E402
 
 
-@pytest.mark.skipif(not CSV.exists(), reason="calibration set not available")
 def test_accuracy_does_not_collapse():
-    report = accuracy.run(CSV)
+    report = accuracy.run(accuracy.CALIBRATION_CSV)
     overall = report.overall()
-    assert overall["rows"] >= 150
+    assert overall["rows"] >= 250
     assert overall["median_abs_error"] < 0.20
     assert overall["p90_abs_error"] < 0.60
     assert accuracy.format_report(report).splitlines()[-1].startswith(f"overall: {overall['rows']} rows, median")
 
 
 @pytest.mark.parametrize("case", time_to_train.CASES, ids=lambda c: c.name)
-def test_time_to_train_within_20_percent(case):
+def test_production_layouts_are_representable_and_costed(case):
+    """Fits under the memory check exactly when the case says so (a documented disagreement stays visible),
+    every further part of the published figure fits; the cost, checked or not, within 35% of the figure."""
     est = time_to_train.estimate_case(case)
-    assert est.gpu_hours == pytest.approx(case.published_gpu_hours, rel=0.20)
+    assert isinstance(est, Estimate) == case.fits_in_model, getattr(est, "message", "")
+    if not isinstance(est, Estimate):
+        assert est.code == "out_of_memory"
+    for phase in case.phases:
+        assert isinstance(time_to_train.estimate_case(case, phase=phase), Estimate), phase[0]
+    (row,) = [r for r in time_to_train.run() if r["case"] == case.name]
+    assert row["predicted"] == pytest.approx(case.published, rel=0.35)
 
 
 def test_benchmark_skips_what_it_cannot_model_with_a_reason(tmp_path):
-    lines = CSV.read_text().splitlines()[:1] if CSV.exists() else []
-    if not lines:
-        pytest.skip("calibration set not available")
-    header = lines[0]
+    header = accuracy.CALIBRATION_CSV.read_text().splitlines()[0]
     path = tmp_path / "one.csv"
     path.write_text(header + "\n" + ",".join("" for _ in header.split(",")) + "\n")
     report = accuracy.run(path)

@@ -87,12 +87,12 @@ def test_zero_offload_fits_70b_on_4_gpus_at_the_price_of_a_slower_step(problem_f
     4 x 80 GB GPUs hold it, where keeping them on the GPUs needs more GPUs; the CPU optimizer step costs time."""
     p = problem_factory("llama3-70b", gpu="a100-80gb", num_gpus=4, seq=2048, gbs=8)
     on = layout_factory(p, dp_shard=4, zero_stage=3, recompute="full")
-    assert evaluate(p, on).code == "out_of_memory"
-    off = evaluate(p, on.with_(offload_optimizer="cpu", offload_params="cpu"))
+    assert evaluate(p, on, target="deepspeed").code == "out_of_memory"
+    off = evaluate(p, on.with_(offload_optimizer="cpu", offload_params="cpu"), target="deepspeed")
     assert isinstance(off, Estimate)
     assert off.memory.cpu_bytes_per_node > 70e9 * 12
     assert off.time.item("offload").value > 0
-    gpu_opt = evaluate(p, on, check_memory=False)
+    gpu_opt = evaluate(p, on, check_memory=False, target="deepspeed")
     assert off.step_time_s > gpu_opt.step_time_s
 
 
@@ -101,7 +101,7 @@ def test_cost_estimator_scales_with_tokens_and_price(problem_factory, layout_fac
     a = problem_factory("llama3-8b", tokens="100B")
     b = problem_factory("llama3-8b", tokens="200B", extra="")
     la = layout_factory(a, dp_shard=8, zero_stage=1, recompute="selective")
-    ea, eb = evaluate(a, la), evaluate(b, la)
+    ea, eb = evaluate(a, la, check_memory=False), evaluate(b, la, check_memory=False)
     assert eb.cost_usd == pytest.approx(2 * ea.cost_usd, rel=1e-3)
 
 
@@ -122,3 +122,28 @@ def test_evaluate_is_fast(problem_factory, layout_factory):
     for _ in range(50):
         evaluate(p, lay, pipeline_events=False)
     assert (time.perf_counter() - start) / 50 < 0.02
+
+
+def test_a_layout_is_costed_for_its_target_and_defaults_to_the_first(problem_factory, layout_factory):
+    """evaluate() costs for the problem's first framework target unless told; the targets differ where their
+    framework facts differ (eager kernels, no TP overlap, gradient dtype)."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", targets="[fsdp, megatron, slurm]")
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=3, recompute="full")
+    default, fsdp, mg = evaluate(p, lay), evaluate(p, lay, target="fsdp"), evaluate(p, lay, target="megatron")
+    assert default.step_time_s == fsdp.step_time_s
+    assert fsdp.step_time_s > mg.step_time_s  # eager elementwise kernels, FA2, TP collectives on the critical path
+    assert "PyTorch FSDP2" in " ".join(i.source for i in fsdp.time.items)
+
+
+def test_evaluate_targets_binds_to_the_slowest_or_the_rejecting_target(problem_factory, layout_factory):
+    from compiler.costmodel import evaluate_targets
+
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", targets="[megatron, fsdp, slurm]")
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=3, recompute="full")
+    both = evaluate_targets(p, lay)
+    assert [t for t, _ in both.by_target] == ["megatron", "fsdp"]
+    assert both.binding == "fsdp" and both.result.step_time_s == evaluate(p, lay, target="fsdp").step_time_s
+    # 70B on 8 GPUs without sharding: no target fits, the first rejection binds
+    big = problem_factory("llama3-70b", num_gpus=8, gbs=64, tokens="100B", targets="[megatron, fsdp]")
+    rej = evaluate_targets(big, layout_factory(big, dp_replicate=8))
+    assert rej.binding == "megatron" and rej.result.code == "out_of_memory"

@@ -18,8 +18,6 @@ def _bench():
     return module
 
 
-@pytest.mark.skipif(not Path("/work/shared/calibration/published_runs_dev.csv").exists(),
-                    reason="the calibration set is not on this machine")
 def test_choice_is_at_least_as_fast_as_narayanan_table_1() -> None:
     bench = _bench()
     rows = [r for r in bench.select_rows("narayanan2021") if int(r["num_gpus"]) <= 512]

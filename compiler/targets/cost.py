@@ -1,0 +1,83 @@
+"""What the cost model must know about how a framework runs a layout: a ``CostProfile``.
+
+A layout is costed *for a target*: Megatron-Core with Transformer Engine saves other tensors,
+keeps other gradient buffers, overlaps other collectives and launches other kernels than a
+PyTorch-eager FSDP2 or DeepSpeed trainer. Each of dtc's framework targets carries its profile
+as ``Target.cost`` (compiler/targets/<name>/__init__.py), next to the renderer that writes the
+artifacts the profile describes, so that both read one value: the gradient dtype and the dtype
+gradients are reduced in, which collectives the artifacts overlap, the fp8 recipe the renderer
+selects. The frameworks of published runs that are not dtc targets (NeMo / Megatron-Bridge
+recipes, torchtitan, llm-foundry, Meta's and DeepSeek's stacks) have profiles of the same type
+in compiler/calibration/frameworks.py.
+
+The cost model reads a profile through ``compiler.costmodel.context.Setup.framework``; the
+numbers a fact is used with (kernel rates, bandwidth fractions) live in
+compiler/data/physics.yaml. This module imports nothing of the cost model, so that the target
+registry stays cheap to import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AttentionKernel = Literal["cudnn", "fa3", "fa2", "fa1", "unfused"]
+TpOverlap = Literal["none", "backward", "full"]
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """How one framework runs a transformer layer, as the cost model needs it (each fact sourced in ``source``)."""
+
+    name: str
+    display_name: str
+    # which tensors autograd keeps: a name of compiler.costmodel.activations.IMPLS
+    activations: str
+    attention: AttentionKernel  # the kernel it asks for; physics.yaml maps it per GPU kernel class
+    # norm / activation / rope / residual kernels: fused (Transformer Engine, Apex, torch.compile) or eager PyTorch
+    # ops, each its own kernel (the bytes each moves: physics.yaml memory_bound.bytes_per_element)
+    elementwise: Literal["fused", "eager"]
+    # 16-bit mixed precision: the dtype of the gradients kept between backward and the optimizer step
+    # (Megatron's main_grad buffer, DeepSpeed's grad_accum_dtype, FSDP2's sharded .grad) ...
+    grad_dtype: Literal["fp32", "bf16"]
+    # ... and the dtype they are reduced in across data parallel (Megatron --grad-reduce-in-bf16, DeepSpeed
+    # communication_data_type, FSDP2 MixedPrecisionPolicy.reduce_dtype)
+    grad_reduce_dtype: Literal["fp32", "bf16"]
+    # tensor-parallel collectives hidden behind GEMMs: none (vanilla torch TP), backward (the dgrad all-reduce /
+    # reduce-scatter runs asynchronously under the wgrad GEMM: Megatron / Transformer Engine by default), full
+    # (+ forward: Transformer Engine userbuffers, --tp-comm-overlap; torch async TP)
+    tp_overlap: TpOverlap
+    ops_per_dense_layer: int  # kernels launched by one dense layer's forward (backward: 2x)
+    ops_per_moe_layer: int  # ... one MoE layer's forward (router, permute, dispatch, experts, combine)
+    ops_per_local_expert: int  # more forward kernels per local expert (one GEMM per expert and projection)
+    # what 'selective' recomputes: the attention core (Megatron), every elementwise op keeping the matmul and
+    # attention outputs (PyTorch op-level SAC), or that keeping only every other matmul output (torchtitan)
+    recompute_selective: Literal["attention_core", "per_op", "per_op_every_other_mm"]
+    fp8_recipe: str  # fp8 scaling recipe (physics.yaml gemm.quantize_bytes_per_element key) ...
+    hierarchical_all_to_all: bool  # MoE tokens cross the network once per destination node (DeepEP-style)
+    source: str
+    # ... except on these GPU generations: ((generation, recipe), ...)
+    fp8_recipe_by_generation: tuple[tuple[str, str], ...] = ()
+    ep_overlap: bool = False  # MoE all-to-all hidden behind another micro-batch's compute (DualPipe)
+    optimizer_state_bytes: int = 0  # bytes of optimizer state per parameter; 0: the optimizer's fp32 default
+    # the optimizer's fp32 master copy is the (sharded) parameter itself and the 16-bit weights exist only
+    # unsharded for compute (FSDP2 with MixedPrecisionPolicy): no persistent 16-bit copy of a sharded weight
+    master_is_param: bool = False
+    # ZeRO-3: parameters gathered at once are capped at this many (DeepSpeed stage3_max_live_parameters, with
+    # its reduce bucket for the unsharded gradients); 0: whole units (FSDP: the unit in use and the next)
+    zero3_live_params: float = 0.0
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    def fp8_recipe_on(self, generation: str) -> str:
+        """The fp8 scaling recipe this framework runs on a GPU generation (the renderer emits the same)."""
+        for gen, recipe in self.fp8_recipe_by_generation:
+            if gen == generation:
+                return recipe
+        return self.fp8_recipe

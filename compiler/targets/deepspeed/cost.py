@@ -1,0 +1,16 @@
+"""How dtc's DeepSpeed artifacts run a layout, as the cost model needs it (compiler.targets.cost)."""
+from compiler.targets.cost import CostProfile
+
+# DeepSpeed's own default for the stage-3 cap on gathered parameters, written into ds_config.json by render.py
+# (docs/config-json "stage3_max_live_parameters": 1e9); the cost model caps ZeRO-3's gathered weights by it
+STAGE3_MAX_LIVE_PARAMETERS = 10**9
+
+COST = CostProfile(
+    name="deepspeed", display_name="DeepSpeed (dtc's generated trainer)", activations="torch_eager", attention="fa2",
+    elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none", ops_per_dense_layer=40,
+    ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="attention_core",
+    fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, zero3_live_params=STAGE3_MAX_LIVE_PARAMETERS,
+    source="dtc's ds_train.py (DeepSpeed 0.19.8): eager nn.Module blocks (nn.RMSNorm, SDPA, repeat_interleave GQA), "
+    "gradients accumulated and reduced in fp32 (render.py writes this profile's grad_dtype and grad_reduce_dtype as "
+    "ds_config.json's data_types.grad_accum_dtype and communication_data_type), ZeRO stages; AutoTP "
+    "collectives on the critical path; selective recompute checkpoints the attention core only")

@@ -1,0 +1,33 @@
+"""How dtc's Megatron artifacts run a layout, as the cost model needs it (compiler.targets.cost).
+
+The facts follow megatron_args.sh as render.py writes it: ``--bf16`` without
+``--grad-reduce-in-bf16`` (fp32 main_grad buffers, fp32 gradient reduction), no
+``--tp-comm-overlap`` (so only the backward's tensor-parallel collectives overlap a GEMM:
+Transformer Engine's Linear launches the dgrad all-reduce / reduce-scatter asynchronously and
+runs the wgrad GEMM under it, transformer_engine/pytorch/module/linear.py backward;
+the forward's are on the critical path), ``--fp8-recipe`` as ``COST.fp8_recipe_on(generation)``
+says (render.py emits exactly that recipe).
+"""
+from compiler.targets.cost import CostProfile
+
+SOURCE = (
+    "Megatron-Core 0.19 + Transformer Engine: fused norms/linears/SwiGLU (TE LayerNormLinear, LayerNormMLP), "
+    "cuDNN fused attention (TE get_attention_backend); --bf16 keeps fp32 main_grad buffers and reduces "
+    "gradients in fp32 unless --grad-reduce-in-bf16 (megatron/training/arguments.py: 'bfloat16 requires "
+    "gradient accumulation and all-reduce to be done in fp32'); TP collectives overlap the weight-gradient "
+    "GEMM (async TP all-reduce) and, with --tp-comm-overlap, TE userbuffers; kernels per layer counted from "
+    "megatron/core/transformer/transformer_layer.py (norm+QKV, rope, attention, proj, bias-dropout-add, "
+    "norm+fc1, SwiGLU, fc2, bias-dropout-add, plus fp8 casts); MoE layers add router, top-k, permute, "
+    "dispatch, two grouped GEMMs, activation, combine and unpermute (megatron/core/transformer/moe), and per local "
+    "expert a GEMM per projection and its fp8 input cast (TE GroupedLinear launches one GEMM per expert, "
+    "transformer_engine/pytorch/module/grouped_linear.py); "
+    "selective recompute = the attention core (Korthikanti et al. 2022)")
+
+# fp8 scaling: Blackwell has hardware MXFP8 block scaling (Transformer Engine's MXFP8BlockScaling recipe);
+# Hopper/Ada use delayed (per-tensor amax history) scaling, as NVIDIA's Megatron-LM fp8 examples do.
+COST = CostProfile(
+    name="megatron", display_name="Megatron-Core + Transformer Engine", activations="megatron_te", attention="cudnn",
+    elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="backward", ops_per_dense_layer=16,
+    ops_per_moe_layer=44, ops_per_local_expert=4, recompute_selective="attention_core",
+    fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
+    hierarchical_all_to_all=True, source=SOURCE)

@@ -1,0 +1,161 @@
+"""The published-run parser (compiler/calibration/runs.py): every rule on rows shaped like the ones that broke it."""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.calibration import runs as R
+from compiler.model import count_params
+
+ROOT = Path(__file__).resolve().parents[3]
+CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
+
+
+def row(**kw) -> dict:
+    base = {c: "" for c in R.CSV_COLUMNS}
+    base.update(row_id="1", source_id="test", workload="pretrain (benchmark)", value_kind="measured",
+                model="Llama 3 8B", num_layers="32", hidden_size="4096", ffn_hidden_size="14336",
+                num_attention_heads="32", num_kv_heads="8", vocab_size="128256", seq_len="8192",
+                gpu_type="H100-SXM-80GB", num_gpus="8", tp="1", pp="1", micro_batch_size="1",
+                global_batch_size="64", precision="bf16", tokens_per_sec_per_gpu="1000",
+                software_version="NeMo 24.07 container")
+    base.update({k: str(v) for k, v in kw.items()})
+    return base
+
+
+def test_non_causal_convention_is_not_read_as_causal():
+    shape = R.shape_of(row(), R.load_catalog())
+    causal = R.convention_flops_per_token(row(flop_convention="Megatron-Bridge 25.09+: causal attention at s/2"), shape)
+    full = R.convention_flops_per_token(
+        row(flop_convention="NeMo 2.0 flops_formulas.py: full (non-causal-discounted) attention"), shape)
+    assert full > causal
+    from compiler.costmodel.compute import attention_core_flops_per_token_forward
+    assert full - causal == pytest.approx(3 * attention_core_flops_per_token_forward(shape, 8192))
+
+
+@pytest.mark.parametrize("model,notes,kind", [
+    ("Nemotron-340B", "Arch from NeMo Nemotron4Config340B (squared-ReLU MLP, not gated).", "gelu"),
+    ("GPT3-175B", "", "gelu"),
+    ("BLOOM-176B", "", "gelu"),
+    ("Llama 3 70B", "", "swiglu"),
+    ("Some model", "GELU MLP", "gelu"),
+])
+def test_mlp_kind_follows_notes_then_name(model, notes, kind):
+    assert R.mlp_kind(row(model=model, notes=notes)) == kind
+
+
+def test_two_matrix_mlps_count_two_matrices():
+    r = row(model="Nemotron-340B", num_layers="96", hidden_size="18432", ffn_hidden_size="73728",
+            num_attention_heads="96", num_kv_heads="8", vocab_size="256000", notes="squared-ReLU MLP, not gated")
+    shape = R.shape_of(r, R.load_catalog())
+    assert shape.mlp == "gelu"
+    pc = count_params(shape)
+    assert pc.dense_mlp_per_layer == 2 * 18432 * 73728  # not SwiGLU's three matrices
+    assert 330e9 < pc.total < 350e9  # Nemotron-4 340B
+
+
+def test_torchtitan_local_batch_is_not_the_micro_batch_under_pipeline_parallelism():
+    r = row(source_id="torchtitan_h100", software_version="torchtitan (2025), FSDP2", model="Llama 3.1 405B",
+            num_gpus="512", tp="8", pp="8", micro_batch_size="16", global_batch_size="128", num_layers="126",
+            hidden_size="16384", ffn_hidden_size="53248", num_attention_heads="128", num_kv_heads="8")
+    run = R.parse_row(r)
+    assert run.framework.name == "torchtitan"
+    assert run.layout.micro_batch == 1 and run.layout.grad_accum == 16  # local batch 16 -> 16 micro-batches of 1
+    no_pp = R.parse_row(row(source_id="torchtitan_a100", software_version="torchtitan (mid-2024), FSDP2",
+                            num_gpus="64", micro_batch_size="2", global_batch_size="128"))
+    assert no_pp.layout.micro_batch == 2
+
+
+@pytest.mark.parametrize("text,dp,stage,shard", [
+    ("ZeRO-1 (DeepSpeed), no tensor/pipeline parallelism", 64, 1, 64),
+    ("ZeRO-3 (DeepSpeed), no tensor/pipeline parallelism", 64, 3, 64),
+    ("DDP (doc: FSDP=0 -> DDP; Megatron distributed optimizer is the recipe default)", 64, 1, 64),
+    ("none (plain data parallel all-reduce)", 64, 0, 1),
+    ("PyTorch FSDP FULL_SHARD (ZeRO-3-like)", 64, 3, 64),
+    ("Megatron-FSDP (sharding group 8)", 64, 3, 8),
+    ("FSDP SHARD_GRAD_OP", 64, 2, 64),
+    ("ZeRO-2", 1, 0, 1),
+])
+def test_zero_text(text, dp, stage, shard):
+    assert R.zero_of(row(zero_fsdp=text), dp) == (stage, shard)
+
+
+@pytest.mark.parametrize("precision,gpu,recipe", [
+    ("FP8-CS", "GB200 (NVL72)", "fp8_tensorwise_current"),
+    ("MXFP8", "GB200 (NVL72)", "mxfp8"),
+    ("FP8-MX", "H100-SXM-80GB", "fp8_blockwise"),
+    ("FP8 blockwise (128x128 weights, 1x128 activations) per doc footnote", "H100-SXM-80GB", "fp8_blockwise"),
+    ("fp8 (per-tensor, current scaling)", "GB200 (NVL72)", "fp8_tensorwise_current"),
+])
+def test_fp8_recipes(precision, gpu, recipe):
+    assert R.precision_of(row(precision=precision, gpu_type=gpu)) == ("fp8", recipe)
+
+
+def test_fp4_is_skipped_with_a_reason():
+    with pytest.raises(R.Skip, match="fp4"):
+        R.precision_of(row(precision="NVFP4"))
+
+
+@pytest.mark.parametrize("fields,framework", [
+    (dict(software_version="NeMo 24.07 container"), "nemo_2407"),
+    (dict(software_version="Megatron-Core (2025)"), "megatron"),
+    (dict(software_version="NeMo 26.02 container (Megatron-Bridge + Megatron-Core)"), "megatron_bridge"),
+    (dict(software_version="NeMo 25.02 container (NeMo 2.0)"), "megatron_bridge"),
+    (dict(software_version="Megatron-LM (2021)", source_id="narayanan2021"), "megatron_lm_2021"),
+    (dict(software_version="torchtitan (mid-2024), FSDP2"), "torchtitan"),
+    (dict(software_version="torchtitan (2025), FSDP2", notes="FSDP + torch.compile + Async TP"),
+     "torchtitan+compile+async_tp"),
+    (dict(software_version="llm-foundry / Composer (2023-2024), FlashAttention"), "llm_foundry"),
+    (dict(software_version="Megatron-LM (2021)", zero_fsdp="ZeRO-3 (DeepSpeed)"), "deepspeed+megatron_gpt_2021"),
+])
+def test_framework_of(fields, framework):
+    assert R.framework_of(row(**fields)).name == framework
+
+
+def test_power_limit_is_read_from_the_row():
+    spec = R.find_gpu(R.load_catalog(), "H100 (96GB HBM2e)")
+    assert spec.name == "h100-sxm-hbm2e"
+    assert R.power_limit_of(row(notes="default 500W power limit"), spec) == 500.0
+    assert R.power_limit_of(row(notes="500 samples"), spec) is None
+
+
+@pytest.mark.parametrize("gpu,name", [("GB300 (NVL72)", "gb300"), ("B300 (DGX-B300)", "b300"),
+                                      ("H100-SXM-80GB", "h100-sxm"), ("A100-SXM-40GB", "a100-40gb")])
+def test_gpus_of_the_calibration_set(gpu, name):
+    assert R.find_gpu(R.load_catalog(), gpu).name == name
+
+
+def test_every_calibration_row_parses_or_is_skipped_with_a_reason():
+    rows = R.read_rows(CSV)
+    parsed = skipped = 0
+    for r in rows:
+        try:
+            R.parse_row(r)
+            parsed += 1
+        except R.Skip:
+            skipped += 1
+    assert parsed + skipped == len(rows) == 449
+    assert parsed >= 300  # GB300 / B300 rows are modelled now
+
+
+def test_accuracy_benchmark_reads_any_csv_with_the_columns(tmp_path):
+    """Columns in another order, one more column, a subset of rows: the harness reads them by name."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    rows = R.read_rows(CSV)[:40]
+    cols = list(reversed(R.CSV_COLUMNS)) + ["extra_column"]
+    path = tmp_path / "other.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "extra_column": "x"})
+    report = accuracy.run(path)
+    assert len(report.results) + sum(report.skipped.values()) == 40
+    text = accuracy.format_report(report)
+    assert text.splitlines()[-1].startswith("overall: ")
+    assert "do not fit in HBM" in text
