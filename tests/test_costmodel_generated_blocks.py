@@ -1,9 +1,9 @@
 """The activation profile each target is costed with, against the generated trainers' own blocks.
 
-For every framework profile that runs on CPU (compiler/costmodel/frameworks.py: ``fsdp`` and
-``deepspeed``), the transformer block of the trainer dtc generates for that target
-(generated/<spec>/fsdp_config.py ``TransformerBlock``, generated/<spec>/ds_train.py ``Block``) runs
-forward under torch.autograd.graph.saved_tensors_hooks; the unique storages autograd keeps for
+For every framework profile that runs on CPU (the registry's ``fsdp`` and ``deepspeed`` cost
+profiles), the transformer block both generated trainers run (compiler/runtime/model.py
+``TransformerBlock``, shipped verbatim as generated/<spec>/dtc_runtime/) runs forward under
+torch.autograd.graph.saved_tensors_hooks; the unique storages autograd keeps for
 backward (parameters and the RoPE table left out) are summed and compared with the bytes the cost
 model predicts for that target's profile (compiler.costmodel.activations): within 5% for every
 shape and dtype, the same formula and profile the cost model uses for plans of that target,
@@ -11,8 +11,6 @@ nothing fitted per shape. (The Megatron profile needs Transformer Engine on a GP
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,8 @@ from compiler.costmodel.activations import activation_bytes_per_layer, layer_ter
 from compiler.costmodel.activations import IMPLS
 from compiler.targets import registry
 from compiler.model import ModelShape
+from compiler.runtime.config import ModelConfig
+from compiler.runtime.model import TransformerBlock, rope_table
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "generated" / "llama2-7b-8xh100"
@@ -32,15 +32,6 @@ SHAPES = [  # (batch, seq, hidden, heads, kv_heads, ffn, mlp, norm)
     (4, 32, 192, 6, 3, 512, "swiglu", "rmsnorm"),
     (2, 64, 128, 4, 4, 512, "gelu", "layernorm"),
 ]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def saved_bytes(module: torch.nn.Module, inputs: tuple, constants: tuple = ()) -> int:
@@ -71,35 +62,26 @@ def _shape(h, heads, kv, ffn, mlp, norm) -> ModelShape:
                       vocab_size=32, mlp=mlp, norm=norm)
 
 
+def runtime_block(h, heads, kv, ffn, mlp, norm, t, dt):
+    """The generated trainers' block (the copy shipped in generated/, which must be the runtime's own) and its
+    RoPE table."""
+    shipped = GENERATED / "dtc_runtime" / "model.py"
+    assert shipped.read_text() == (ROOT / "compiler" / "runtime" / "model.py").read_text()
+    cfg = ModelConfig(num_layers=1, hidden_size=h, ffn_hidden_size=ffn, num_attention_heads=heads, num_kv_heads=kv,
+                      vocab_size=32, seq_len=t, mlp=mlp, norm=norm)
+    torch.manual_seed(0)
+    return TransformerBlock(cfg).to(dt), rope_table(t, h // heads, cfg.rope_theta)
+
+
+@pytest.mark.parametrize("target", ["fsdp", "deepspeed"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("b,t,h,heads,kv,ffn,mlp,norm", SHAPES)
-def test_fsdp_trainer_block_matches_the_fsdp_profile(b, t, h, heads, kv, ffn, mlp, norm, dtype):
-    config = _load("fsdp_config", GENERATED / "fsdp_config.py")
+def test_trainer_block_matches_the_target_profile(b, t, h, heads, kv, ffn, mlp, norm, dtype, target):
     dt = getattr(torch, dtype)
-    cfg = dict(hidden_size=h, num_attention_heads=heads, num_kv_heads=kv, head_dim=h // heads, ffn_hidden_size=ffn,
-               mlp=mlp, norm=norm, attention_bias=False, linear_bias=False)
-    torch.manual_seed(0)
-    block = config.TransformerBlock(cfg).to(dt)
+    block, freqs = runtime_block(h, heads, kv, ffn, mlp, norm, t, dt)
     x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
-    freqs = config.rope_table(t, h // heads)
     measured = saved_bytes(block, (x, freqs), (freqs,))
-    expected = predicted("fsdp", _shape(h, heads, kv, ffn, mlp, norm), b * t, dt.itemsize)
-    assert measured == pytest.approx(expected, rel=0.05), (measured, expected)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("b,t,h,heads,kv,ffn,mlp,norm", SHAPES)
-def test_deepspeed_trainer_block_matches_the_deepspeed_profile(b, t, h, heads, kv, ffn, mlp, norm, dtype):
-    ds = _load("ds_train", GENERATED / "ds_train.py")
-    dt = getattr(torch, dtype)
-    s = dict(hidden_size=h, num_attention_heads=heads, num_kv_heads=kv, head_dim=h // heads, ffn_hidden_size=ffn,
-             mlp=mlp, norm=norm, attention_bias=False, linear_bias=False, position="rope", tied_embeddings=False,
-             vocab_size=32, max_position_embeddings=t, num_layers=1)
-    torch.manual_seed(0)
-    block = ds.Block(s).to(dt)
-    x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
-    measured = saved_bytes(block, (x,))
-    expected = predicted("deepspeed", _shape(h, heads, kv, ffn, mlp, norm), b * t, dt.itemsize)
+    expected = predicted(target, _shape(h, heads, kv, ffn, mlp, norm), b * t, dt.itemsize)
     assert measured == pytest.approx(expected, rel=0.05), (measured, expected)
 
 

@@ -29,9 +29,17 @@ def test_every_framework_target_has_a_cost_profile_and_launchers_none() -> None:
 
 def test_the_fsdp_renderer_writes_the_reduce_dtype_the_cost_model_reads() -> None:
     cost = registry.get("fsdp").cost
-    text = (MULTI / "fsdp_config.py").read_text()
+    config = json.loads((MULTI / "fsdp_config.json").read_text())
     want = {"fp32": "float32", "bf16": "bfloat16"}[cost.grad_reduce_dtype]
-    assert f"REDUCE_DTYPE = {want!r}" in text
+    assert config["reduce_dtype"] == want
+
+
+def test_the_deepspeed_renderer_writes_the_gradient_dtypes_the_cost_model_reads() -> None:
+    cost = registry.get("deepspeed").cost
+    config = json.loads((MULTI / "ds_config.json").read_text())
+    assert config["data_types"]["grad_accum_dtype"] == cost.grad_dtype
+    assert config["communication_data_type"] == cost.grad_reduce_dtype
+    assert cost.grad_dtype == "fp32"  # dtc's trainer keeps fp32 gradients (issue #13), and is costed so
 
 
 @pytest.mark.parametrize("generation, flags", [

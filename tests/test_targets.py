@@ -53,7 +53,7 @@ def test_everything_that_lists_targets_iterates_the_registry() -> None:
 @pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "generated").glob("*/plan.json")))
 def test_generated_files_pass_their_targets_validators(folder: str) -> None:
     """Each committed generated/<name>/ through the real consumer of every target it holds (DeepSpeed's
-    DeepSpeedConfig, megatron-core's argument checks and layer split, torch importing fsdp_config.py,
+    DeepSpeedConfig, megatron-core's argument checks and layer split, torch loading fsdp_config.json,
     bash -n and shellcheck)."""
     from compiler.plan import Plan
 

@@ -9,8 +9,8 @@ COST = CostProfile(
     elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none", ops_per_dense_layer=40,
     ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op", fp8_recipe="fp8_tensorwise_current",
     hierarchical_all_to_all=False, master_is_param=True,
-    source="dtc's fsdp_train.py / fsdp_config.py (torch 2.13): eager nn.Module blocks (nn.RMSNorm, SDPA whose flash "
-    "backend is FlashAttention-2, repeat_interleave GQA, silu * up), MixedPrecisionPolicy(param_dtype=bf16, "
+    source="dtc's fsdp_train.py (compiler/runtime/) with fsdp_config.json (torch 2.13): eager nn.Module blocks "
+    "(nn.RMSNorm, SDPA whose flash backend is FlashAttention-2, repeat_interleave GQA, silu * up), MixedPrecisionPolicy(param_dtype=bf16, "
     "reduce_dtype=float32): bf16 gradients reduce-scattered in fp32 into fp32 sharded gradients; the fp32 sharded "
     "parameter is the optimizer's master and the bf16 weights exist only unsharded, per unit (torch/distributed/fsdp/"
     "_fully_shard/_fsdp_param.py: the all-gather input is cast to param_dtype, the sharded grad takes the sharded "

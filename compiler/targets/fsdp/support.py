@@ -1,4 +1,4 @@
-"""What torch 2.13's FSDP2 can run, as dtc renders it (fsdp_config.py + fsdp_train.py).
+"""What torch 2.13's FSDP2 can run, as dtc renders it (fsdp_config.json + fsdp_train.py, compiler/runtime/).
 
 Each rule is ``(knobs, precision) -> (field, reason) | None`` (see compiler.targets.base). Sources:
 torch ``fully_shard`` / ``CPUOffloadPolicy`` / ``torch.distributed.pipelining``.
