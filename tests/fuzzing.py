@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -488,42 +489,64 @@ class Limited:
     signal: int | None = None
 
 
+# The launcher between the test process and the measured child. Linux records the pre-exec address
+# space's high-water RSS in the exec'ing process (fs/exec.c exec_mmap: setmax_mm_hiwater_rss), so a
+# child forked straight from a pytest process that has imported torch reports that process's RSS as
+# its own peak. A small `python -S` launcher forks the child from its own ~10 MB image, applies the
+# limits, waits for it and writes its wait4 usage as JSON: the figures are the child's alone.
+_LAUNCHER = r"""
+import json, math, os, resource, sys
+cpu_s, address_space, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+pid = os.fork()
+if pid == 0:
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    whole = max(1, math.ceil(cpu_s))
+    resource.setrlimit(resource.RLIMIT_CPU, (whole, whole + 1))
+    try:
+        os.execv(sys.argv[4], sys.argv[4:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+with open(out, "w") as f:
+    json.dump({"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss}, f)
+"""
+
+
 def run_limited(args: list[str], cwd: Path, *, cpu_s: float = CASE_CPU_S, wall_s: float = CASE_WALL_S,
                 address_space: int = CASE_AS_BYTES, stdin: Any = None) -> Limited:
     """Run ``args`` under RLIMIT_CPU and RLIMIT_AS; CPU seconds and peak RSS are the child's own
-    (``wait4``), not the machine's, so the figures hold whatever else runs alongside."""
+    (``wait4`` in a small launcher, see _LAUNCHER), not the machine's nor the test process's, so the
+    figures hold whatever else runs alongside."""
+    import json
     import os
-    import resource
+    import shutil
     import subprocess
 
-    def limits() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-        whole = max(1, math.ceil(cpu_s))
-        resource.setrlimit(resource.RLIMIT_CPU, (whole, whole + 1))
-
-    err_path = cwd / f"stderr-{os.getpid()}-{time.monotonic_ns()}.txt"
+    exe = args[0] if os.path.isabs(args[0]) else shutil.which(args[0]) or args[0]
+    stamp = f"{os.getpid()}-{time.monotonic_ns()}"
+    err_path, usage_path = cwd / f"stderr-{stamp}.txt", cwd / f"usage-{stamp}.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = [sys.executable, "-S", "-c", _LAUNCHER, str(cpu_s), str(address_space), str(usage_path), exe,
+                *args[1:]]
     with open(err_path, "wb") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, stdin=stdin,
-                                preexec_fn=limits, env=env)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > wall_s:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
-        code = os.waitstatus_to_exitcode(status)
-        proc.returncode = code  # reaped here; keep Popen from waiting again
+        proc = subprocess.Popen(launcher, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, stdin=stdin, env=env,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=wall_s)
+        except subprocess.TimeoutExpired:  # a child that sleeps or blocks: end the launcher's whole group
+            os.killpg(proc.pid, 9)
+            proc.wait()
         elapsed = time.perf_counter() - start
     text = err_path.read_text(errors="replace")
     err_path.unlink()
+    if not usage_path.exists():  # the launcher itself was killed (wall-clock backstop)
+        return Limited(None, text, elapsed, 0.0, 0.0, 9)
+    usage = json.loads(usage_path.read_text())
+    usage_path.unlink()
+    code = os.waitstatus_to_exitcode(usage["status"])
     signal = -code if code < 0 else None
-    return Limited(None if signal else code, text, elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
-                   signal)
+    return Limited(None if signal else code, text, elapsed, usage["cpu_s"], usage["maxrss_kb"] / 1024, signal)
 
 
 def hostile_cases() -> list[Path]:

@@ -41,7 +41,7 @@ cluster: {gpu: h100-sxm, num_gpus: 8}
 targets: [megatron]
 """
     problem = problem_for(spec)
-    text = render_megatron(plan_for(problem, layout_for(problem, dp_shard=8, zero_stage=1)))["megatron_args.sh"]
+    text = render_megatron(plan_for(problem, layout_for(problem, dp_shard=8, zero_stage=1, recompute="full")))["megatron_args.sh"]
     words = shlex.split(text, comments=True)
     assert "--mock-data" not in words and "NullTokenizer" not in words
     i = words.index("--data-path")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from compiler.calibration.frameworks import published_profile
 from compiler.costmodel import evaluate
 from compiler.costmodel.memory import zero_model_state_bytes_per_gpu
 from compiler.estimate import Estimate, Rejection
@@ -26,12 +27,12 @@ def test_zero_paper_worked_example(stage, expected_gb):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_evaluate_model_states_follow_the_zero_paper(problem_factory, layout_factory, stage):
     """The same 2 + 2 + 12 bytes/param split over dp_shard = 64 through the full evaluate() path
-    (Megatron GPT 7.5B of Narayanan et al. 2021, 64 GPUs, tp = pp = 1), costed for DeepSpeed, whose
-    bf16 ZeRO keeps exactly the paper's states (Megatron's fp32 main_grad adds 2 B: the next test)."""
+    (Megatron GPT 7.5B of Narayanan et al. 2021, 64 GPUs, tp = pp = 1), costed for DeepSpeed with its bf16-mode
+    defaults (published runs), whose ZeRO keeps exactly the paper's states (fp32 gradients add 2 B: the next test)."""
     p = problem_factory("megatron-gpt-7.5b", gpu="a100-80gb", num_gpus=64, seq=2048, gbs=64)
     lay = layout_factory(p, dp_replicate=64 if stage == 0 else 1, dp_shard=1 if stage == 0 else 64,
                          zero_stage=stage, recompute="full")
-    est = evaluate(p, lay, check_memory=False, target="deepspeed")
+    est = evaluate(p, lay, check_memory=False, target=published_profile("deepspeed_defaults"))
     assert isinstance(est, Estimate)
     expected = zero_model_state_bytes_per_gpu(p.params.total, zero_stage=stage, num_shards=64)
     assert states(est) == pytest.approx(expected, rel=1e-9)
@@ -39,12 +40,15 @@ def test_evaluate_model_states_follow_the_zero_paper(problem_factory, layout_fac
 
 def test_megatron_keeps_fp32_main_grads(problem_factory, layout_factory):
     """Megatron with --bf16 accumulates and reduces gradients in fp32 (megatron/training/arguments.py, the
-    default dtc's renderer keeps): 4 B per gradient; DeepSpeed's bf16 gradients are 2 B; the wire follows."""
+    default dtc's renderer keeps): 4 B per gradient; DeepSpeed's bf16-mode default gradients are 2 B; the wire
+    follows. dtc's own DeepSpeed config asks for fp32 accumulation and reduction: 4 B, like Megatron."""
     p = problem_factory("megatron-gpt-7.5b", gpu="a100-80gb", num_gpus=64, seq=2048, gbs=64)
     lay = layout_factory(p, dp_shard=64, zero_stage=1, recompute="full")
     mg = evaluate(p, lay, check_memory=False, target="megatron")
-    ds = evaluate(p, lay, check_memory=False, target="deepspeed")
+    ds = evaluate(p, lay, check_memory=False, target=published_profile("deepspeed_defaults"))
+    dtc_ds = evaluate(p, lay, check_memory=False, target="deepspeed")
     assert mg.memory.item("gradients").value == pytest.approx(2 * ds.memory.item("gradients").value)
+    assert dtc_ds.memory.item("gradients").value == pytest.approx(mg.memory.item("gradients").value)
     grad_bytes = {e: sum(c.bytes_per_gpu_per_step for c in est.comm if "grad" in c.name) for e, est in (("mg", mg), ("ds", ds))}
     assert grad_bytes["mg"] == pytest.approx(2 * grad_bytes["ds"])
 

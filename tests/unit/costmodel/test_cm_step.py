@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from compiler.calibration.frameworks import published_profile
 from compiler.costmodel import evaluate
 from compiler.costmodel.compute import attention_core_flops_per_token_forward, gemm_params_per_token, \
     model_flops_per_token
@@ -87,8 +88,9 @@ def test_zero_offload_fits_70b_on_4_gpus_at_the_price_of_a_slower_step(problem_f
     4 x 80 GB GPUs hold it, where keeping them on the GPUs needs more GPUs; the CPU optimizer step costs time."""
     p = problem_factory("llama3-70b", gpu="a100-80gb", num_gpus=4, seq=2048, gbs=8)
     on = layout_factory(p, dp_shard=4, zero_stage=3, recompute="full")
-    assert evaluate(p, on, target="deepspeed").code == "out_of_memory"
-    off = evaluate(p, on.with_(offload_optimizer="cpu", offload_params="cpu"), target="deepspeed")
+    paper = published_profile("deepspeed_defaults")  # the paper's DeepSpeed: 16-bit gradients
+    assert evaluate(p, on, target=paper).code == "out_of_memory"
+    off = evaluate(p, on.with_(offload_optimizer="cpu", offload_params="cpu"), target=paper)
     assert isinstance(off, Estimate)
     assert off.memory.cpu_bytes_per_node > 70e9 * 12
     assert off.time.item("offload").value > 0
