@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Accuracy of the cost model against published training runs: generalisation, not fit.
 
-    python benchmarks/accuracy.py [CSV] [--json] [--refit]
+    python benchmarks/accuracy.py [CSV] [--json] [--refit] [--profile FILE]
 
 CSV: any file with the columns of benchmarks/data/published_runs_dev.csv (default: that file,
 the vendored calibration set). Each row is parsed by compiler/calibration/runs.py into the
@@ -27,6 +27,8 @@ ratios where a source published them, and ends with the LOSO figure:
     overall: N rows, median |error| X%, p90 |error| Y%
 
 ``--json`` prints every row's in-sample and LOSO prediction with its regime features.
+``--profile FILE`` costs every row with a cluster profile's constants (`dtc calibrate`), both
+columns alike: a profile has no leave-one-source-out refits.
 """
 from __future__ import annotations
 
@@ -243,11 +245,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit", action="store_true",
                         help="refit the constants and the leave-one-source-out refits now (minutes) instead of "
                              "reading them from compiler/data/efficiency.yaml")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="cost with this cluster profile's constants (written by dtc calibrate)")
     args = parser.parse_args(argv)
     if not Path(args.csv).is_file():
         print(f"error: no such file: {args.csv}", file=sys.stderr)
         return 2
-    report = run(args.csv, refit=args.refit)
+    efficiency = None
+    if args.profile is not None:
+        from compiler.calibration.profile import load_profile
+        from compiler.errors import DtcError
+
+        try:
+            profile, _ = load_profile(args.profile)
+        except DtcError as exc:
+            print(exc.render(), file=sys.stderr)
+            return 2
+        if args.refit:
+            print("error: --profile and --refit exclude each other", file=sys.stderr)
+            return 2
+        efficiency = profile.efficiency(load_efficiency())
+    report = run(args.csv, refit=args.refit, efficiency=efficiency)
+    if args.profile is not None:
+        report.loso_from = f"profile {args.profile}"
     if args.json:
         print(json.dumps(to_json(report), indent=2, sort_keys=True))
     else:

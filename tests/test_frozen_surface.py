@@ -31,6 +31,7 @@ EXPECTED_OPTIONS = {
     "schema": [],
     "catalog": ["--json"],
     "data": [],
+    "calibrate": ["--date", "--name", "--output", "--sweep"],  # issue #12: cluster profiles
 }
 
 
