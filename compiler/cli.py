@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "catalog": ("compiler.commands.catalog", "catalog_command"),
     "data": ("compiler.commands.data", "data_command"),
     "calibrate": ("compiler.commands.calibrate", "calibrate_command"),
+    "sweep": ("compiler.commands.sweep", "sweep_command"),
 }
 
 

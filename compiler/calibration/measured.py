@@ -153,24 +153,49 @@ def _add_csv(out: Measured, path: Path) -> None:
     out.inputs.append(InputFile(str(path), "csv", _sha(path)))
 
 
-def _add_smoke(out: Measured, path: Path, data: dict[str, Any]) -> None:
+def _setup_of(data: dict[str, Any], plan_name: str):
+    """A SmokeSetup from its to_dict() (a smoke report's or a --local-cpu sweep's)."""
     from compiler.layout import Layout
     from compiler.model import ModelShape
-    from compiler.smoke.predict import reduced_spec
     from compiler.smoke.scale import SmokeDegrees, SmokeSetup
-    from compiler.problem import problem_from_data
-    from compiler.costmodel.frameworks import profile_of
 
+    layout = Layout.from_dict(data["layout"])
+    return SmokeSetup(plan_name=plan_name, device=data["device"], backend=data["backend"],
+                      world_size=int(data["world_size"]), degrees=SmokeDegrees(**data["degrees"]), layout=layout,
+                      shape=ModelShape.from_dict(data["shape"]), seq_len=int(data["seq_len"]),
+                      precision=data["precision"], plan_precision=data["plan_precision"], optimizer="adamw",
+                      learning_rate=3e-4, seed=0, steps=int(data["steps"]), gpu=layout.gpu)
+
+
+def _run_of_setup(setup, target: str, step_s: float, row_id: str, how: str) -> PublishedRun:
+    """The reduced run a smoke (or a --local-cpu sweep) timed, costed as dtc smoke costs it (the reduced model on
+    the plan's GPU type: compiler/smoke/predict.py reduced_spec)."""
+    from compiler.costmodel.frameworks import profile_of
+    from compiler.problem import problem_from_data
+    from compiler.smoke.predict import reduced_spec
+
+    problem = problem_from_data(reduced_spec(setup, setup.shape, target), path=f"<smoke {setup.plan_name}>")
+    measured = setup.global_batch * setup.seq_len / step_s / setup.world_size
+    run = PublishedRun(row_id=row_id, source_id="smoke" if how.startswith("dtc smoke") else "sweep",
+                       model=setup.plan_name, framework=profile_of(target), gpu=problem.gpu_options[0],
+                       problem=problem, layout=setup.layout, measured_tokens_per_s_per_gpu=measured,
+                       measured_from=how, convention_flops_per_token=None, recompute_given=True)
+    return replace(run, features=dict(regime_features(run), device=setup.device))
+
+
+def run_of_setup(setup_data: dict[str, Any], plan_name: str, target: str, log: LogSteps, *, row_id: str) -> PublishedRun:
+    """A --local-cpu sweep task: its dtc trainer log on the scaled setup it ran."""
+    if log.unit != "s/step":
+        raise DtcError(Diagnostic(summary=f"a scaled sweep runs dtc's trainers, but this is a {log.format} log",
+                                  location=Location(log.path), hint="rerun the sweep"))
+    return _run_of_setup(_setup_of(setup_data, plan_name), target, log.steady_value, row_id,
+                         f"dtc sweep --local-cpu {target}: median of {len(log.timed)} timed steps")
+
+
+def _add_smoke(out: Measured, path: Path, data: dict[str, Any]) -> None:
     where = Location(str(path))
     try:
-        s = data["setup"]
-        layout = Layout.from_dict(s["layout"])
-        shape = ModelShape.from_dict(s["shape"])
-        setup = SmokeSetup(plan_name=str(data["plan"]), device=s["device"], backend=s["backend"],
-                           world_size=int(s["world_size"]), degrees=SmokeDegrees(**s["degrees"]), layout=layout,
-                           shape=shape, seq_len=int(s["seq_len"]), precision=s["precision"],
-                           plan_precision=s["plan_precision"], optimizer="adamw", learning_rate=3e-4, seed=0,
-                           steps=int(s["steps"]), gpu=layout.gpu)
+        setup = _setup_of(data["setup"], str(data["plan"]))
         targets = list(data["targets"])
     except (KeyError, TypeError, ValueError, AssertionError) as exc:
         raise DtcError(Diagnostic(summary=f"not a `dtc smoke --json` report ({type(exc).__name__}: {exc})",
@@ -179,15 +204,8 @@ def _add_smoke(out: Measured, path: Path, data: dict[str, Any]) -> None:
     for t in targets:
         if t.get("status") != "passed" or not t.get("step_time_s"):
             continue
-        problem = problem_from_data(reduced_spec(setup, shape, t["target"]), path=f"<smoke {setup.plan_name}>")
-        step_s = float(t["step_time_s"])
-        measured = setup.global_batch * setup.seq_len / step_s / setup.world_size
-        run = PublishedRun(row_id=f"{path}:{t['target']}", source_id="smoke", model=setup.plan_name,
-                           framework=profile_of(t["target"]), gpu=problem.gpu_options[0], problem=problem,
-                           layout=layout, measured_tokens_per_s_per_gpu=measured,
-                           measured_from=f"dtc smoke {t['target']}: mean step after the first",
-                           convention_flops_per_token=None, recompute_given=True)
-        out.runs.append(replace(run, features=dict(regime_features(run), device=setup.device)))
+        out.runs.append(_run_of_setup(setup, t["target"], float(t["step_time_s"]), f"{path}:{t['target']}",
+                                      f"dtc smoke {t['target']}: mean step after the first"))
         used += 1
         if setup.device == "cpu":
             out.devices.add("cpu")

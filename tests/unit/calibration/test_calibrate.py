@@ -364,3 +364,89 @@ def test_accuracy_with_profile(small_runs, tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/accuracy.py", str(path), "--profile", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "not a dtc cluster profile" in r.stderr
+
+
+# --- dtc sweep: the folder and its job array (the real array runs in tests/test_sweep_slurm.py) -----------
+
+SWEEP_SPEC = """\
+name: sweep-tiny
+model:
+  num_layers: 4
+  hidden_size: 256
+  ffn_hidden_size: 512
+  num_attention_heads: 4
+  num_kv_heads: 2
+  vocab_size: 1024
+training:
+  tokens: 1B
+  sequence_length: 1024
+  global_batch: 32
+  precision: bf16
+cluster:
+  gpu: a100-80gb
+  num_gpus: 8
+targets: [fsdp, slurm]
+"""
+
+
+def test_sweep_folder_and_array_script(tmp_path):
+    import shutil
+
+    from compiler.sweep import family, render_sweep
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SWEEP_SPEC)
+    out = tmp_path / "sw"
+    m = render_sweep(spec, out, top=3, steps=3, local_cpu=True)
+    ids = [c["id"] for c in m["candidates"]]
+    assert ids == ["00", "01", "02"] and m["candidates"][0]["why"] == "the pick"
+    fams = [tuple(c["family"]) for c in m["candidates"]]
+    assert fams[1] != fams[0]  # another layout family before more of the pick's own
+    for cid in ids:
+        plan = Plan.from_json((out / "candidates" / cid / "plan.json").read_text())
+        assert plan.layout.describe() == next(c["layout"] for c in m["candidates"] if c["id"] == cid)
+        env = (out / "tasks" / f"{cid}.env").read_text()
+        assert "DTC_SMOKE_STEPS=4\n" in env and "DTC_SMOKE_NO_SAVE_AT_END=1" in env and "DTC_SMOKE_SYNTHETIC=1" in env
+        assert (out / "candidates" / cid / "train_fsdp.sbatch").is_file()
+    script = (out / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-2%1" in script and 'candidates/$id/train_fsdp.sbatch' in script
+    r = subprocess.run([shutil.which("shellcheck") or "shellcheck", str(out / "sweep.sbatch")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout
+    pick = Plan.from_json((out / "candidates" / "00" / "plan.json").read_text()).layout
+    assert list(map(str, family(pick))) == m["candidates"][0]["family"]
+    # the array has not run: ingesting says so, exit 2
+    r = dtc("calibrate", "--sweep", str(out))
+    assert r.returncode == 2 and "has not finished" in r.stderr
+    r = dtc("calibrate", "--sweep", str(tmp_path))
+    assert r.returncode == 2 and "not a dtc sweep folder" in r.stderr
+
+
+def test_sweep_needs_a_slurm_launcher(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SWEEP_SPEC.replace("targets: [fsdp, slurm]", "targets: [fsdp]"))
+    r = dtc("sweep", str(spec), "-o", str(tmp_path / "sw"))
+    assert r.returncode == 2 and "needs the slurm target" in r.stderr
+
+
+def test_smoke_report_is_an_input(tmp_path):
+    from compiler.smoke.report import SmokeReport, TargetResult
+    from compiler.smoke.scale import scale_plan
+
+    plan = Plan.from_json(PLAN.read_text())
+    setup = scale_plan(plan, device="cpu", max_ranks=2)
+    report = SmokeReport(generated_dir="g", plan_name=plan.name, plan_layout=plan.layout.describe(), plan_sha256="x",
+                         setup=setup.to_dict(),
+                         targets=[TargetResult("fsdp", "passed", step_time_s=0.25),
+                                  TargetResult("deepspeed", "failed", reason="x")])
+    path = tmp_path / "smoke.json"
+    path.write_text(report.to_json())
+    measured = load_measured([str(path)])
+    assert len(measured.runs) == 1 and measured.devices == {"cpu"}
+    run = measured.runs[0]
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(setup.global_batch * setup.seq_len / 0.25 / 2)
+    assert run.layout == setup.layout and run.framework.name == "fsdp"
+    path.write_text(json.dumps({"setup": {}, "targets": []}))
+    with pytest.raises(DtcError) as exc:
+        load_measured([str(path)])
+    assert "not a `dtc smoke --json` report" in exc.value.diagnostics[0].summary
