@@ -48,7 +48,7 @@ def cluster(tmp_path_factory):
         pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
     if os.geteuid() != 0:
         pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
-    c = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=0)
+    c = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=4, gpus_per_node=8)
     try:
         yield c
     finally:
@@ -91,3 +91,21 @@ def test_sweep_array_then_calibrate(cluster, tmp_path):
     assert "Costed with the cluster profile" in plan_md  # the re-solved plan used the fitted constants
     for i in range(2):
         assert f"| {i:02d} |" in plan_md
+
+
+def test_gpu_sweep_array_is_accepted_by_sbatch(cluster, tmp_path):
+    """The GPU array (no --local-cpu): the pick's allocation shape, checked by sbatch --test-only on the test
+    cluster's (cloud) GPU nodes."""
+    from compiler.sweep import ARRAY_SCRIPT, render_sweep
+
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(SPEC.replace("num_gpus: 8", "num_gpus: 16"))
+    m = render_sweep(spec, tmp_path / "sw", top=3, steps=5)
+    assert len(m["candidates"]) == 3 and not m["local_cpu"]
+    script = tmp_path / "sw" / ARRAY_SCRIPT
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text and "--array=0-2\n" in text
+    r = cluster.test_only(script, extra_args=["--partition=gpu"])
+    assert r.returncode == 0 and "to start at" in r.stderr, r.stderr
+    env = (tmp_path / "sw" / "tasks" / "00.env").read_text()
+    assert "DTC_SMOKE_DEVICE" not in env and "DTC_SMOKE_STEPS=6" in env  # the plan's own model and GPUs
