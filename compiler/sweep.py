@@ -105,7 +105,8 @@ def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus:
     from compiler.targets import registry
 
     launcher = registry.get(target).slurm.script
-    head = ["#!/bin/bash", f"#SBATCH --job-name={name}-sweep", f"#SBATCH --array=0-{n - 1}" + ("%1" if local_cpu else ""),
+    head = ["#!/bin/bash", f"#SBATCH --job-name={name}-sweep",
+            f"#SBATCH --array=0-{n - 1}" + ("%1" if local_cpu else ""),
             "#SBATCH --output=logs/slurm-%A_%a.out", "#SBATCH --no-requeue"]
     if local_cpu:
         head += ["#SBATCH --nodes=1", f"#SBATCH --cpus-per-task={cpus}",
@@ -281,7 +282,8 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
     base = load_efficiency()
     profile = fit_profile(all_runs, name=name or f"{data['name']}-sweep", base=base,
                           date=max(dates) if dates else None, notes=notes,
-                          inputs=[{"path": str(sweep_dir / SWEEP_FILE), "kind": "sweep", "sha256": _sha(sweep_dir / SWEEP_FILE)}])
+                          inputs=[{"path": str(sweep_dir / SWEEP_FILE), "kind": "sweep",
+                                   "sha256": _sha(sweep_dir / SWEEP_FILE)}])
     out = output or sweep_dir / "profile.yaml"
     write_text_atomically(out, profile.to_yaml())
     plan_md, resolved = _resolve_with(data, out, profile)
@@ -336,7 +338,8 @@ def sweep_section(rows, profile, base, data) -> str:
         before = predict(run, base).step_time_s
         after = predict(run, eff).step_time_s
         ran = "the same" if run.layout.describe() == c["layout"] else f"`{run.layout.describe()}`"
-        lines.append(f"| {c['id']} | `{c['layout']}` | {ran} | {measured:.4g} s | {before:.4g} s ({before / measured - 1:+.0%}) "
+        lines.append(f"| {c['id']} | `{c['layout']}` | {ran} | {measured:.4g} s | "
+                     f"{before:.4g} s ({before / measured - 1:+.0%}) "
                      f"| {after:.4g} s ({after / measured - 1:+.0%}) | {status} |")
         if best is None or run.measured_tokens_per_s_per_gpu > best[1].measured_tokens_per_s_per_gpu:
             best = (c, run)

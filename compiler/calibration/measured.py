@@ -59,7 +59,8 @@ def _read(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise DtcError(Diagnostic(summary=f"cannot read the {what} {path}: {exc.strerror}", location=Location(str(path)),
+        raise DtcError(Diagnostic(summary=f"cannot read the {what} {path}: {exc.strerror}",
+                                  location=Location(str(path)),
                                   hint="check the path")) from None
 
 
@@ -137,7 +138,8 @@ def _add_csv(out: Measured, path: Path) -> None:
     missing = [c for c in ("source_id", "model", "gpu_type", "num_gpus", "tp", "pp", "dp", "global_batch_size",
                            "precision") if c not in header]
     if not rows or missing:
-        raise DtcError(Diagnostic(summary=f"not a calibration CSV: {'no rows' if not rows else 'missing columns ' + ', '.join(missing)}",
+        what = "no rows" if not rows else "missing columns " + ", ".join(missing)
+        raise DtcError(Diagnostic(summary=f"not a calibration CSV: {what}",
                                   location=Location(str(path), 1, 1),
                                   hint=f"use the columns of benchmarks/data/published_runs_dev.csv ({len(CSV_COLUMNS)} "
                                        "columns, see benchmarks/data/CALIBRATION_README.md)"))
@@ -183,7 +185,8 @@ def _run_of_setup(setup, target: str, step_s: float, row_id: str, how: str) -> P
     return replace(run, features=dict(regime_features(run), device=setup.device))
 
 
-def run_of_setup(setup_data: dict[str, Any], plan_name: str, target: str, log: LogSteps, *, row_id: str) -> PublishedRun:
+def run_of_setup(setup_data: dict[str, Any], plan_name: str, target: str, log: LogSteps, *,
+                 row_id: str) -> PublishedRun:
     """A --local-cpu sweep task: its dtc trainer log on the scaled setup it ran."""
     if log.unit != "s/step":
         raise DtcError(Diagnostic(summary=f"a scaled sweep runs dtc's trainers, but this is a {log.format} log",
@@ -259,7 +262,8 @@ def load_measured(args: Sequence[str]) -> Measured:
         else:
             raise DtcError(Diagnostic(summary=f"no such file or folder: {arg}", location=Location(arg),
                                       hint="give a CSV, LOG:PLAN, a folder with plan.json and logs, or a smoke report"))
-    bad = [r for r in out.runs if not (r.measured_tokens_per_s_per_gpu > 0 and math.isfinite(r.measured_tokens_per_s_per_gpu))]
+    bad = [r for r in out.runs
+           if not (r.measured_tokens_per_s_per_gpu > 0 and math.isfinite(r.measured_tokens_per_s_per_gpu))]
     if bad:
         raise DtcError(Diagnostic(summary=f"run {bad[0].row_id} has no positive throughput", hint="check its input"))
     return out

@@ -277,7 +277,8 @@ def parse_profile(text: str, path: str) -> ClusterProfile:
     allowed = {"schema_version", "kind", "name", "date", "gpus", "constants", "fit", "residuals", "runs", "provenance"}
     for key in data:
         if key not in allowed:
-            raise _err(path, data, key, f"unknown key {key!r} in a cluster profile", f"keys are {', '.join(sorted(allowed))}")
+            raise _err(path, data, key, f"unknown key {key!r} in a cluster profile",
+                       f"keys are {', '.join(sorted(allowed))}")
     consts = data.get("constants")
     if not isinstance(consts, dict):
         raise _err(path, data, "constants" if "constants" in data else None, "constants must be a mapping", hint)
@@ -292,7 +293,8 @@ def parse_profile(text: str, path: str) -> ClusterProfile:
         value = entry.get("value") if isinstance(entry, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (p.lower <= value <= p.upper):
             node, key = (entry, "value") if isinstance(entry, dict) and "value" in entry else (consts, p.name)
-            raise _err(path, node, key, f"{p.name} = {value!r} is outside its physical range [{p.lower:g}, {p.upper:g}]",
+            raise _err(path, node, key,
+                       f"{p.name} = {value!r} is outside its physical range [{p.lower:g}, {p.upper:g}]",
                        f"{p.name}: {p.meaning}")
         glob = entry.get("global", value)
         weight = entry.get("data_weight", 0.0)

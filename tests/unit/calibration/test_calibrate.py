@@ -262,7 +262,8 @@ def test_profile_errors_have_positions(small_runs):
     with pytest.raises(DtcError) as exc:
         parse_profile(bad, "p.yaml")
     d = exc.value.diagnostics[0]
-    line = bad.splitlines().index("    value: 7 #" + text.split("  compute_scale:\n    value: ", 1)[1].split("\n")[0]) + 1
+    old_value = text.split("  compute_scale:\n    value: ", 1)[1].split("\n")[0]
+    line = bad.splitlines().index("    value: 7 #" + old_value) + 1
     assert "outside its physical range [0.6, 1.15]" in d.summary and (d.location.line, d.location.column) == (line, 5)
     with pytest.raises(DtcError) as exc:
         parse_profile(text.replace("  straggler_cv:", "  straggler_cvv:"), "p.yaml")
