@@ -74,14 +74,19 @@ def _pins_of(layout: Layout):
 
 
 def sweep_target(targets: Sequence[str], local_cpu: bool) -> str:
+    """The framework target the sweep runs: the first whose generated launcher is a SLURM script and whose
+    entry point reads its run settings (steps, synthetic data, no checkpoints) from DTC_SMOKE_* (the same rule
+    as `dtc smoke --slurm`, compiler/smoke/slurm.py: dtc's torch trainers; Megatron's pretrain_gpt.py reads
+    none, so its launcher cannot run a short benchmark unchanged)."""
+    from compiler.smoke.targets import hooks
     from compiler.targets import registry
 
     usable = [t for t in targets if registry.get(t).slurm is not None and registry.get(t).cost is not None
-              and (not local_cpu or t in ("fsdp", "deepspeed"))]
+              and registry.get(t).smoke is not None and hooks(t).entry is not None]
     if "slurm" not in targets or not usable:
         raise DtcError(Diagnostic(
-            summary="dtc sweep needs the slurm target and a framework target with a SLURM launcher"
-                    + (" that runs on CPU (fsdp or deepspeed)" if local_cpu else ""),
+            summary="dtc sweep needs the slurm target and fsdp or deepspeed (their trainers read the benchmark "
+                    "settings from the environment; Megatron's generated launcher reads none)",
             hint="add them to the spec's targets, e.g. targets: [fsdp, slurm]"))
     return usable[0]
 
