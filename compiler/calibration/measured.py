@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from compiler.calibration.logs import TARGET_OF_FORMAT, LogSteps, parse_log
-from compiler.calibration.runs import CSV_COLUMNS, PublishedRun, load_runs, read_rows, regime_features
+from compiler.calibration.runs import CSV_COLUMNS, PublishedRun, Skip, parse_row, read_rows, regime_features, \
+    resolve
 from compiler.errors import Diagnostic, DtcError, Location
 
 LOG_SUFFIXES = (".log", ".out", ".txt")
@@ -143,15 +144,17 @@ def _add_csv(out: Measured, path: Path) -> None:
                                   location=Location(str(path), 1, 1),
                                   hint=f"use the columns of benchmarks/data/published_runs_dev.csv ({len(CSV_COLUMNS)} "
                                        "columns, see benchmarks/data/CALIBRATION_README.md)"))
-    try:
-        runs, skipped = load_runs(path)
-    except (ValueError, KeyError) as exc:
-        raise DtcError(Diagnostic(summary=f"cannot read a row of the calibration CSV: {exc}",
-                                  location=Location(str(path)),
-                                  hint="check the row against benchmarks/data/CALIBRATION_README.md")) from None
-    out.runs += runs
-    for k, v in skipped.items():
-        out.skipped[k] = out.skipped.get(k, 0) + v
+    for i, row in enumerate(rows):
+        try:
+            out.runs.append(resolve(parse_row(row)))
+        except Skip as exc:
+            out.skipped[str(exc)] = out.skipped.get(str(exc), 0) + 1
+        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+            # csv.DictReader rows: the header is line 1 (a quoted cell with a line break shifts this)
+            raise DtcError(Diagnostic(summary=f"cannot read row {row.get('row_id') or i + 1} of the calibration CSV: "
+                                              f"{type(exc).__name__}: {exc}",
+                                      location=Location(str(path), i + 2),
+                                      hint="check the row against benchmarks/data/CALIBRATION_README.md")) from None
     out.inputs.append(InputFile(str(path), "csv", _sha(path)))
 
 

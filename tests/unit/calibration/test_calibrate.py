@@ -451,3 +451,12 @@ def test_smoke_report_is_an_input(tmp_path):
     with pytest.raises(DtcError) as exc:
         load_measured([str(path)])
     assert "not a `dtc smoke --json` report" in exc.value.diagnostics[0].summary
+
+
+def test_csv_without_the_calibration_columns(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("row_id,model\n1,x\n")
+    with pytest.raises(DtcError) as exc:
+        load_measured([str(path)])
+    d = exc.value.diagnostics[0]
+    assert "missing columns" in d.summary and (d.location.line, d.location.column) == (1, 1)
