@@ -294,7 +294,8 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
     plan_md, resolved = _resolve_with(data, out, profile)
     section = sweep_section(rows, profile, base, data) + f"\nRe-solved with the fitted profile: {resolved}.\n"
     write_text_atomically(sweep_dir / "PLAN.md", plan_md.rstrip("\n") + "\n\n" + section)
-    return format_profile(profile, str(out)) + f"\nRe-solved with the profile: {resolved}\nSweep: wrote " \
+    return format_profile(profile, str(out)) + f"\nRe-solved with the profile: {resolved}\nTo plan with it, add to " \
+        f"the spec: cluster.profile: <path of {out} relative to the spec>\nSweep: wrote " \
         f"{sweep_dir / 'PLAN.md'} ({len(runs)} of {len(data['candidates'])} candidates measured)."
 
 
