@@ -220,7 +220,8 @@ def format_report(report: Report) -> str:
                  f"{rep['p90_abs_error']:.1%} (the calibration set's own noise)")
     ins_o = report.overall(loso=False)
     lines.append(f"in-sample: {ins_o['rows']} rows, median |error| {ins_o['median_abs_error']:.1%}, "
-                 f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of compiler/data/efficiency.yaml)")
+                 f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of "
+                 f"{report.loso_from if report.loso_from.startswith('profile') else 'compiler/data/efficiency.yaml'})")
     o = report.overall()
     lines.append(f"leave-one-source-out constants: {report.loso_from}")
     lines.append(f"overall: {o['rows']} rows, median |error| {o['median_abs_error']:.1%}, "
