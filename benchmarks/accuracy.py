@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Accuracy of the cost model against published training runs: generalisation, not fit.
 
-    python benchmarks/accuracy.py [CSV] [--json] [--refit]
+    python benchmarks/accuracy.py [CSV] [--json] [--refit] [--profile FILE]
 
 CSV: any file with the columns of benchmarks/data/published_runs_dev.csv (default: that file,
 the vendored calibration set). Each row is parsed by compiler/calibration/runs.py into the
@@ -27,6 +27,8 @@ ratios where a source published them, and ends with the LOSO figure:
     overall: N rows, median |error| X%, p90 |error| Y%
 
 ``--json`` prints every row's in-sample and LOSO prediction with its regime features.
+``--profile FILE`` costs every row with a cluster profile's constants (`dtc calibrate`), both
+columns alike: a profile has no leave-one-source-out refits.
 """
 from __future__ import annotations
 
@@ -218,7 +220,8 @@ def format_report(report: Report) -> str:
                  f"{rep['p90_abs_error']:.1%} (the calibration set's own noise)")
     ins_o = report.overall(loso=False)
     lines.append(f"in-sample: {ins_o['rows']} rows, median |error| {ins_o['median_abs_error']:.1%}, "
-                 f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of compiler/data/efficiency.yaml)")
+                 f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of "
+                 f"{report.loso_from if report.loso_from.startswith('profile') else 'compiler/data/efficiency.yaml'})")
     o = report.overall()
     lines.append(f"leave-one-source-out constants: {report.loso_from}")
     lines.append(f"overall: {o['rows']} rows, median |error| {o['median_abs_error']:.1%}, "
@@ -243,11 +246,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit", action="store_true",
                         help="refit the constants and the leave-one-source-out refits now (minutes) instead of "
                              "reading them from compiler/data/efficiency.yaml")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="cost with this cluster profile's constants (written by dtc calibrate)")
     args = parser.parse_args(argv)
     if not Path(args.csv).is_file():
         print(f"error: no such file: {args.csv}", file=sys.stderr)
         return 2
-    report = run(args.csv, refit=args.refit)
+    efficiency = None
+    if args.profile is not None:
+        from compiler.calibration.profile import load_profile
+        from compiler.errors import DtcError
+
+        try:
+            profile, _ = load_profile(args.profile)
+        except DtcError as exc:
+            print(exc.render(), file=sys.stderr)
+            return 2
+        if args.refit:
+            print("error: --profile and --refit exclude each other", file=sys.stderr)
+            return 2
+        efficiency = profile.efficiency(load_efficiency())
+    report = run(args.csv, refit=args.refit, efficiency=efficiency)
+    if args.profile is not None:
+        report.loso_from = f"profile {args.profile}"
     if args.json:
         print(json.dumps(to_json(report), indent=2, sort_keys=True))
     else:

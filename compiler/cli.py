@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("compiler.commands.schema", "schema_command"),
     "catalog": ("compiler.commands.catalog", "catalog_command"),
     "data": ("compiler.commands.data", "data_command"),
+    "calibrate": ("compiler.commands.calibrate", "calibrate_command"),
+    "sweep": ("compiler.commands.sweep", "sweep_command"),
 }
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import BaseModel
 
+from compiler.profile_ref import ProfileRef
 from compiler.estimate import Estimate
 from compiler.layout import Layout
 from compiler.model import ModelHyperparameters, ModelShape
@@ -152,6 +153,8 @@ class ClusterSection:
     inter_node_bandwidth_bytes_per_s: float
     price_per_gpu_hour_usd: float
     memory_headroom: float  # fraction of HBM kept free on top of the modelled items (search.memory_headroom)
+    # cluster.profile: the cluster profile whose constants costed this plan (left out of plan.json when none)
+    profile: ProfileRef | None = dataclasses.field(default=None, metadata={"omit_if_none": True})
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,8 @@ def as_in_plan(obj: Any) -> Any:
 
 def _to_data(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)}
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if isinstance(obj, Mapping):
@@ -398,7 +402,8 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             hbm_bytes=option.spec.hbm_bytes, peak_flops=option.spec.peak_flops_for(problem.precision),
             intra_node_bandwidth_bytes_per_s=option.intra_node_bandwidth_bytes_per_s,
             inter_node_bandwidth_bytes_per_s=option.inter_node_bandwidth_bytes_per_s,
-            price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom),
+            price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom,
+            profile=problem.profile),
         budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
                              objective=problem.objective),
         targets=tuple(problem.targets),

@@ -21,6 +21,7 @@ from compiler.split import PipelineSplit
 from compiler.spec.load import LoadedSpec, SourceMap
 from compiler.spec.models import DataSpec, SlurmSpec, Spec, parse_global_batch
 from compiler import units
+from compiler.profile_ref import ProfileRef
 
 if TYPE_CHECKING:
     from compiler.rules import Facts
@@ -117,6 +118,7 @@ class Problem:
     source_path: str = ""  # the spec's path as the user gave it: for error locations, never in artifacts
     fp8_recipe: str = ""  # fp8 scaling recipe (compiler/data/physics.yaml gemm.quantize_bytes_per_element); "": the framework's
     max_gpus_default: bool = False  # max_gpus is DEFAULT_MAX_GPUS: the spec gave no GPU count or cap
+    profile: ProfileRef | None = None  # cluster.profile: the constants measured on this cluster (dtc calibrate)
 
     @property
     def num_params(self) -> int:
@@ -153,6 +155,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         _check_shape(shape, src, diags)
         _check_positions(shape, spec.training.sequence_length, src, diags)
         _check_pins(spec, shape, options, seqs, src, diags)
+    profile = _load_profile(spec, src, diags, options)
     if diags:
         raise SpecError(diags)
     assert shape is not None
@@ -197,7 +200,39 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         slurm=spec.slurm,
         data=spec.data,
         init=spec.model.init,
+        profile=profile,
     )
+
+
+def _load_profile(spec: Spec, src: SourceMap, diags: list[Diagnostic], options: list[GpuOption]) -> ProfileRef | None:
+    """cluster.profile: the profile file, relative to the spec, read and validated (compiler/calibration/profile.py)."""
+    given = spec.cluster.profile
+    if given is None:
+        return None
+    from pathlib import Path
+
+    from compiler.calibration.profile import load_profile
+    from compiler.errors import DtcError
+
+    base = Path(src.path).parent if src.path and not src.path.startswith("<") else Path(".")
+    path = Path(given) if Path(given).is_absolute() else base / given
+    try:
+        profile, sha = load_profile(path)
+    except DtcError as exc:
+        inner = exc.diagnostics[0]
+        where = f" ({inner.location})" if inner.location is not None and str(inner.location.path) not in \
+            inner.summary else ""
+        diags.append(src.diagnostic(("cluster", "profile"), f"cluster.profile: {inner.summary}{where}",
+                                    inner.hint or "write one with: dtc calibrate RUNS... -o profiles/NAME.yaml"))
+        return None
+    names = [o.name for o in options]
+    if options and profile.gpus and not set(names) & set(profile.gpus):
+        diags.append(src.diagnostic(("cluster", "profile"),
+                                    f"cluster.profile {given} was calibrated on {', '.join(profile.gpus)}, not on the "
+                                    f"spec's {', '.join(names)}",
+                                    "a profile describes one cluster: calibrate one on this cluster's GPUs"))
+        return None
+    return ProfileRef(name=profile.name, path=given, sha256=sha, constants=profile.values)
 
 
 def problem_from_data(data: dict[str, Any], *, path: str = "<data>", catalog: Catalog | None = None) -> Problem:

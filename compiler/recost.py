@@ -47,7 +47,7 @@ def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
         max_cost_usd=plan.budget.max_cost_usd, deadline_s=plan.budget.deadline_s, objective=plan.budget.objective,
         pins=Pins(split=plan.layout.split), memory_headroom=c.memory_headroom,
         allow_cross_node_tp=True,  # the plan's tp passed its spec's node rule when it was solved
-        top_k=0, targets=plan.targets, slurm=plan.slurm)
+        top_k=0, targets=plan.targets, slurm=plan.slurm, profile=plan.cluster.profile)
 
 
 def recost_targets(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, "TargetEstimates | Rejection"]:

@@ -31,6 +31,8 @@ EXPECTED_OPTIONS = {
     "schema": [],
     "catalog": ["--json"],
     "data": [],
+    "calibrate": ["--date", "--name", "--output", "--sweep"],  # issue #12: cluster profiles
+    "sweep": ["--local-cpu", "--output", "--steps", "--submit", "--top"],  # issue #12: on-cluster sweeps
 }
 
 

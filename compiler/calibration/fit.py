@@ -94,6 +94,7 @@ class _Problem:
     lo: tuple[float, ...] = tuple(math.log(p.lower) for p in FIT_PARAMETERS)
     hi: tuple[float, ...] = tuple(math.log(p.upper) for p in FIT_PARAMETERS)
     z0: tuple[float, ...] = tuple(math.log(p.prior) for p in FIT_PARAMETERS)
+    ridge: float = RIDGE  # weight of 0.5 x sum (z - z0)^2: the pull towards z0 (a cluster profile: its prior fit)
 
     def eff(self, z: Sequence[float]) -> Efficiency:
         return self.base.with_fitted({n: math.exp(v) for n, v in zip(self.names, z)})
@@ -108,10 +109,23 @@ class _Problem:
         for w, e in zip(self.weights, errors):
             a = abs(e)
             data += w * (0.5 * e * e if a <= HUBER_DELTA else HUBER_DELTA * (a - 0.5 * HUBER_DELTA))
-        return data + 0.5 * RIDGE * sum((zi - z0) ** 2 for zi, z0 in zip(z, self.z0))
+        return data + 0.5 * self.ridge * sum((zi - z0) ** 2 for zi, z0 in zip(z, self.z0))
 
     def clip(self, z: Sequence[float]) -> list[float]:
         return [min(max(v, lo), hi) for v, lo, hi in zip(z, self.lo, self.hi)]
+
+
+def jacobian(prob: _Problem, z: Sequence[float], errors: Sequence[float]) -> list[list[float]]:
+    """d log(pred_i / measured_i) / d log(c_j): one column per constant (forward differences, stepping back
+    inside the upper bound)."""
+    cols = []
+    for j in range(len(z)):
+        zj = list(z)
+        zj[j] = zj[j] + STEP if zj[j] + STEP <= prob.hi[j] else zj[j] - STEP
+        dz = zj[j] - z[j]
+        ej = prob.errors(zj)
+        cols.append([(a - b) / dz for a, b in zip(ej, errors)])
+    return cols
 
 
 def _levenberg_marquardt(prob: _Problem, z: list[float], progress: Callable[[str], None] | None = None
@@ -123,20 +137,14 @@ def _levenberg_marquardt(prob: _Problem, z: list[float], progress: Callable[[str
     for it in range(MAX_ITERATIONS):
         # Jacobian of the weighted residuals r_i = sqrt(w_i h_i) e_i (IRLS weights h_i of the Huber loss)
         scale = [math.sqrt(w * _huber_weight(e)) for w, e in zip(prob.weights, errors)]
-        cols = []
-        for j in range(k):
-            zj = list(z)
-            zj[j] = min(zj[j] + STEP, prob.hi[j]) if zj[j] + STEP <= prob.hi[j] else zj[j] - STEP
-            dz = zj[j] - z[j]
-            ej = prob.errors(zj)
-            cols.append([(a - b) / dz for a, b in zip(ej, errors)])
+        cols = jacobian(prob, z, errors)
         jtj = [[sum(s * s * cols[a][i] * cols[b][i] for i, s in enumerate(scale)) for b in range(k)] for a in range(k)]
         jtr = [sum(s * s * cols[a][i] * errors[i] for i, s in enumerate(scale)) for a in range(k)]
         improved = False
         for _ in range(6):
-            a = [[jtj[r][c] + (RIDGE if r == c else 0.0) + (mu * (jtj[r][c] + 1e-9) if r == c else 0.0)
+            a = [[jtj[r][c] + (prob.ridge if r == c else 0.0) + (mu * (jtj[r][c] + 1e-9) if r == c else 0.0)
                   for c in range(k)] for r in range(k)]
-            b = [-(jtr[r] + RIDGE * (z[r] - prob.z0[r])) for r in range(k)]
+            b = [-(jtr[r] + prob.ridge * (z[r] - prob.z0[r])) for r in range(k)]
             step = _solve(a, b)
             trial = prob.clip([zi + si for zi, si in zip(z, step)])
             trial_errors = prob.errors(trial)

@@ -28,6 +28,7 @@ from compiler.costmodel.stages import StageParams
 
 INTRA = "intra_node"
 INTER = "inter_node"
+INTER_SCALE = "inter_node_bandwidth_scale"  # a cluster profile's multiplier on inter-node bandwidth (1 without one)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def group_link(setup: Setup, stride: int, size: int) -> GroupLink:
     if stride * size <= domain:
         return GroupLink(INTRA, intra_bw, eff.latency_s[INTRA], size)
     per_domain = max(1, min(size, domain // stride)) if stride < domain else 1
-    inter_bw = setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER]
+    inter_bw = setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER] * eff.profile_scale(INTER_SCALE)
     return GroupLink(INTER, min(intra_bw, per_domain * inter_bw), eff.latency_s[INTER], per_domain)
 
 
@@ -77,7 +78,8 @@ def all_to_all_time_s(nbytes_per_gpu: float, n: int, link: GroupLink, setup: Set
     if link.link == INTRA:
         return (n - 1) / n * nbytes_per_gpu / intra_bw + link.latency_s
     g = link.members_per_domain
-    off = (n - g) / n * nbytes_per_gpu / (setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER])
+    off = (n - g) / n * nbytes_per_gpu / (setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER]
+                                                  * eff.profile_scale(INTER_SCALE))
     on = (g - 1) / n * nbytes_per_gpu / intra_bw
     return max(off, on) + link.latency_s
 
@@ -89,7 +91,8 @@ def p2p_time_s(nbytes: float, link: GroupLink, setup: Setup) -> float:
     if link.link == INTRA:
         bw = link.busbw_bytes_per_s
     else:
-        bw = setup.gpu.inter_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTER]
+        bw = (setup.gpu.inter_node_bandwidth_bytes_per_s * setup.eff.busbw_fraction[INTER]
+              * setup.eff.profile_scale(INTER_SCALE))
     return nbytes / bw + link.latency_s
 
 
@@ -216,7 +219,7 @@ def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setu
     else:
         on = tokens * bytes_per_copy * local_copies / intra_bw
         remote = remote_copies
-    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * a2a[INTER]
+    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * a2a[INTER] * setup.eff.profile_scale(INTER_SCALE)
     return max(on, tokens * bytes_per_copy * remote / nic) + link.latency_s
 
 

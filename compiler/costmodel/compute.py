@@ -126,12 +126,14 @@ def gemm_kind(setup: Setup, dtype: str) -> str:
 def gemm_rate(setup: Setup, dtype: str) -> float:
     """Sustained FLOP/s of large GEMMs of this dtype on this GPU."""
     fraction = setup.eff.physics.gemm_fraction_for(setup.kernel_class, gemm_kind(setup, dtype))
-    return setup.peak_flops_per_s(dtype) * fraction * setup.eff.fit("compute_scale") * setup.power_factor
+    rate = setup.peak_flops_per_s(dtype) * fraction * setup.eff.fit("compute_scale") * setup.power_factor
+    return rate * setup.eff.profile_scale("fp8_gemm_scale") if dtype == "fp8" else rate
 
 
 def gemm_time_s(g: Gemm, setup: Setup) -> float:
     """max(compute, memory roofline) + the fixed kernel time (one per grouped kernel)."""
-    rate = gemm_rate(setup, g.dtype) * (setup.eff.physics.grouped_gemm_fraction if g.grouped else 1.0)
+    rate = gemm_rate(setup, g.dtype) * (setup.eff.physics.grouped_gemm_fraction
+                                        * setup.eff.profile_scale("grouped_gemm_scale") if g.grouped else 1.0)
     compute = g.forward_flops / rate
     in_bytes = 1 if g.dtype == "fp8" else (4 if g.dtype == "fp32" else 2)
     nbytes = ((g.m * g.k + g.k * g.n) * in_bytes + g.m * g.n * 2) * g.count
@@ -267,7 +269,7 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
     ref = load_catalog().gpus.get(reference)
     dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
     scale = (ref.peak_flops_for("bf16") / setup.peak_flops_per_s(dt)) if ref is not None else 1.0
-    scale /= setup.eff.fit("compute_scale") * setup.power_factor
+    scale /= setup.eff.fit("compute_scale") * setup.power_factor * setup.eff.profile_scale("attention_scale")
     seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
     flops = attention_core_flops_forward_per_layer(setup)
     total = flops * curve.seconds_per_forward_flop(seq) * scale

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from compiler.costmodel.activations import IMPLS, ActivationImpl
-from compiler.costmodel.efficiency import Efficiency, load_efficiency
+from compiler.costmodel.efficiency import Efficiency, efficiency_of
 from compiler.costmodel.frameworks import DEFAULT_TARGET, profile_of
 from compiler.costmodel.stages import StageLayers, stage_layers
 from compiler.layout import Layout
@@ -141,7 +141,7 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
                eff: Efficiency | None = None, stages: tuple[StageLayers, ...] | None = None) -> Setup:
     """``target``: a dtc target name or a cost profile; ``stages``: the layout's stages when the caller already
     has them (the solver's bounds cache them)."""
-    eff = eff or load_efficiency()
+    eff = eff or efficiency_of(problem.profile)
     framework = profile_of(target)
     recipe = RECIPES[problem.precision]
     fp8 = (problem.fp8_recipe or framework.fp8_recipe_on(gpu.spec.generation)) if recipe.gemm_dtype == "fp8" else ""

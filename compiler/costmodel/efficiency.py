@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 from ruamel.yaml import YAML
 
+from compiler.profile_ref import ProfileRef
+
 PHYSICS_FILE = "physics.yaml"
 EFFICIENCY_FILE = "efficiency.yaml"
 FLASH_BACKWARD_FLOPS_RATIO = 2.5  # FlashAttention convention: backward = 2.5 x forward FLOPs (5 GEMMs vs 2)
@@ -62,6 +64,26 @@ FIT_PARAMETERS: tuple[FitParameter, ...] = (
                  "ranks, ~ cv x sqrt(2 ln N) longer (expected maximum of N normal variables)"),
 )
 FIT_PARAMETER_NAMES = tuple(p.name for p in FIT_PARAMETERS)
+
+# Fitted only by a cluster profile (dtc calibrate, compiler/calibration/profile.py): multipliers on sourced physics
+# that differ from one cluster to the next; the global fit leaves them at 1 (the physics as measured by the
+# kernel benchmarks and nccl-tests compiler/data/physics.yaml cites). Each range keeps the result physical.
+PROFILE_PARAMETERS: tuple[FitParameter, ...] = (
+    FitParameter("fp8_gemm_scale", 1.0, 0.7, 1.25,
+                 "this cluster's sustained fp8 GEMM rate over physics.yaml gemm.fraction (kernel benchmarks); "
+                 "up to 1.25 keeps fp8 fractions (0.6-0.8 of the datasheet peak) under the peak"),
+    FitParameter("grouped_gemm_scale", 1.0, 0.6, 1.4,
+                 "this cluster's MoE grouped-GEMM rate over physics.yaml gemm.grouped_fraction (0.7, a grouped "
+                 "kernel at typical expert token counts); up to 1.4 reaches a dense GEMM's rate"),
+    FitParameter("attention_scale", 1.0, 0.7, 1.25,
+                 "this cluster's attention-kernel rate over physics.yaml's FlashAttention benchmark curves "
+                 "(another kernel version or clock); up to 1.25 stays under the datasheet peak"),
+    FitParameter("inter_node_bandwidth_scale", 1.0, 0.25, 1.2,
+                 "achieved inter-node bus bandwidth over physics.yaml comm.busbw_fraction x the catalog's link: "
+                 "down to 1/4 for an oversubscribed or rail-unaware fabric, up to 1.2 for nccl-tests results "
+                 "above the typical fraction"),
+)
+PROFILE_PARAMETER_NAMES = tuple(p.name for p in PROFILE_PARAMETERS)
 
 
 # --- physics ------------------------------------------------------------------------------------------
@@ -168,6 +190,10 @@ class Efficiency:
 
     def fit(self, name: str) -> float:
         return self.fitted[name]
+
+    def profile_scale(self, name: str) -> float:
+        """A cluster profile's multiplier (PROFILE_PARAMETERS); 1 (the physics) without a profile."""
+        return self.fitted.get(name, 1.0)
 
     def with_fitted(self, values: Mapping[str, float]) -> "Efficiency":
         """The same physics with other fitted constants (calibration, leave-one-source-out)."""
@@ -327,3 +353,14 @@ def load_efficiency() -> Efficiency:
     """The shipped constants (parsed and validated once per process)."""
     yaml = YAML(typ="safe")
     return parse_efficiency(yaml.load(read_data_file(PHYSICS_FILE)), yaml.load(read_data_file(EFFICIENCY_FILE)))
+
+
+@functools.lru_cache(maxsize=32)
+def efficiency_of(profile: ProfileRef | None) -> Efficiency:
+    """The shipped constants, or a cluster profile's: the shipped physics with the profile's fitted constants (the
+    same for every source: a profile has no leave-one-source-out refits)."""
+    base = load_efficiency()
+    if profile is None:
+        return base
+    return replace(base.with_fitted(dict(profile.constants)), loso=MappingProxyType({}))
+

@@ -31,7 +31,7 @@ from typing import Any
 from compiler.costmodel import comm, memory, step
 from compiler.costmodel.compute import StageCompute
 from compiler.costmodel.context import Setup, make_setup
-from compiler.costmodel.efficiency import Efficiency, load_efficiency
+from compiler.costmodel.efficiency import Efficiency, ProfileRef, efficiency_of, load_efficiency
 from compiler.costmodel.frameworks import costed_targets
 from compiler.costmodel.stages import StageLayers, StageParams, stage_layers, stage_params
 from compiler.layout import Layout
@@ -53,13 +53,13 @@ def bound_target(problem: Problem) -> str:
     return costed_targets(problem.targets)[0]
 
 
-@functools.cache
-def bound_efficiency() -> Efficiency:
+@functools.lru_cache(maxsize=32)
+def bound_efficiency(profile: ProfileRef | None = None) -> Efficiency:
     """The shipped constants with the host's kernel-launch time set to 0. A stage is launch-bound when its
     launches take longer than its GPU work (compute.stage_compute: max(GPU, launches), per stage for dense
     layers and per layer for MoE layers); leaving launches out only lowers a stage's time, and what remains is
     linear in the stage's pieces (``unit_stage``), as the bounds need."""
-    return load_efficiency().with_fitted({"cpu_op_s": 0.0})
+    return efficiency_of(profile).with_fitted({"cpu_op_s": 0.0})
 
 
 def setup_for(problem: Problem, layout: Layout, gpu: GpuOption, *, stages: tuple[StageLayers, ...] | None = None,

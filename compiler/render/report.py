@@ -330,7 +330,17 @@ def _targets(plan: Plan, rendered: Sequence[tuple[str, str]] | None) -> dict[str
     return {"names": ", ".join(plan.targets) or "(none)", "files": files, "frameworks": frameworks,
             "constraint": targets_constraint(plan),
             "notes": [" ".join(n.split()) for n in plan.notes],
-            "cost_model_version": str(plan.provenance.cost_model_version)}
+            "cost_model_version": str(plan.provenance.cost_model_version), "profile": profile_line(plan)}
+
+
+def profile_line(plan: Plan) -> str:
+    """Which cluster profile (cluster.profile, written by dtc calibrate) costed the plan, or "" for none."""
+    p = plan.cluster.profile
+    if p is None:
+        return ""
+    values = ", ".join(f"{k} {v:.4g}" for k, v in sorted(p.constants.items()))
+    return (f"Costed with the cluster profile {txt.code(p.name)} ({txt.code(p.path)}, sha256 {p.sha256[:12]}): "
+            f"{values}.")
 
 
 def targets_constraint(plan: Plan) -> str:

@@ -70,7 +70,7 @@ class Bounds:
         # the first framework target (the layout's estimate is its slowest target's, never below this one's),
         # with host launch time left out (parts.bound_efficiency: what remains is linear in a stage's pieces)
         self.target = cm.bound_target(problem)
-        self.eff = cm.bound_efficiency()
+        self.eff = cm.bound_efficiency(problem.profile)
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
         self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
         self._per_token: dict[tuple, float] = {}

@@ -346,6 +346,9 @@ class ClusterSpec(_Strict):
     min_gpus: PosInt | None = Field(None, description="Use at least this many GPUs.")
     price_per_gpu_hour: Price | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
     network: NetworkSpec | None = Field(None, description="Link bandwidth overrides.")
+    profile: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        None, description="A cluster profile written by `dtc calibrate` (path relative to this spec): the cost "
+                          "model's fitted constants measured on this cluster.")
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":

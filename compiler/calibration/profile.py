@@ -1,0 +1,329 @@
+"""Cluster profiles: the fitted constants refitted on one cluster's measured runs, with provenance.
+
+    fit_profile(runs, name=..., base=load_efficiency()) -> ClusterProfile
+    ClusterProfile.to_yaml() / load_profile(path) -> ClusterProfile (errors with file:line:column)
+    profile.efficiency(base) -> Efficiency (the shipped physics with the profile's constants)
+
+What is fitted: the constants of compiler/costmodel/efficiency.py FIT_PARAMETERS (sustained
+GEMM/attention fraction, memory-bound traffic, kernel launch time, exposed tensor-parallel
+communication, per-step overhead, straggler spread), each clipped to the physical range named
+there with its source. A profile describes one cluster, so its GPU's GEMM and attention
+efficiency is its ``compute_scale``.
+
+Not over-fitting a handful of runs:
+
+* a MAP fit in log space: sum_i huber(log(pred_i / measured_i), 0.15) + 0.5 * PRIOR_RUNS *
+  sum_k (log c_k - log g_k)^2, where g is the global fit (compiler/data/efficiency.yaml). With
+  PRIOR_RUNS = 3 the global fit weighs as much as three runs whose throughput moves one-for-one
+  with the constant: a constant the runs barely move stays at the global value, one that n runs
+  pin moves n/(n+3) of the way to what they say;
+* ``data_weight`` per constant = I_k / (I_k + PRIOR_RUNS), I_k = sum_i h_i J_ik^2 the runs'
+  information about it (J: d log pred / d log c at the fit, h: the Huber weight); a constant is
+  ``identified`` when the runs outweigh the prior (data_weight >= 0.5);
+* the profile's own leave-one-out error: each run predicted with the constants refitted without
+  it (one Gauss-Newton step from the full fit on the other runs' residuals and Jacobian, each
+  constant clipped to its range; the run itself costed exactly).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError
+
+from compiler.calibration.fit import HUBER_DELTA, _huber_weight, _levenberg_marquardt, _Problem, _round, _solve, \
+    jacobian, predict
+from compiler.calibration.runs import PublishedRun
+from compiler.costmodel.efficiency import FIT_PARAMETERS, PROFILE_PARAMETERS, Efficiency
+from compiler.costmodel.pipeline import linear_p2p_makespans
+from compiler.errors import Diagnostic, DtcError, Location
+
+PROFILE_SCHEMA_VERSION = 1
+PROFILE_KIND = "dtc-cluster-profile"
+PRIOR_RUNS = 3.0  # the global fit weighs as much as this many runs (see the module docstring)
+IDENTIFIED = 0.5  # data_weight at or above which a constant counts as identified by the runs
+ALL_PARAMETERS = FIT_PARAMETERS + PROFILE_PARAMETERS
+PARAMS = {p.name: p for p in ALL_PARAMETERS}
+
+
+@dataclass(frozen=True)
+class ProfileConstant:
+    value: float
+    global_value: float
+    data_weight: float
+
+    @property
+    def identified(self) -> bool:
+        return self.data_weight >= IDENTIFIED
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    id: str
+    source: str
+    model: str
+    gpu: str
+    num_gpus: int
+    layout: str
+    framework: str
+    measured_tokens_per_s_per_gpu: float
+    error_before: float  # global constants: predicted / measured - 1
+    error_after: float  # the profile's constants
+    error_loo: float  # the profile refitted without this run
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str
+    date: str | None
+    gpus: tuple[str, ...]
+    constants: Mapping[str, ProfileConstant]
+    runs: tuple[ProfileRun, ...]
+    inputs: tuple[Mapping[str, str], ...] = ()
+    global_sha256: str = ""  # the global fit (compiler/data/efficiency.yaml fitted) it was shrunk towards
+    notes: tuple[str, ...] = ()
+
+    @property
+    def values(self) -> dict[str, float]:
+        return {k: c.value for k, c in self.constants.items()}
+
+    def efficiency(self, base: Efficiency) -> Efficiency:
+        """``base``'s physics with this profile's constants (for every source: no leave-one-source-out)."""
+        from dataclasses import replace
+
+        return replace(base.with_fitted(self.values), loso=MappingProxyType({}))
+
+    def summary(self, which: str) -> dict[str, float]:
+        errors = [getattr(r, f"error_{which}") for r in self.runs]
+        return error_summary(errors)
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "schema_version": PROFILE_SCHEMA_VERSION,
+            "kind": PROFILE_KIND,
+            "name": self.name,
+            "date": self.date,
+            "gpus": list(self.gpus),
+            "constants": {k: {"value": c.value, "global": c.global_value, "lower": PARAMS[k].lower,
+                              "upper": PARAMS[k].upper, "data_weight": _r4(c.data_weight),
+                              "identified": c.identified} for k, c in self.constants.items()},
+            "fit": {"prior": "the global fit, compiler/data/efficiency.yaml", "prior_strength_runs": PRIOR_RUNS,
+                    "huber_delta": HUBER_DELTA,
+                    "objective": "sum_i huber(log(pred_i/measured_i)) + 0.5 x prior_strength_runs x "
+                                 "sum_k (log(c_k/global_k))^2; each constant clipped to [lower, upper] "
+                                 "(compiler/costmodel/efficiency.py FIT_PARAMETERS names each range's source)",
+                    "leave_one_out": "one Gauss-Newton step from the fit without the run; the run costed exactly"},
+            "residuals": {"error": "predicted tokens/s per GPU / measured - 1", "before": self.summary("before"),
+                          "after": self.summary("after"), "leave_one_out": self.summary("loo")},
+            "runs": [{"id": r.id, "source": r.source, "model": r.model, "gpu": r.gpu, "num_gpus": r.num_gpus,
+                      "layout": r.layout, "framework": r.framework,
+                      "measured_tokens_per_s_per_gpu": r.measured_tokens_per_s_per_gpu,
+                      "error_before": r.error_before, "error_after": r.error_after,
+                      "error_loo": r.error_loo} for r in self.runs],
+            "provenance": {"inputs": [dict(i) for i in self.inputs], "global_fit_sha256": self.global_sha256,
+                           "notes": list(self.notes)},
+        }
+
+    def to_yaml(self) -> str:
+        yaml = YAML()
+        yaml.default_flow_style = False
+        yaml.width = 120
+        buf = io.StringIO()
+        yaml.dump(self.to_data(), buf)
+        header = (f"# dtc cluster profile '{self.name}': written by `dtc calibrate`; use it in a spec with\n"
+                  f"#   cluster:\n#     profile: <path to this file>\n")
+        return header + buf.getvalue()
+
+
+def _r4(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def error_summary(errors: Sequence[float]) -> dict[str, float]:
+    a = [abs(e) for e in errors]
+    return {"runs": len(a), "median_abs_error": _r4(_percentile(a, 0.5)), "p90_abs_error": _r4(_percentile(a, 0.9)),
+            "median_error": _r4(_percentile(list(errors), 0.5))}
+
+
+def global_sha256(base: Efficiency) -> str:
+    text = ",".join(f"{p.name}={global_value(base, p.name)!r}" for p in ALL_PARAMETERS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _problem(runs: Sequence[PublishedRun], base: Efficiency, prior_runs: float) -> _Problem:
+    return _Problem(runs, base, [1.0] * len(runs), names=tuple(PARAMS),
+                    lo=tuple(math.log(p.lower) for p in ALL_PARAMETERS),
+                    hi=tuple(math.log(p.upper) for p in ALL_PARAMETERS),
+                    z0=tuple(math.log(global_value(base, p.name)) for p in ALL_PARAMETERS), ridge=prior_runs)
+
+
+def global_value(base: Efficiency, name: str) -> float:
+    """The global fit's value of a constant (a profile-only multiplier: 1, the physics)."""
+    return base.fitted[name] if name in base.fitted else base.profile_scale(name)
+
+
+def fit_values(runs: Sequence[PublishedRun], base: Efficiency, *, prior_runs: float = PRIOR_RUNS) -> dict[str, float]:
+    """The profile's constants for ``runs`` (MAP towards ``base``'s fitted constants), rounded as the global fit."""
+    prob = _problem(runs, base, prior_runs)
+    with linear_p2p_makespans():
+        z = _levenberg_marquardt(prob, prob.clip(list(prob.z0)))
+    return {n: _round(math.exp(v)) for n, v in zip(prob.names, z)}
+
+
+def fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, date: str | None = None,
+                inputs: Sequence[Mapping[str, str]] = (), notes: Sequence[str] = (),
+                prior_runs: float = PRIOR_RUNS) -> ClusterProfile:
+    if not runs:
+        raise DtcError(Diagnostic(summary="no measured run to calibrate on",
+                                  hint="give runs: a CSV, LOG:PLAN pairs, folders, or dtc smoke --json reports"))
+    values = fit_values(runs, base, prior_runs=prior_runs)
+    prob = _problem(runs, base, prior_runs)
+    z = [math.log(values[n]) for n in prob.names]
+    with linear_p2p_makespans():
+        errors = prob.errors(z)
+        cols = jacobian(prob, z, errors)
+        loo_z = _leave_one_out(prob, z, errors, cols)
+    h = [_huber_weight(e) for e in errors]
+    k = len(z)
+    info = [sum(h[i] * cols[j][i] ** 2 for i in range(len(runs))) for j in range(k)]
+    constants = {n: ProfileConstant(values[n], global_value(base, n), info[j] / (info[j] + prior_runs))
+                 for j, n in enumerate(prob.names)}
+    eff = base.with_fitted(values)
+    out = []
+    for i, r in enumerate(runs):
+        before = predict(r, base).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
+        after = predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
+        loo = predict(r, prob.eff(loo_z[i])).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
+        out.append(ProfileRun(id=r.row_id, source=r.source_id, model=r.model, gpu=r.gpu.name,
+                              num_gpus=r.layout.world_size, layout=r.layout.describe(), framework=r.framework.name,
+                              measured_tokens_per_s_per_gpu=_r4(r.measured_tokens_per_s_per_gpu),
+                              error_before=_r4(before), error_after=_r4(after), error_loo=_r4(loo)))
+    gpus = tuple(sorted({r.gpu.name for r in runs}))
+    return ClusterProfile(name=name, date=date, gpus=gpus, constants=MappingProxyType(constants), runs=tuple(out),
+                          inputs=tuple(inputs), global_sha256=global_sha256(base), notes=tuple(notes))
+
+
+def _leave_one_out(prob: _Problem, z: list[float], errors: list[float], cols: list[list[float]]) -> list[list[float]]:
+    """Per run, the constants refitted without it: one Gauss-Newton step from ``z`` on the other runs."""
+    k, n = len(z), len(errors)
+    h = [w * _huber_weight(e) for w, e in zip(prob.weights, errors)]
+    jtj = [[sum(h[i] * cols[a][i] * cols[b][i] for i in range(n)) for b in range(k)] for a in range(k)]
+    jtr = [sum(h[i] * cols[a][i] * errors[i] for i in range(n)) for a in range(k)]
+    out = []
+    for i in range(n):
+        a = [[jtj[r][c] - h[i] * cols[r][i] * cols[c][i] + (prob.ridge if r == c else 0.0) for c in range(k)]
+             for r in range(k)]
+        b = [-(jtr[r] - h[i] * cols[r][i] * errors[i] + prob.ridge * (z[r] - prob.z0[r])) for r in range(k)]
+        step = _solve(a, b)
+        out.append(prob.clip([zi + si for zi, si in zip(z, step)]))
+    return out
+
+
+# --- reading a profile ------------------------------------------------------------------------------
+
+
+def _err(path: str, node: Any, key: Any, summary: str, hint: str) -> DtcError:
+    line = col = None
+    lc = getattr(node, "lc", None)
+    if lc is not None:
+        try:
+            if key is not None:
+                line, col = lc.key(key) if hasattr(lc, "key") else (None, None)
+            else:
+                line, col = lc.line, lc.col
+        except (KeyError, TypeError):
+            line, col = lc.line, lc.col
+    loc = Location(path, None if line is None else line + 1, None if col is None else col + 1)
+    return DtcError(Diagnostic(summary=summary, location=loc, hint=hint))
+
+
+def parse_profile(text: str, path: str) -> ClusterProfile:
+    """A profile from its YAML text; DtcError with file:line:column for anything that is not one."""
+    yaml = YAML()  # round-trip: keeps line and column of every key
+    try:
+        data = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise DtcError(Diagnostic(summary=f"not YAML: {exc.problem}",
+                                  location=Location(path, mark.line + 1 if mark else None,
+                                                    mark.column + 1 if mark else None),
+                                  hint="write it with dtc calibrate")) from None
+    hint = "write it with: dtc calibrate RUNS... -o profiles/NAME.yaml"
+    if not isinstance(data, dict):
+        raise DtcError(Diagnostic(summary="a cluster profile must be a mapping", location=Location(path, 1, 1),
+                                  hint=hint))
+    if data.get("kind") != PROFILE_KIND:
+        raise _err(path, data, "kind" if "kind" in data else None, f"not a dtc cluster profile (kind must be "
+                   f"{PROFILE_KIND!r}, got {data.get('kind')!r})", hint)
+    if data.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise _err(path, data, "schema_version" if "schema_version" in data else None,
+                   f"schema_version must be {PROFILE_SCHEMA_VERSION}, got {data.get('schema_version')!r}",
+                   "recalibrate with this dtc")
+    allowed = {"schema_version", "kind", "name", "date", "gpus", "constants", "fit", "residuals", "runs", "provenance"}
+    for key in data:
+        if key not in allowed:
+            raise _err(path, data, key, f"unknown key {key!r} in a cluster profile",
+                       f"keys are {', '.join(sorted(allowed))}")
+    consts = data.get("constants")
+    if not isinstance(consts, dict):
+        raise _err(path, data, "constants" if "constants" in data else None, "constants must be a mapping", hint)
+    out = {}
+    for key in consts:
+        if key not in PARAMS:
+            raise _err(path, consts, key, f"unknown constant {key!r}", f"the fitted constants are {', '.join(PARAMS)}")
+    for p in ALL_PARAMETERS:
+        if p.name not in consts:
+            raise _err(path, consts, None, f"constant {p.name} is missing", hint)
+        entry = consts[p.name]
+        value = entry.get("value") if isinstance(entry, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (p.lower <= value <= p.upper):
+            node, key = (entry, "value") if isinstance(entry, dict) and "value" in entry else (consts, p.name)
+            raise _err(path, node, key,
+                       f"{p.name} = {value!r} is outside its physical range [{p.lower:g}, {p.upper:g}]",
+                       f"{p.name}: {p.meaning}")
+        glob = entry.get("global", value)
+        weight = entry.get("data_weight", 0.0)
+        out[p.name] = ProfileConstant(float(value), float(glob), float(weight))
+    runs = []
+    for r in data.get("runs") or []:
+        try:
+            runs.append(ProfileRun(id=str(r["id"]), source=str(r["source"]), model=str(r["model"]), gpu=str(r["gpu"]),
+                                   num_gpus=int(r["num_gpus"]), layout=str(r["layout"]), framework=str(r["framework"]),
+                                   measured_tokens_per_s_per_gpu=float(r["measured_tokens_per_s_per_gpu"]),
+                                   error_before=float(r["error_before"]), error_after=float(r["error_after"]),
+                                   error_loo=float(r["error_loo"])))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _err(path, r, None, f"a run of the profile lacks a field or has a bad one ({exc})", hint) from None
+    prov = data.get("provenance") or {}
+    return ClusterProfile(name=str(data.get("name", "")), date=None if data.get("date") is None else str(data["date"]),
+                          gpus=tuple(str(g) for g in data.get("gpus") or ()), constants=MappingProxyType(out),
+                          runs=tuple(runs), inputs=tuple(dict(i) for i in prov.get("inputs") or ()),
+                          global_sha256=str(prov.get("global_fit_sha256", "")),
+                          notes=tuple(str(n) for n in prov.get("notes") or ()))
+
+
+def load_profile(path: str | Path) -> tuple[ClusterProfile, str]:
+    """(profile, sha256 of the file)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise DtcError(Diagnostic(summary=f"cannot read the cluster profile {path}: {exc.strerror}",
+                                  location=Location(str(path)),
+                                  hint="write one with: dtc calibrate RUNS... -o profiles/NAME.yaml")) from None
+    return parse_profile(raw.decode("utf-8", errors="replace"), str(path)), hashlib.sha256(raw).hexdigest()
