@@ -152,22 +152,14 @@ def plan_run_config(plan: Any, *, checkpoint_interval_steps: int) -> dict[str, A
         param_dtype=_PARAM_DTYPES[t.precision], init=plan.model.init, seed=t.seed, notes=notes)
 
 
-def checkpoint_policy(plan: Any, target: str) -> Any:
-    """compiler.checkpointing.policy for ``plan`` run by ``target`` (the plan's step time and size)."""
-    from compiler import checkpointing
-
-    lay, est = plan.layout, plan.estimate
-    return checkpointing.policy(target=target, num_params=plan.model.params_total, optimizer=plan.training.optimizer,
-                                num_gpus=lay.world_size, num_nodes=lay.num_nodes, step_s=est.step_time_s,
-                                run_s=est.time_to_train_s, time_limit_s=plan.slurm.time_limit)
-
-
 def render_runtime_target(plan: Any, *, target: str, config_file: str, entry_file: str, module: str,
                           doc: str) -> dict[str, str]:
     """The files of a runtime target: dtc_runtime/ verbatim, its train config, its entry script."""
     from compiler.errors import Diagnostic, RenderError
 
-    policy = checkpoint_policy(plan, target)
+    from compiler.checkpointing import plan_policy
+
+    policy = plan_policy(plan, target)
     try:
         config = plan_run_config(plan, checkpoint_interval_steps=policy.interval_steps)
     except (UnsupportedModel, ValueError) as exc:

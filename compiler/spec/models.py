@@ -486,12 +486,13 @@ class SlurmSpec(_Strict):
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
     time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit (SLURM --time): 24h, 4d, or SLURM's own 48:00:00 or 2-00:00:00.")
-    cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
+    cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per training process (per GPU); default: 96 cores (the smallest common 8-GPU node) split over the node's GPUs.")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
-    output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
+    output_dir: str | None = Field(None, pattern=PATH_RE, description="Folder for the job logs (relative to the submit directory; it must exist when you submit); default: the submit directory.")
     requeue: bool = Field(True, description="Requeue the job on node failure or preemption (--requeue).")
-    signal_seconds_before_end: NonNegInt = Field(
-        120, le=65535, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off).")
+    signal_seconds_before_end: Annotated[NonNegInt, Field(le=65535)] | None = Field(
+        None, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off); default: one "
+                          "step plus twice the checkpoint's write time plus a minute (PLAN.md's checkpoint table).")
     launcher: Literal["torchrun", "deepspeed", "srun"] | None = Field(
         None, description="Launcher of the primary train.sbatch; default: the first target's own launcher.")
     container_image: str | None = Field(None, pattern=IMAGE_RE, description="Container image for pyxis/enroot (srun --container-image).")
@@ -502,7 +503,7 @@ class SlurmSpec(_Strict):
         default_factory=dict, description="Extra environment variables exported in the script.")
     rdzv_port: PosInt = Field(29500, le=65535, description="Rendezvous / master port.")
     workdir: str | None = Field(None, pattern=PATH_RE, description="cd here before launching.")
-    megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py.")
+    megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py (inside the container, if any); the job's MEGATRON_DIR overrides it.")
     data_path: str | None = Field(None, pattern=PATH_RE, description="Megatron data prefix; absent: --mock-data.")
     train_script: str | None = Field(
         None, pattern=PATH_RE, description="Your training entry for torchrun/deepspeed; default: the generated fsdp_train.py / ds_train.py.")

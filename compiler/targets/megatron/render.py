@@ -378,6 +378,7 @@ def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
 
     env = megatron_env(plan)
     return {"megatron_dir": check("megatron_dir", plan.slurm.megatron_dir, PATH_RE),
+            "megatron_core": plan.provenance.frameworks["megatron-core"],
             "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
             "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
 
