@@ -52,16 +52,27 @@ def entry_script(module: str, doc: str, config_file: str = CONFIG_FILE, header: 
     )
 
 
+def model_unsupported(shape: ModelShape, hyper: ModelHyperparameters | None = None) -> str | None:
+    """What of a model the runtime's Transformer cannot build (None: it can): the one rule the FSDP2 and
+    DeepSpeed targets state as their model support (Target.model_support; spec validation asks it before
+    solving, model_config before rendering). ``hyper`` None: the shape only."""
+    if shape.moe is not None:
+        return ("mixture-of-experts layers (the runtime's Transformer has no expert layers or expert "
+                "parallelism; use the megatron target)")
+    if shape.mla is not None:
+        return "multi-head latent attention (use the megatron target)"
+    scaling = hyper.rope_scaling if hyper is not None else None
+    if scaling is not None and scaling.kind != "llama3":
+        return f"{scaling.kind} rope scaling (the runtime implements Llama 3.1's)"
+    return None
+
+
 def model_config(shape: ModelShape, hyper: ModelHyperparameters, seq_len: int) -> dict[str, Any]:
     """The runtime's ModelConfig fields for a planned shape and its catalog hyperparameters."""
-    if shape.moe is not None:
-        raise UnsupportedModel("mixture-of-experts layers (the FSDP2 and DeepSpeed targets render no expert "
-                               "parallelism; use the megatron target)")
-    if shape.mla is not None:
-        raise UnsupportedModel("multi-head latent attention (use the megatron target)")
+    reason = model_unsupported(shape, hyper)
+    if reason is not None:
+        raise UnsupportedModel(reason)
     scaling = hyper.rope_scaling
-    if scaling is not None and scaling.kind != "llama3":
-        raise UnsupportedModel(f"{scaling.kind} rope scaling (the runtime implements Llama 3.1's)")
     return {
         "num_layers": shape.num_layers, "hidden_size": shape.hidden_size, "ffn_hidden_size": shape.ffn_hidden_size,
         "num_attention_heads": shape.num_attention_heads, "num_kv_heads": shape.num_kv_heads,
@@ -115,7 +126,7 @@ def dump(config: Mapping[str, Any]) -> str:
 
 
 __all__ = ["runtime_files", "entry_script", "model_config", "data_section", "run_config", "dump", "RUNTIME_DIR",
-           "CONFIG_FILE", "UnsupportedModel"]
+           "CONFIG_FILE", "UnsupportedModel", "model_unsupported"]
 
 
 # ------------------------------------------------------------------------------------------- from a plan

@@ -89,11 +89,12 @@ ATTACKS: dict[str, str] = {
 FIELDS = [
     "name", "description", "slurm.job_name", "slurm.partition", "slurm.account", "slurm.qos",
     "slurm.container_image", "slurm.container_mounts", "slurm.modules", "slurm.environment.name",
-    "slurm.environment.value", "slurm.workdir", "slurm.megatron_dir", "slurm.data_path", "slurm.train_script",
+    "slurm.environment.value", "slurm.workdir", "slurm.megatron_dir", "data.datasets.path", "slurm.train_script",
     "slurm.output_dir", "cluster.gpu.name", "spec file name",
 ]
 # The field name that a rejection must mention (the spec key at the reported line).
-MENTION = {"slurm.environment.name": "slurm.environment", "slurm.environment.value": "slurm.environment"}
+MENTION = {"slurm.environment.name": "slurm.environment", "slurm.environment.value": "slurm.environment",
+           "data.datasets.path": "data.datasets"}
 # Variables the rendered scripts set or read that a spec may still override: tuning knobs.
 TUNING_KNOBS = {"OMP_NUM_THREADS", "PYTHONPATH", "CHECKPOINT_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS",
                 "NCCL_", "NVTE_", "TORCH_", "PYTORCH_"}
@@ -108,7 +109,7 @@ CLEAN: dict[str, Any] = {
     "slurm": {"partition": "gpu", "account": "ml", "qos": "normal", "time_limit": "2h",
               "container_image": "nvcr.io/nvidia/pytorch:24.05-py3", "container_mounts": ["/data:/data"],
               "modules": ["cuda/12.4"], "environment": {"NCCL_DEBUG": "WARN"}, "job_name": "inject",
-              "data_path": "data/corpus_text_document", "output_dir": "logs", "workdir": "run",
+              "output_dir": "logs", "workdir": "run",
               "megatron_dir": "/opt/Megatron-LM", "train_script": "train.py"},
 }
 
@@ -152,6 +153,8 @@ def place(field: str, value: str, spec: dict[str, Any]) -> str:
         slurm["environment"] = {"NCCL_DEBUG": "WARN", value: "1"}
     elif field == "slurm.environment.value":
         slurm["environment"] = {"NCCL_DEBUG": "WARN", "INJECT_ME": value}
+    elif field == "data.datasets.path":
+        spec["data"] = {"tokenizer": "tokenizer", "datasets": [{"path": value}]}
     elif field == "spec file name":
         return value
     else:
@@ -437,7 +440,7 @@ def check_delivered(a: Attempt) -> None:
     if a.field == "slurm.environment.value":
         for launcher in ("torchrun", "python"):
             assert stub_env(a, launcher).get("INJECT_ME") == a.value, launcher
-    elif a.field in ("slurm.data_path", "slurm.train_script"):
+    elif a.field in ("data.datasets.path", "slurm.train_script"):
         args = [arg for call in calls for arg in call]
         assert a.value in args, f"{a.field} {a.value!r} did not arrive as one argument"
 

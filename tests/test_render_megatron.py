@@ -86,7 +86,8 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "fp32_sgd": (dict(precision="fp32", optimizer="sgd"), dict(dp_replicate=8)),
     "fp8_hopper": (dict(precision="fp8"), dict(tp=2, dp_shard=4, zero_stage=1)),
     "fp8_blackwell": (dict(precision="fp8", gpu="b200"), dict(tp=2, dp_shard=4, zero_stage=1)),
-    "data_path": (dict(extra="slurm:\n  data_path: data/my-corpus_text_document\n"), dict(dp_shard=8, zero_stage=1)),
+    "data": (dict(extra="data:\n  tokenizer: tok/tokenizer.json\n  datasets: [{path: data/my-corpus_text_document}]\n"),
+             dict(dp_shard=8, zero_stage=1)),
 }
 
 
@@ -193,7 +194,7 @@ def test_optimizer_precision_recompute(matrix: dict[str, Plan]) -> None:
     assert (value(b, "--fp8-format"), value(b, "--fp8-recipe")) == ("e4m3", "mxfp8")
     off = megatron_args(matrix["offload_cpu"])
     assert {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} <= set(off)
-    data = megatron_args(matrix["data_path"])
+    data = megatron_args(matrix["data"])
     assert value(data, "--data-path") == "data/my-corpus_text_document" and "--mock-data" not in data
 
 
@@ -272,6 +273,8 @@ def test_checkpoint_dir_expands_at_run_time(matrix: dict[str, Plan], tmp_path: P
 
 
 def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_path: Path) -> None:
+    from compiler.checkpointing import plan_policy
+
     """ONE validator process: megatron-core 0.19.2's own parser and checks, at each plan's world size."""
     jobs = []
     for name, p in matrix.items():
@@ -300,6 +303,12 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
         assert (derived["virtual_pipeline_model_parallel_size"] or 1) == p.layout.vpp, name
         # megatron-core builds exactly the split the plan is costed with
         assert tuple(derived["chunk_layers"]) == p.layer_split().chunk_layers, name
+        # saves asynchronously where megatron-core can (torch_dist; validate_args keeps it on only with a
+        # persistent worker), on the checkpoint policy's interval
+        assert derived["async_save"] is (p.layout.zero_stage < 2), name
+        assert derived["ckpt_format"] == ("torch_dist" if p.layout.zero_stage < 2 else "fsdp_dtensor"), name
+        assert derived["save_interval"] == min(plan_policy(p, "megatron").interval_steps,
+                                               p.training.num_steps), name
 
 
 def test_committed_plans_build_their_costed_split(tmp_path: Path) -> None:

@@ -242,8 +242,11 @@ class TrainingSpec(_Strict):
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
         "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), or fp32.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
-    learning_rate: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    min_learning_rate: float = Field(3e-5, ge=0, le=10, description="Final learning rate of the cosine decay.")
+    learning_rate: Annotated[float, Field(gt=0, le=10)] | None = Field(
+        None, description="Peak learning rate; default: the published recipe for the model's size "
+                          "(compiler/data/recipes.yaml: GPT-3, Llama 2, Llama 3).")
+    min_learning_rate: Annotated[float, Field(ge=0, le=10)] | None = Field(
+        None, description="Final learning rate of the cosine decay; default: the peak times the recipe's final ratio.")
     warmup_tokens: TokenCount = Field(0, description="Linear warm-up length in tokens (0: 1% of training).")
     weight_decay: float = Field(0.1, ge=0, le=10, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="Gradient-norm clipping threshold (0: off).")
@@ -253,7 +256,8 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
-        if self.min_learning_rate > self.learning_rate:
+        if (self.min_learning_rate is not None and self.learning_rate is not None
+                and self.min_learning_rate > self.learning_rate):
             raise PydanticCustomError(
                 "dtc_rule", "min_learning_rate must not exceed learning_rate ({lr})",
                 {"lr": self.learning_rate, "field": "min_learning_rate", "value": self.min_learning_rate,
@@ -504,9 +508,21 @@ class SlurmSpec(_Strict):
     rdzv_port: PosInt = Field(29500, le=65535, description="Rendezvous / master port.")
     workdir: str | None = Field(None, pattern=PATH_RE, description="cd here before launching.")
     megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py (inside the container, if any); the job's MEGATRON_DIR overrides it.")
-    data_path: str | None = Field(None, pattern=PATH_RE, description="Megatron data prefix; absent: --mock-data.")
     train_script: str | None = Field(
         None, pattern=PATH_RE, description="Your training entry for torchrun/deepspeed; default: the generated fsdp_train.py / ds_train.py.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("data_path") is not None:  # superseded by the data: section
+            raise PydanticCustomError(
+                "dtc_rule", "retired: the data: section names the datasets for every target",
+                {"field": "data_path", "value": data["data_path"], "at_key": True,
+                 "hint": "move it to data: {tokenizer: /path/to/tokenizer, datasets: [{path: PREFIX}]} "
+                         "(prepared by `dtc data prepare`) and remove slurm.data_path"})
+        if isinstance(data, dict) and "data_path" in data:  # a plan.json written before it was retired: null
+            data = {k: v for k, v in data.items() if k != "data_path"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "SlurmSpec":
