@@ -224,7 +224,7 @@ def test_launch_lines() -> None:
     assert 'source "$ARTIFACT_DIR/megatron_args.sh"' in mg
     assert 'RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"' in mg
     assert '"$MEGATRON_DIR" "${MEGATRON_ARGS[@]}" &' in mg and 'if [[ ! -f "$1/pretrain_gpt.py" ]]' in mg
-    assert 'MEGATRON_DIR="${MEGATRON_DIR:-/opt/Megatron-LM}"' in mg
+    assert 'megatron_dir_default=/opt/Megatron-LM\nMEGATRON_DIR="${MEGATRON_DIR:-$megatron_dir_default}"' in mg
     assert 'NPROC_PER_NODE="${DTC_NPROC_PER_NODE:-8}"' in mg
 
 
