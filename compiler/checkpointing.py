@@ -124,6 +124,7 @@ def plan_policy(plan: Any, target: str) -> CheckpointPolicy:
                   run_s=est.time_to_train_s, time_limit_s=plan.slurm.time_limit)
 
 
-__all__ = ["plan_policy", "checkpoint_bytes", "save_seconds", "mtbf_hours", "save_interval_s", "expected_loss_per_failure_s",
+__all__ = ["plan_policy",
+           "checkpoint_bytes", "save_seconds", "mtbf_hours", "save_interval_s", "expected_loss_per_failure_s",
            "signal_lead_s", "segments", "policy", "CheckpointPolicy", "BYTES_PER_PARAM",
            "DEFAULT_WRITE_BYTES_PER_S_PER_NODE"]

@@ -284,7 +284,8 @@ def checkpoint_section(plan: Plan) -> dict[str, Any]:
         p = C.plan_policy(plan, target)
         policies.append(p)
         jobs = ("one job (no slurm.time_limit)" if limit is None
-                else "cannot: the limit is shorter than lead + restart" if p.segments is None else txt.thousands(p.segments))
+                else "cannot: the limit is shorter than lead + restart" if p.segments is None
+                else txt.thousands(p.segments))
         rows.append([target, f"{format_seconds(p.interval_s)} ({txt.thousands(p.interval_steps)} steps)",
                      format_seconds(p.expected_loss_per_failure_s), format_bytes(p.checkpoint_bytes),
                      format_seconds(p.save_s), f"{p.signal_lead_s} s", jobs])
