@@ -194,6 +194,19 @@ def test_defaults_fit_real_nodes_and_the_checkpoint() -> None:
     assert plan_policy(plan, "deepspeed").checkpoint_bytes == plan.model.params_total * 14
 
 
+def test_stated_storage_bandwidth_sizes_the_signal_lead() -> None:
+    """slurm.checkpoint_write_bandwidth replaces the Llama 3 default: 5x slower storage, 5x the write time."""
+    from compiler.checkpointing import plan_policy
+
+    default = make_plan(tp=2, dp_shard=8, zero_stage=1, targets="megatron, slurm")
+    slow = make_plan(tp=2, dp_shard=8, zero_stage=1, targets="megatron, slurm",
+                     slurm=_slurm(checkpoint_write_bandwidth="200MB/s"))
+    fast, slow_p = plan_policy(default, "megatron"), plan_policy(slow, "megatron")
+    assert slow_p.save_s == pytest.approx(fast.save_s * (2e12 / 2048) / 200e6)
+    assert f"--signal=B:USR1@{slow_p.signal_lead_s}" in slurm_context(slow)["scripts"]["megatron"]["directives"]
+    assert slow_p.signal_lead_s > fast.signal_lead_s
+
+
 def test_container_mounts_cover_data_and_init() -> None:
     """With a container image the data, tokenizer and model.init folders are mounted at their own paths."""
     extra = ("data:\n  tokenizer: /data/tok/tokenizer.json\n  datasets:\n"

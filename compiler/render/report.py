@@ -291,10 +291,14 @@ def checkpoint_section(plan: Plan) -> dict[str, Any]:
                      format_seconds(p.save_s), f"{p.signal_lead_s} s", jobs])
     p0 = policies[0]
     given = plan.slurm.signal_seconds_before_end
+    stated = plan.slurm.checkpoint_write_bandwidth
+    per_node = (f"{format_bytes(float(stated))}/s, slurm.checkpoint_write_bandwidth" if stated is not None else
+                f"{format_bytes(C.DEFAULT_WRITE_BYTES_PER_S_PER_NODE)}/s, the sustained rate of Llama 3's Tectonic "
+                "store: 2 TB/s over 2,048 nodes, 'The Llama 3 Herd of Models' 3.3.1; set "
+                "slurm.checkpoint_write_bandwidth to your storage's")
     lines = [
         f"Storage: {format_bytes(p0.write_bytes_per_s)}/s aggregate write bandwidth ({plan.layout.num_nodes} "
-        f"node(s) x {format_bytes(C.DEFAULT_WRITE_BYTES_PER_S_PER_NODE)}/s, the sustained rate of Llama 3's Tectonic "
-        "store: 2 TB/s over 2,048 nodes, 'The Llama 3 Herd of Models' 3.3.1).",
+        f"node(s) x {per_node}).",
         f"Failures: one every {format_seconds(p0.mtbf_h * 3600)} of this job (Llama 3's 419 unexpected "
         f"interruptions in 54 days on 16,384 GPUs, 3.3.4, scaled to {plan.layout.world_size} GPUs); the interval "
         "is Young's sqrt(2 x write time x MTBF), at least 10 write times; a failure loses half an interval plus "

@@ -495,6 +495,10 @@ class SlurmSpec(_Strict):
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
     output_dir: str | None = Field(None, pattern=PATH_RE, description="Folder for the job logs (relative to the submit directory; it must exist when you submit); default: the submit directory.")
     requeue: bool = Field(True, description="Requeue the job on node failure or preemption (--requeue).")
+    checkpoint_write_bandwidth: PosBandwidth | None = Field(
+        None, description="Sustained write bandwidth of the checkpoint storage per node, e.g. 2GB/s; default: 1 GB/s "
+                          "(Llama 3's Tectonic store, 2 TB/s over 2,048 nodes). Sizes the signal lead and the save "
+                          "interval.")
     signal_seconds_before_end: Annotated[NonNegInt, Field(le=65535)] | None = Field(
         None, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off); default: one "
                           "step plus twice the checkpoint's write time plus a minute (PLAN.md's checkpoint table).")
