@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 BYTES_PER_PARAM = {
     "megatron": 2 + 12,  # bf16 weights + fp32 main params, exp_avg, exp_avg_sq (distributed optimizer)
@@ -112,6 +113,21 @@ def policy(*, target: str, num_params: int, optimizer: str, num_gpus: int, num_n
         segments=jobs)
 
 
-__all__ = ["checkpoint_bytes", "save_seconds", "mtbf_hours", "save_interval_s", "expected_loss_per_failure_s",
+def plan_policy(plan: Any, target: str) -> CheckpointPolicy:
+    """``policy`` for ``plan`` (a compiler.plan.Plan) run by ``target``: the model's size, the layout's
+    GPUs and nodes, slurm.checkpoint_write_bandwidth (or the Llama 3 default), the target's own costed step time
+    and time to train (the plan's when the target
+    was not costed on its own) and slurm.time_limit."""
+    lay = plan.layout
+    est = next((e for e in plan.target_estimates if e.target == target), plan.estimate)
+    stated = plan.slurm.checkpoint_write_bandwidth
+    return policy(target=target, num_params=plan.model.params_total, optimizer=plan.training.optimizer,
+                  num_gpus=lay.world_size, num_nodes=lay.num_nodes, step_s=est.step_time_s,
+                  run_s=est.time_to_train_s, time_limit_s=plan.slurm.time_limit,
+                  write_bytes_per_s_per_node=DEFAULT_WRITE_BYTES_PER_S_PER_NODE if stated is None else float(stated))
+
+
+__all__ = ["plan_policy",
+           "checkpoint_bytes", "save_seconds", "mtbf_hours", "save_interval_s", "expected_loss_per_failure_s",
            "signal_lead_s", "segments", "policy", "CheckpointPolicy", "BYTES_PER_PARAM",
            "DEFAULT_WRITE_BYTES_PER_S_PER_NODE"]

@@ -359,6 +359,15 @@ def model_hyperparameters(problem: Any) -> ModelHyperparameters:
     return derived_hyperparameters(problem.shape)
 
 
+def _recipe_notes(problem: Any) -> tuple[str, ...]:
+    """Where a defaulted learning rate comes from (PLAN.md's notes)."""
+    h = problem.hyper
+    if not h.learning_rate_source:
+        return ()
+    return (f"Learning rate {h.learning_rate:g} peak, {h.min_learning_rate:g} final: the spec sets none, so "
+            f"the published recipe for a model of this size applies: {h.learning_rate_source.rstrip('.')}.",)
+
+
 def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives: tuple[Candidate, ...],
               search: SearchSummary, notes: tuple[str, ...] = (),
               target_estimates: tuple[TargetEstimate, ...] = ()) -> Plan:
@@ -412,7 +421,7 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
         estimate=estimate,
         alternatives=alternatives,
         search=search,
-        notes=notes,
+        notes=notes + _recipe_notes(problem),
         data=problem.data,
         target_estimates=target_estimates,
     )

@@ -81,6 +81,7 @@ class Hyper:
     adam_beta1: float
     adam_beta2: float
     seed: int
+    learning_rate_source: str = ""  # "": the spec's; else the published recipe the default comes from
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         _check_shape(shape, src, diags)
         _check_positions(shape, spec.training.sequence_length, src, diags)
         _check_pins(spec, shape, options, seqs, src, diags)
+        _check_model_support(spec, shape, src, diags)
     profile = _load_profile(spec, src, diags, options)
     if diags:
         raise SpecError(diags)
@@ -162,6 +164,8 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     c, b, l = spec.cluster, spec.budget, spec.layout
     gpn = min(o.gpus_per_node for o in options)
     t = spec.training
+    params = count_params(shape)
+    lr, min_lr, lr_source = _learning_rates(t, params.total, src)
     return Problem(
         name=spec.name,
         description=spec.description or "",
@@ -170,7 +174,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         spec_sha256=loaded.sha256,
         model_name=model_name,
         shape=shape,
-        params=count_params(shape),
+        params=params,
         tokens=t.tokens,
         seq_len=seq,
         global_batch=seqs,
@@ -178,8 +182,8 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         batch_note=note,
         precision=t.precision,
         optimizer=t.optimizer,
-        hyper=Hyper(t.learning_rate, t.min_learning_rate, t.warmup_tokens or t.tokens // 100, t.weight_decay,
-                    t.grad_clip, t.adam_beta1, t.adam_beta2, t.seed),
+        hyper=Hyper(lr, min_lr, t.warmup_tokens or t.tokens // 100, t.weight_decay,
+                    t.grad_clip, t.adam_beta1, t.adam_beta2, t.seed, lr_source),
         gpu_options=tuple(options),
         num_gpus=c.num_gpus,
         min_gpus=c.num_gpus or c.min_gpus or 1,
@@ -333,6 +337,50 @@ def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None
         diags.append(src.diagnostic(("model", "moe", "first_dense_layers"),
                                     f"first_dense_layers must be less than num_layers ({s.num_layers}), got {s.moe.first_dense_layers}",
                                     "lower first_dense_layers"))
+
+
+def _learning_rates(t: Any, num_params: int, src: SourceMap) -> tuple[float, float, str]:
+    """(peak lr, final lr, source): the spec's, else the published recipe for a model of ``num_params``
+    parameters (compiler/data/recipes.yaml); a final lr the spec gives may not exceed the default peak."""
+    from compiler.catalog import recipe_for
+
+    recipe = recipe_for(num_params)
+    lr = t.learning_rate if t.learning_rate is not None else recipe.lr
+    min_lr = (t.min_learning_rate if t.min_learning_rate is not None
+              else float(f"{lr * recipe.min_lr_ratio:.12g}"))  # 1.5e-4 x 0.1 = 1.5e-05, not 1.4999999999999999e-05
+    if min_lr > lr:
+        raise SpecError([src.diagnostic(
+            ("training", "min_learning_rate"),
+            f"min_learning_rate {min_lr:g} exceeds the default learning rate {lr:g} for this model's size",
+            "set training.learning_rate too, or lower min_learning_rate",
+            detail=f"the default peak comes from {' '.join(recipe.source.split())}")])
+    source = "" if t.learning_rate is not None else " ".join(recipe.source.split())
+    return lr, min_lr, source
+
+
+def _check_model_support(spec: Spec, shape: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None:
+    """Targets that cannot build the model at all (compiler.targets.support.model_reasons: the runtime's
+    Transformer has no experts or MLA), at the spec's targets (or its model when targets are the default)."""
+    from compiler.targets import registry
+    from compiler.targets.support import model_reasons
+
+    reasons = model_reasons(spec.targets, shape)
+    if not reasons:
+        return
+    keep = [t for t in spec.targets if t not in reasons]
+    if all(registry.get(t).launches_others for t in keep):  # no framework left: the first that can build it
+        keep.insert(0, next(t.name for t in registry.targets()
+                            if t.slurm is not None and not model_reasons([t.name], shape)))
+    explicit = "targets" in spec.model_fields_set
+    where = ("targets",) if explicit else ("model",)
+    by_reason: dict[str, list[str]] = {}
+    for t, why in reasons.items():
+        by_reason.setdefault(why, []).append(registry.get(t).display_name)
+    names = "; ".join(f"{' and '.join(ts)}: {why}" for why, ts in by_reason.items())
+    diags.append(src.diagnostic(
+        where, f"{' and '.join(reasons)} cannot build this model ({names})",
+        f"set targets: [{', '.join(keep)}]" + ("" if explicit else " (the default is every target)"),
+        code="framework_unsupported", prefer_key=True))
 
 
 def _check_pins(spec: Spec, shape: ModelShape, options: list[GpuOption], seqs: int, src: SourceMap,

@@ -52,16 +52,27 @@ def entry_script(module: str, doc: str, config_file: str = CONFIG_FILE, header: 
     )
 
 
+def model_unsupported(shape: ModelShape, hyper: ModelHyperparameters | None = None) -> str | None:
+    """What of a model the runtime's Transformer cannot build (None: it can): the one rule the FSDP2 and
+    DeepSpeed targets state as their model support (Target.model_support; spec validation asks it before
+    solving, model_config before rendering). ``hyper`` None: the shape only."""
+    if shape.moe is not None:
+        return ("mixture-of-experts layers (the runtime's Transformer has no expert layers or expert "
+                "parallelism; use the megatron target)")
+    if shape.mla is not None:
+        return "multi-head latent attention (use the megatron target)"
+    scaling = hyper.rope_scaling if hyper is not None else None
+    if scaling is not None and scaling.kind != "llama3":
+        return f"{scaling.kind} rope scaling (the runtime implements Llama 3.1's)"
+    return None
+
+
 def model_config(shape: ModelShape, hyper: ModelHyperparameters, seq_len: int) -> dict[str, Any]:
     """The runtime's ModelConfig fields for a planned shape and its catalog hyperparameters."""
-    if shape.moe is not None:
-        raise UnsupportedModel("mixture-of-experts layers (the FSDP2 and DeepSpeed targets render no expert "
-                               "parallelism; use the megatron target)")
-    if shape.mla is not None:
-        raise UnsupportedModel("multi-head latent attention (use the megatron target)")
+    reason = model_unsupported(shape, hyper)
+    if reason is not None:
+        raise UnsupportedModel(reason)
     scaling = hyper.rope_scaling
-    if scaling is not None and scaling.kind != "llama3":
-        raise UnsupportedModel(f"{scaling.kind} rope scaling (the runtime implements Llama 3.1's)")
     return {
         "num_layers": shape.num_layers, "hidden_size": shape.hidden_size, "ffn_hidden_size": shape.ffn_hidden_size,
         "num_attention_heads": shape.num_attention_heads, "num_kv_heads": shape.num_kv_heads,
@@ -115,7 +126,7 @@ def dump(config: Mapping[str, Any]) -> str:
 
 
 __all__ = ["runtime_files", "entry_script", "model_config", "data_section", "run_config", "dump", "RUNTIME_DIR",
-           "CONFIG_FILE", "UnsupportedModel"]
+           "CONFIG_FILE", "UnsupportedModel", "model_unsupported"]
 
 
 # ------------------------------------------------------------------------------------------- from a plan
@@ -152,22 +163,14 @@ def plan_run_config(plan: Any, *, checkpoint_interval_steps: int) -> dict[str, A
         param_dtype=_PARAM_DTYPES[t.precision], init=plan.model.init, seed=t.seed, notes=notes)
 
 
-def checkpoint_policy(plan: Any, target: str) -> Any:
-    """compiler.checkpointing.policy for ``plan`` run by ``target`` (the plan's step time and size)."""
-    from compiler import checkpointing
-
-    lay, est = plan.layout, plan.estimate
-    return checkpointing.policy(target=target, num_params=plan.model.params_total, optimizer=plan.training.optimizer,
-                                num_gpus=lay.world_size, num_nodes=lay.num_nodes, step_s=est.step_time_s,
-                                run_s=est.time_to_train_s, time_limit_s=plan.slurm.time_limit)
-
-
 def render_runtime_target(plan: Any, *, target: str, config_file: str, entry_file: str, module: str,
                           doc: str) -> dict[str, str]:
     """The files of a runtime target: dtc_runtime/ verbatim, its train config, its entry script."""
     from compiler.errors import Diagnostic, RenderError
 
-    policy = checkpoint_policy(plan, target)
+    from compiler.checkpointing import plan_policy
+
+    policy = plan_policy(plan, target)
     try:
         config = plan_run_config(plan, checkpoint_interval_steps=policy.interval_steps)
     except (UnsupportedModel, ValueError) as exc:

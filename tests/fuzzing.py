@@ -83,7 +83,7 @@ RICH_SPEC: dict[str, Any] = {
         "container_mounts": ["/data:/data", "/scratch:/scratch:ro"], "modules": ["cuda/12.4", "nccl/2.21"],
         "environment": {"NCCL_DEBUG": "WARN", "HF_HOME": "/scratch/hf cache", "MSG": "it's \"quoted\" $HOME `x`"},
         "rdzv_port": 29400, "workdir": "/scratch/runs", "megatron_dir": "/opt/Megatron-LM",
-        "data_path": "/data/tokens/llama_text_document", "train_script": "train.py",
+        "train_script": "train.py",
     },
 }
 
@@ -222,7 +222,7 @@ KNOWN_KEYS = sorted({
     "context_parallel", "expert_parallel", "data_parallel", "data_parallel_shard", "zero_stage", "micro_batch_size",
     "recompute", "sequence_parallel", "offload_optimizer", "offload_params", "memory_headroom", "job_name",
     "partition", "account", "qos", "time_limit", "environment", "modules", "container_image", "container_mounts",
-    "workdir", "megatron_dir", "data_path", "train_script", "output_dir", "launcher", "rdzv_port", "hbm",
+    "workdir", "megatron_dir", "train_script", "output_dir", "launcher", "rdzv_port", "hbm",
     "bf16_flops", "generation", "inter_node_bandwidth", "intra_node_bandwidth", "first_dense_layers",
 })
 
@@ -283,7 +283,7 @@ PLAUSIBLE: dict[str, dict[str, list[Any]]] = {
               "requeue": [True, False], "launcher": ["torchrun", "deepspeed", "srun"], "rdzv_port": [1, 29500, 65535],
               "environment": [{"A": "1"}, {"NCCL_DEBUG": "INFO", "X": "a b 'c' $d"}], "cpus_per_task": [1, 8, 1024],
               "signal_seconds_before_end": [0, 60], "container_image": ["nvcr.io/nvidia/pytorch:24.05-py3"],
-              "workdir": ["/scratch", "runs/x"], "data_path": ["/data/x_text_document"], "output_dir": ["logs", "/tmp/l"]},
+              "workdir": ["/scratch", "runs/x"], "output_dir": ["logs", "/tmp/l"]},
     "": {"targets": [["deepspeed"], ["fsdp", "slurm"], ["megatron", "slurm"], ["deepspeed", "fsdp", "megatron", "slurm"],
                      ["fsdp"], ["slurm"]], "description": ["", "x" * 2000], "name": ["a", "run-1.2_x"]},
 }

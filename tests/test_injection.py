@@ -89,11 +89,12 @@ ATTACKS: dict[str, str] = {
 FIELDS = [
     "name", "description", "slurm.job_name", "slurm.partition", "slurm.account", "slurm.qos",
     "slurm.container_image", "slurm.container_mounts", "slurm.modules", "slurm.environment.name",
-    "slurm.environment.value", "slurm.workdir", "slurm.megatron_dir", "slurm.data_path", "slurm.train_script",
+    "slurm.environment.value", "slurm.workdir", "slurm.megatron_dir", "data.datasets.path", "slurm.train_script",
     "slurm.output_dir", "cluster.gpu.name", "spec file name",
 ]
 # The field name that a rejection must mention (the spec key at the reported line).
-MENTION = {"slurm.environment.name": "slurm.environment", "slurm.environment.value": "slurm.environment"}
+MENTION = {"slurm.environment.name": "slurm.environment", "slurm.environment.value": "slurm.environment",
+           "data.datasets.path": "data.datasets[0].path"}
 # Variables the rendered scripts set or read that a spec may still override: tuning knobs.
 TUNING_KNOBS = {"OMP_NUM_THREADS", "PYTHONPATH", "CHECKPOINT_DIR", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_DEVICE_MAX_CONNECTIONS",
                 "NCCL_", "NVTE_", "TORCH_", "PYTORCH_"}
@@ -105,11 +106,12 @@ CLEAN: dict[str, Any] = {
     "cluster": {"gpu": "h100-sxm", "num_gpus": 8},
     "budget": {"objective": "throughput"},
     "targets": ["deepspeed", "fsdp", "megatron", "slurm"],
+    "data": {"tokenizer": "tokenizer", "datasets": [{"path": "data/corpus_text_document"}]},
     "slurm": {"partition": "gpu", "account": "ml", "qos": "normal", "time_limit": "2h",
               "container_image": "nvcr.io/nvidia/pytorch:24.05-py3", "container_mounts": ["/data:/data"],
               "modules": ["cuda/12.4"], "environment": {"NCCL_DEBUG": "WARN"}, "job_name": "inject",
-              "data_path": "data/corpus_text_document", "output_dir": "logs", "workdir": "run",
-              "megatron_dir": "/opt/Megatron-LM", "train_script": "train.py"},
+              "output_dir": "logs", "workdir": "run",
+              "megatron_dir": "megatron-lm", "train_script": "train.py"},
 }
 
 FIGURES = {"tried": 0, "rejected": 0, "inert": 0, "executed": 0}
@@ -152,6 +154,8 @@ def place(field: str, value: str, spec: dict[str, Any]) -> str:
         slurm["environment"] = {"NCCL_DEBUG": "WARN", value: "1"}
     elif field == "slurm.environment.value":
         slurm["environment"] = {"NCCL_DEBUG": "WARN", "INJECT_ME": value}
+    elif field == "data.datasets.path":
+        spec["data"]["datasets"] = [{"path": value}]
     elif field == "spec file name":
         return value
     else:
@@ -170,11 +174,16 @@ class Attempt:
     canary: Path
 
 
+MEGATRON_CHECKOUT = CLEAN["slurm"]["megatron_dir"]
+
+
 def make_attempt(tmp: Path, field: str, attack: str) -> Attempt:
     import copy
 
     root = tmp / "attempt"
     (root / "work" / "run").mkdir(parents=True)
+    (root / "work" / "run" / MEGATRON_CHECKOUT).mkdir()  # the clean spec's megatron_dir, as on a cluster
+    (root / "work" / "run" / MEGATRON_CHECKOUT / "pretrain_gpt.py").write_text("")
     (root / "canary").mkdir()
     canary = root / "canary" / CANARY
     value = ATTACKS[attack].format(canary=canary)
@@ -374,7 +383,8 @@ def check_rejection(a: Attempt, stderr: str) -> None:
 
 def check_inert(a: Attempt, clean: dict[str, Any]) -> None:
     written = [p for p in a.root.rglob("*") if p.is_file()]
-    outside = [p for p in written if a.out not in p.parents and p != a.spec_file]
+    checkout = a.root / "work" / "run" / MEGATRON_CHECKOUT
+    outside = [p for p in written if a.out not in p.parents and p != a.spec_file and checkout not in p.parents]
     assert not outside, f"written outside --out: {outside}"
     folders = [p for p in a.out.iterdir()]
     assert len(folders) == 1 and folders[0].is_dir() and not folders[0].is_symlink(), folders
@@ -397,6 +407,8 @@ def check_inert(a: Attempt, clean: dict[str, Any]) -> None:
     assert check.returncode == 0, f"shellcheck on {a.attack} in {a.field}:\n{check.stdout}"
     env = sandbox(a)
     workdir_missing = a.field == "slurm.workdir" and not (a.root / "work" / a.value).is_dir()
+    # the Megatron scripts check MEGATRON_DIR/pretrain_gpt.py (the literal value) before starting Python
+    megatron_missing = a.field == "slurm.megatron_dir" and not (a.root / "work" / "run" / a.value).is_dir()
     for script in sorted(folder.glob("*.sbatch")):
         run = run_script(script, env, a.root / "work", folder)
         if a.canary.exists():
@@ -404,6 +416,8 @@ def check_inert(a: Attempt, clean: dict[str, Any]) -> None:
             pytest.fail(f"{a.attack} in {a.field} EXECUTED when {script.name} ran")
         if workdir_missing:  # `cd -- VALUE` failed on the literal value, as it should
             assert run.returncode != 0 and b"cd: " in run.stderr, (script.name, run.stderr)
+        elif megatron_missing and "pretrain_gpt.py" in script.read_text():
+            assert run.returncode == 2 and b"pretrain_gpt.py not found" in run.stderr, (script.name, run.stderr)
         else:
             assert run.returncode == 0, (script.name, run.stderr.decode(errors="replace"))
     assert not any(p.name.startswith(CANARY) for p in a.root.rglob("*")), "a canary appeared"
@@ -437,7 +451,7 @@ def check_delivered(a: Attempt) -> None:
     if a.field == "slurm.environment.value":
         for launcher in ("torchrun", "python"):
             assert stub_env(a, launcher).get("INJECT_ME") == a.value, launcher
-    elif a.field in ("slurm.data_path", "slurm.train_script"):
+    elif a.field in ("data.datasets.path", "slurm.train_script"):
         args = [arg for call in calls for arg in call]
         assert a.value in args, f"{a.field} {a.value!r} did not arrive as one argument"
 

@@ -70,8 +70,10 @@ def test_worked_example_compiles_as_printed(tmp_path) -> None:
 
 
 STUBS = {
-    # sbatch as SLURM would run the job: the output directory must exist (slurmstepd opens it before the script
-    # runs), the script runs in the submit directory with SLURM's variables
+    # sbatch as SLURM 22.05 runs the job (checked on the local SLURM): the output directory must exist
+    # (slurmstepd opens it before the script runs, else JobLaunchFailure 0:53), the script runs as a copy in
+    # the spool (so $0 is not beside the generated files) in the submit directory with SLURM's variables, and
+    # `scontrol show job` names the submitted script as an absolute Command=
     "sbatch": r'''#!/bin/bash
 set -u
 script="${@: -1}"
@@ -86,17 +88,19 @@ for f in "$out" "$err"; do
   fi
 done
 echo "Submitted batch job $job"
+spool="$(mktemp -d)"
+cp "$script" "$spool/slurm_script"
+export STUB_COMMAND="$(cd "$(dirname "$script")" && pwd)/$(basename "$script")"
 SLURM_SUBMIT_DIR="$PWD" SLURM_JOB_ID=$job SLURM_JOB_NAME="$name" SLURM_JOB_NODELIST="node[001-$nodes]" \
-  SLURM_NNODES="$nodes" SLURM_CPUS_PER_TASK=16 bash "$script" > "$out" 2> "$err"
+  SLURM_NNODES="$nodes" SLURM_CPUS_PER_TASK=16 bash "$spool/slurm_script" > "$out" 2> "$err"
 ''',
     "srun": '#!/bin/bash\nprintf "%s\\n" "$@" > "$STUB_LOG/srun.args"\n',
-    "scontrol": '#!/bin/bash\nif [[ "$1 $2" == "show hostnames" ]]; then echo node001; else echo "scontrol $*"; fi\n',
+    "scontrol": '#!/bin/bash\nif [[ "$1 $2" == "show hostnames" ]]; then echo node001;\n'
+                'elif [[ "$1 $2" == "show job" ]]; then echo "JobId=$3 JobName=x"; echo "   Command=$STUB_COMMAND";\n'
+                'else echo "scontrol $*"; fi\n',
 }
 
 
-@pytest.mark.xfail(strict=True, reason="generated sbatch scripts read their artifacts from the submit directory and "
-                                       "do not create logs/: helper D (branch launch) fixes both; remove this mark "
-                                       "when it lands")
 def test_submit_line_runs_from_the_repo_root(tmp_path) -> None:
     """The README's `sbatch generated/llama3-70b/train.sbatch`, from the repository root, with sbatch, srun and
     scontrol stubbed: the job starts Megatron with the plan's arguments."""
@@ -117,5 +121,7 @@ def test_submit_line_runs_from_the_repo_root(tmp_path) -> None:
     r = subprocess.run(["bash", "-c", line], cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     args = (tmp_path / "srun.args").read_text().splitlines()
-    assert any(a.endswith("/pretrain_gpt.py") for a in args)
+    # srun runs `bash -c SCRIPT megatron MEGATRON_DIR ARGS...`; SCRIPT checks and runs MEGATRON_DIR/pretrain_gpt.py
+    entry = args.index("megatron")
+    assert '"$1/pretrain_gpt.py"' in args[entry - 1] and args[entry + 1] == "/opt/Megatron-LM"
     assert "--tensor-model-parallel-size" in args

@@ -27,7 +27,7 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 GiB = 2**30
 ABS_PATH = re.compile(r"(^|[\s(\"'=])/(home|tmp|work|usr|opt|root|Users|srv|var)\b")
 SECTIONS = ["Layout", "Memory per GPU", "Step time", "Communication", "Pipeline schedule",
-            "Time to train and cost", "Alternatives", "Targets", "Assumptions"]
+            "Time to train and cost", "Checkpoints and preemption", "Alternatives", "Targets", "Assumptions"]
 
 
 # ------------------------------------------------------------------------------ test data
@@ -518,3 +518,21 @@ def test_byte_identical_across_processes_and_hash_seeds() -> None:
                               env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout}  # this process: random seed
     local = hashlib.sha256(repr(sorted(render_report(make_test_plan()).items())).encode()).hexdigest() + "\n"
     assert digests == {local}
+
+
+def test_checkpoint_table_is_the_policy(files: dict[str, str], plan: Plan) -> None:
+    """One row per framework target: compiler.checkpointing's interval, loss per failure, bytes, write time,
+    signal lead and segments (what the trainers, megatron_args.sh and the sbatch scripts are rendered from)."""
+    from compiler.checkpointing import plan_policy
+    from compiler.units import format_bytes, format_seconds
+
+    table = table_with(files["PLAN.md"], "Checkpoints and preemption", "target")
+    assert table["headers"] == ["target", "save every", "expected loss per failure", "checkpoint", "time to write",
+                                "signal lead", "segments"]
+    targets = [t for t in plan.targets if t in ("megatron", "deepspeed", "fsdp")]
+    assert [r[0] for r in table["rows"]] == targets and targets
+    for row in table["rows"]:
+        p = plan_policy(plan, row[0])
+        assert row[1].startswith(format_seconds(p.interval_s)) and row[2] == format_seconds(
+            p.expected_loss_per_failure_s)
+        assert row[3] == format_bytes(p.checkpoint_bytes) and row[5] == f"{p.signal_lead_s} s"

@@ -54,6 +54,7 @@ slurm:
   workdir: /scratch/run
   rdzv_port: 29511
   signal_seconds_before_end: 300
+  output_dir: logs
 """
 
 HOSTILE = {
@@ -148,7 +149,7 @@ def test_directives_as_data() -> None:
 def test_defaults_without_slurm_section() -> None:
     ctx = slurm_context(make_plan(dp_shard=16, zero_stage=3, targets=ALL))
     fsdp, mg = ctx["scripts"]["fsdp"], ctx["scripts"]["megatron"]
-    assert fsdp["cpus_per_task"] == 16 * 8 and mg["cpus_per_task"] == 16  # 16 per GPU
+    assert fsdp["cpus_per_task"] == 12 * 8 and mg["cpus_per_task"] == 12  # 96 cores / 8 GPUs
     assert fsdp["time"] is None and not any(d.startswith("--time") for d in fsdp["directives"])
     assert not any(d.startswith(("--partition", "--account", "--qos")) for d in fsdp["directives"])
     assert ctx["primary"] == "deepspeed"  # the first target
@@ -176,6 +177,46 @@ def test_primary_follows_launcher() -> None:
                                slurm=_slurm(launcher="deepspeed")))
 
 
+def test_defaults_fit_real_nodes_and_the_checkpoint() -> None:
+    """Without slurm settings: CPUs are NODE_CORES split over the node's GPUs (never more than a node has),
+    SIGUSR1 comes the checkpoint policy's lead before the limit, logs go to the submit folder (which exists)."""
+    from compiler.checkpointing import plan_policy
+    from compiler.targets.slurm.render import NODE_CORES
+
+    plan = make_plan(tp=2, dp_shard=8, zero_stage=1, targets="deepspeed, megatron, slurm")
+    ctx = slurm_context(plan)
+    for target, sc in ctx["scripts"].items():
+        per_node = int(sc["cpus_per_task"]) * int(sc["tasks_per_node"])
+        assert per_node == NODE_CORES // 8 * 8 <= NODE_CORES
+        lead = plan_policy(plan, target).signal_lead_s
+        assert f"--signal=B:USR1@{lead}" in sc["directives"] and lead > 60
+        assert "--output=%x-%j.out" in sc["directives"]
+    assert plan_policy(plan, "deepspeed").checkpoint_bytes == plan.model.params_total * 14
+
+
+def test_stated_storage_bandwidth_sizes_the_signal_lead() -> None:
+    """slurm.checkpoint_write_bandwidth replaces the Llama 3 default: 5x slower storage, 5x the write time."""
+    from compiler.checkpointing import plan_policy
+
+    default = make_plan(tp=2, dp_shard=8, zero_stage=1, targets="megatron, slurm")
+    slow = make_plan(tp=2, dp_shard=8, zero_stage=1, targets="megatron, slurm",
+                     slurm=_slurm(checkpoint_write_bandwidth="200MB/s"))
+    fast, slow_p = plan_policy(default, "megatron"), plan_policy(slow, "megatron")
+    assert slow_p.save_s == pytest.approx(fast.save_s * (2e12 / 2048) / 200e6)
+    assert f"--signal=B:USR1@{slow_p.signal_lead_s}" in slurm_context(slow)["scripts"]["megatron"]["directives"]
+    assert slow_p.signal_lead_s > fast.signal_lead_s
+
+
+def test_container_mounts_cover_data_and_init() -> None:
+    """With a container image the data, tokenizer and model.init folders are mounted at their own paths."""
+    extra = ("data:\n  tokenizer: /data/tok/tokenizer.json\n  datasets:\n"
+             "    - {path: /data/web/web_text_document, weight: 2}\n    - {path: rel/books_text_document, weight: 1}\n"
+             "slurm:\n  container_image: pytorch/pytorch:2.5.1\n")
+    plan = make_plan(dp_shard=16, zero_stage=1, targets="megatron, slurm", slurm=extra)
+    mg = render_slurm(plan)["train_megatron.sbatch"]
+    assert "CONTAINER_MOUNTS+=,/data/web:/data/web,/data/tok:/data/tok\n" in mg
+
+
 def test_launch_lines() -> None:
     files = render_slurm(make_plan(tp=2, dp_shard=8, zero_stage=1, targets=ALL.replace("fsdp, ", ""),
                                    slurm=FULL_SLURM))
@@ -183,8 +224,11 @@ def test_launch_lines() -> None:
     assert 'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES"' in ds
     assert '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"' in ds
     assert '"$ARTIFACT_DIR/ds_train.py" --ds-config "$ARTIFACT_DIR/ds_config.json" &' in ds
+    # the generated folder and the job's folder (checkpoints) are always mounted, then the spec's own mounts
+    assert 'CONTAINER_MOUNTS="$ARTIFACT_DIR:$ARTIFACT_DIR,$PWD:$PWD"' in ds
+    assert "CONTAINER_MOUNTS+=,/data:/data,/scratch/ckpt:/ckpt" in ds
     assert ("--container-image='nvcr.io#nvidia/pytorch:24.05-py3' "
-            "--container-mounts=/data:/data,/scratch/ckpt:/ckpt") in ds
+            '--container-mounts="$CONTAINER_MOUNTS"') in ds
     assert "module load cuda/12.4 nccl/2.21+cuda12" in ds
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in ds and "export NCCL_ASYNC_ERROR_HANDLING" not in ds
     assert "export HF_HOME='/scratch/hf cache'" in ds and "MASTER_PORT=29511" in ds
@@ -192,7 +236,8 @@ def test_launch_lines() -> None:
     mg = files["train_megatron.sbatch"]
     assert 'source "$ARTIFACT_DIR/megatron_args.sh"' in mg
     assert 'RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"' in mg
-    assert '"$MEGATRON_DIR/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" &' in mg
+    assert '"$MEGATRON_DIR" "${MEGATRON_ARGS[@]}" &' in mg and 'if [[ ! -f "$1/pretrain_gpt.py" ]]' in mg
+    assert 'megatron_dir_default=/opt/Megatron-LM\nMEGATRON_DIR="${MEGATRON_DIR:-$megatron_dir_default}"' in mg
     assert 'NPROC_PER_NODE="${DTC_NPROC_PER_NODE:-8}"' in mg
 
 

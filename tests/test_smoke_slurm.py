@@ -8,7 +8,9 @@ munge and root: without them this FAILS (it does not skip).
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +116,96 @@ def test_smoke_slurm_megatron(cluster, tmp_path):
     assert len(t.ranks) == 2 and all(r.param_bytes and r.optimizer_bytes for r in t.ranks)
     assert any("MEGATRON_DIR" in n for n in t.notes)
     assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
+
+
+def test_requeue_on_sigusr1_resumes_from_the_checkpoint(cluster, tmp_path):
+    """A run longer than its job, chained by requeue, through the real SLURM: train_fsdp.sbatch (its #SBATCH
+    lines fitted to the local node, --requeue kept) is submitted from another folder with no DTC_ARTIFACT_DIR
+    (the script finds its folder from `scontrol show job`); SIGUSR1 to the batch shell (what
+    --signal=B:USR1@lead does before the time limit) is forwarded through srun and torchrun to the trainers,
+    which finish the step, save a checkpoint and exit 0; the script requeues its own job, and the requeued job
+    (same id, Restarts=1) resumes from that checkpoint and finishes the run."""
+    import json
+    import re
+    import subprocess
+
+    from compiler.smoke.slurm import rewrite_sbatch
+
+    folder = make_generated(tmp_path, "slurm-requeue", precision="fp32", dp_shard=2, zero_stage=3, micro_batch=1,
+                            grad_accum=2, targets="fsdp, slurm")
+    text = (folder / "train_fsdp.sbatch").read_text()
+    assert "#SBATCH --requeue" in text and re.search(r"^#SBATCH --signal=B:USR1@\d+$", text, re.M)
+    logs, submit_dir = tmp_path / "logs", tmp_path / "elsewhere"
+    logs.mkdir()
+    submit_dir.mkdir()
+    job_text = rewrite_sbatch(text, partition="debug", cpus_per_task=2, time_limit_s=600, output_dir=logs)
+    job_text = job_text.replace("#SBATCH --no-requeue", "#SBATCH --requeue")  # the smoke turns requeue off
+    job_script = folder / "job_fsdp.sbatch"  # beside the generated files, like train_fsdp.sbatch
+    job_script.write_text(job_text)
+    steps = 120
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "DTC_"))}
+    env.update(SLURM_CONF=str(cluster.conf_path), PYTHONUNBUFFERED="1",
+               PATH=f"{Path(sys.executable).parent}:{cluster.env['PATH']}",  # torchrun of this venv
+               OMP_NUM_THREADS="1", DTC_NPROC_PER_NODE="2", DTC_SMOKE_STEPS=str(steps), DTC_SMOKE_LAYERS="2",
+               DTC_SMOKE_HIDDEN="64", DTC_SMOKE_HEADS="4", DTC_SMOKE_KV_HEADS="4", DTC_SMOKE_FFN="128",
+               DTC_SMOKE_VOCAB="128", DTC_SMOKE_SEQ="32", DTC_SMOKE_SYNTHETIC="1", DTC_SMOKE_SAVE_INTERVAL="0",
+               DTC_SMOKE_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    env["BASH_FUNC_module%%"] = "() {  echo \"no modules here: module $*\" >&2\n}"
+    t0 = time.monotonic()
+    r = subprocess.run(["sbatch", "--parsable", str(job_script)], env=env, cwd=submit_dir, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.split(";")[0])
+    out, err = logs / f"slurm-requeue-smoke-{job}.out", logs / f"slurm-requeue-smoke-{job}.err"
+
+    def steps_in() -> list[int]:
+        try:
+            return [int(m.group(1)) for m in re.finditer(r"^(?:\[\w*\d+\]:)?step (\d+)/", out.read_text(), re.M)]
+        except OSError:
+            return []
+
+    deadline = time.monotonic() + 180
+    while not steps_in() or max(steps_in()) < 3:
+        state = (cluster.job_info(job) or {}).get("JobState", "?")
+        assert time.monotonic() < deadline and not state.startswith(("COMPLETED", "FAILED", "CANCELLED")), (
+            f"no step 3 in {out} (job {state}):\n{err.read_text()[-3000:] if err.exists() else ''}")
+        time.sleep(0.2)
+    signalled_after = max(steps_in())
+    sig = cluster.run(["scancel", "--signal=USR1", "--batch", str(job)])
+    assert sig.returncode == 0, sig.stderr
+
+    def wait_for(done, what: str, timeout_s: float) -> dict:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            info = cluster.job_info(job) or {}
+            if done(info):
+                return info
+            time.sleep(0.3)
+        pytest.fail(f"job {job} never {what}: {cluster.job_info(job)}\n{err.read_text()[-3000:] if err.exists() else ''}")
+
+    # the first job saves, exits and requeues itself: PENDING again, Restarts=1
+    wait_for(lambda i: i.get("JobState", "").startswith("PENDING") and i.get("Restarts") == "1", "requeued", 120)
+    first_log, first_err = out.read_text(), err.read_text()  # the requeued job's start truncates them
+    # SLURM holds a requeued batch job for two minutes (EligibleTime = requeue + 121 s on 22.05, which the
+    # RESTART_S allowance of compiler/checkpointing.py covers); the test starts it now
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    info = wait_for(lambda i: i.get("JobState", "").split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                    "finished", 180)
+    wall = time.monotonic() - t0
+    log = out.read_text()
+    detail = (f"{info}\n--- first err\n{first_err[-3000:]}\n--- first out\n{first_log[-1500:]}\n"
+              f"--- second err\n{err.read_text()[-2000:]}\n--- second out\n{log[-1500:]}")
+    print(f"requeue test: job {job} signalled after step {signalled_after}, wall {wall:.1f}s")
+    assert info.get("JobState", "").startswith("COMPLETED") and info.get("Restarts") == "1", detail
+    assert "forwarding it to the job step" in first_err and "requeueing job" in first_err, detail
+    first = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", first_log, re.M)]
+    second = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", log, re.M)]
+    stopped_at = first[-1]
+    assert first == list(range(1, stopped_at + 1)) and signalled_after <= stopped_at < steps, detail
+    assert f"stopped after step {stopped_at} (checkpoint saved; requeue to resume)" in first_log, detail
+    assert f"resumed from step {stopped_at}" in log and second == list(range(stopped_at + 1, steps + 1)), detail
+    summary = json.loads(next(line for line in log.splitlines() if "dtc_fsdp_summary" in line))
+    assert summary["resumed_from_step"] == stopped_at and not summary["stopped_by_signal"], detail
+    assert summary["losses"][-1] < json.loads(next(line for line in first_log.splitlines()
+                                                   if "dtc_fsdp_summary" in line))["losses"][0], detail
+    assert not cluster.run(["squeue", "-h"]).stdout.strip()

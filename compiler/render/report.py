@@ -80,6 +80,7 @@ def _context(plan: Plan, picture: PipelinePicture | None,
         "comm": _comm(est),
         "pipeline": _pipeline(plan, picture),
         "cost": _cost(plan),
+        "checkpoints": checkpoint_section(plan),
         "alternatives": _alternatives(plan),
         "search": _search(plan),
         "targets": _targets(plan, rendered),
@@ -267,6 +268,63 @@ def _cost(plan: Plan) -> dict[str, Any]:
     if jobs:
         limits.append(jobs)
     return {"table": txt.table(["quantity", "value"], rows, "lr"), "limits": limits}
+
+
+def checkpoint_section(plan: Plan) -> dict[str, Any]:
+    """PLAN.md's checkpoint table: per framework target, compiler.checkpointing's policy (what the trainers'
+    save interval, the sbatch --signal lead and the number of job segments are rendered from)."""
+    from compiler import checkpointing as C
+
+    targets = [t for t in plan.targets if t in C.BYTES_PER_PARAM]
+    if not targets:
+        return {"show": False}
+    limit = plan.slurm.time_limit
+    rows, policies = [], []
+    for target in targets:
+        p = C.plan_policy(plan, target)
+        policies.append(p)
+        jobs = ("one job (no slurm.time_limit)" if limit is None
+                else "cannot: the limit is shorter than lead + restart" if p.segments is None
+                else txt.thousands(p.segments))
+        rows.append([target, f"{format_seconds(p.interval_s)} ({txt.thousands(p.interval_steps)} steps)",
+                     format_seconds(p.expected_loss_per_failure_s), format_bytes(p.checkpoint_bytes),
+                     format_seconds(p.save_s), f"{p.signal_lead_s} s", jobs])
+    p0 = policies[0]
+    given = plan.slurm.signal_seconds_before_end
+    stated = plan.slurm.checkpoint_write_bandwidth
+    per_node = (f"{format_bytes(float(stated))}/s, slurm.checkpoint_write_bandwidth" if stated is not None else
+                f"{format_bytes(C.DEFAULT_WRITE_BYTES_PER_S_PER_NODE)}/s, the sustained rate of Llama 3's Tectonic "
+                "store: 2 TB/s over 2,048 nodes, 'The Llama 3 Herd of Models' 3.3.1; set "
+                "slurm.checkpoint_write_bandwidth to your storage's")
+    lines = [
+        f"Storage: {format_bytes(p0.write_bytes_per_s)}/s aggregate write bandwidth ({plan.layout.num_nodes} "
+        f"node(s) x {per_node}).",
+        f"Failures: one every {format_seconds(p0.mtbf_h * 3600)} of this job (Llama 3's 419 unexpected "
+        f"interruptions in 54 days on 16,384 GPUs, 3.3.4, scaled to {plan.layout.world_size} GPUs); the interval "
+        "is Young's sqrt(2 x write time x MTBF), at least 10 write times; a failure loses half an interval plus "
+        f"{format_seconds(C.RESTART_S)} to restart.",
+        "Signal lead: one step, twice the write time and a minute before the time limit SLURM sends SIGUSR1 "
+        "(`--signal=B:USR1@lead`); the trainers finish the step, save and exit"
+        + (f" (slurm.signal_seconds_before_end = {given} s overrides it in the sbatch scripts)" if given is not None
+           else "") + ".",
+    ]
+    if "megatron" in targets:
+        from compiler.targets.megatron.render import init_conversion_command
+
+        command = init_conversion_command(plan)
+        if command is not None:
+            lines.append(f"Pretrained start (Megatron): before the first job, convert model.init once: `{command}`; "
+                         "megatron_args.sh reads it with --pretrained-checkpoint while the run has no checkpoint "
+                         "of its own (the FSDP2 and DeepSpeed trainers load the safetensors directly).")
+    if limit is not None and "slurm" in plan.targets:
+        lines.append(f"Segments: the run is that many jobs of slurm.time_limit ({format_seconds(limit)}), each "
+                     "training for the limit less the signal lead and the restart. They chain by requeue: on SIGUSR1 "
+                     "the sbatch script runs `scontrol requeue` on its own job, which keeps its id and script and "
+                     "resumes from the latest complete checkpoint (slurm.requeue must stay on).")
+    return {"show": True,
+            "table": txt.table(["target", "save every", "expected loss per failure", "checkpoint", "time to write",
+                                "signal lead", "segments"], rows, "lrrrrrr"),
+            "lines": lines}
 
 
 def _limit(what: str, used: float, limit: float, fmt) -> str:

@@ -107,8 +107,8 @@ def run_vs_time_limit(plan: Plan) -> str:
         return (f"The run takes {format_seconds(run_s)}, within slurm.time_limit ({format_seconds(limit)}): "
                 "one job.")
     return (f"The run takes {format_seconds(run_s)}, longer than slurm.time_limit ({format_seconds(limit)}): it "
-            f"needs at least {jobs:,} jobs one after another, each resuming from the last checkpoint (the time to "
-            f"save, requeue and restart is not included).")
+            f"needs at least {jobs:,} jobs one after another, each resuming from the last checkpoint (PLAN.md's "
+            f"checkpoint table counts the segments with the signal lead and the restart).")
 
 
 def batch_arithmetic(plan: Plan) -> str:

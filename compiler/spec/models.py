@@ -141,7 +141,8 @@ RESERVED_ENV_PREFIXES = ("BASH", "COMP_", "READLINE_", "SLURM_", "SRUN_", "SBATC
 RESERVED_ENV_NAMES = BASH_VARIABLE_NAMES | frozenset({
     # the generated scripts' own variables
     "ARTIFACT_DIR", "MEGATRON_DIR", "MEGATRON_ARGS", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
-    "status", "step_pid", "got_usr1", "omp_threads",
+    "status", "step_pid", "got_usr1", "omp_threads", "CONTAINER_MOUNTS", "artifact_dir", "submitted", "needed",
+    "megatron_dir_default", "script",
     # what the launchers hand to each process
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
 })
@@ -242,8 +243,11 @@ class TrainingSpec(_Strict):
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
         "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), or fp32.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
-    learning_rate: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    min_learning_rate: float = Field(3e-5, ge=0, le=10, description="Final learning rate of the cosine decay.")
+    learning_rate: Annotated[float, Field(gt=0, le=10)] | None = Field(
+        None, description="Peak learning rate; default: the published recipe for the model's size "
+                          "(compiler/data/recipes.yaml: GPT-3, Llama 2, Llama 3).")
+    min_learning_rate: Annotated[float, Field(ge=0, le=10)] | None = Field(
+        None, description="Final learning rate of the cosine decay; default: the peak times the recipe's final ratio.")
     warmup_tokens: TokenCount = Field(0, description="Linear warm-up length in tokens (0: 1% of training).")
     weight_decay: float = Field(0.1, ge=0, le=10, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="Gradient-norm clipping threshold (0: off).")
@@ -253,7 +257,8 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
-        if self.min_learning_rate > self.learning_rate:
+        if (self.min_learning_rate is not None and self.learning_rate is not None
+                and self.min_learning_rate > self.learning_rate):
             raise PydanticCustomError(
                 "dtc_rule", "min_learning_rate must not exceed learning_rate ({lr})",
                 {"lr": self.learning_rate, "field": "min_learning_rate", "value": self.min_learning_rate,
@@ -489,12 +494,17 @@ class SlurmSpec(_Strict):
     account: str | None = Field(None, pattern=SLURM_NAME_RE, description="Account (-A).")
     qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="Quality of service (--qos).")
     time_limit: Annotated[WholeSeconds, Field(gt=0, le=3650 * 86400)] | None = Field(None, description="Per-job time limit (SLURM --time): 24h, 4d, or SLURM's own 48:00:00 or 2-00:00:00.")
-    cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per task; default: a node's cores split over its tasks (16 per GPU).")
+    cpus_per_task: PosInt | None = Field(None, le=1024, description="CPUs per training process (per GPU); default: 96 cores (the smallest common 8-GPU node) split over the node's GPUs.")
     exclusive: bool = Field(True, description="Request whole nodes (--exclusive).")
-    output_dir: str = Field("logs", pattern=PATH_RE, description="Where job logs go (relative to the submit directory).")
+    output_dir: str | None = Field(None, pattern=PATH_RE, description="Folder for the job logs (relative to the submit directory; it must exist when you submit); default: the submit directory.")
     requeue: bool = Field(True, description="Requeue the job on node failure or preemption (--requeue).")
-    signal_seconds_before_end: NonNegInt = Field(
-        120, le=65535, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off).")
+    checkpoint_write_bandwidth: PosBandwidth | None = Field(
+        None, description="Sustained write bandwidth of the checkpoint storage per node, e.g. 2GB/s; default: 1 GB/s "
+                          "(Llama 3's Tectonic store, 2 TB/s over 2,048 nodes). Sizes the signal lead and the save "
+                          "interval.")
+    signal_seconds_before_end: Annotated[NonNegInt, Field(le=65535)] | None = Field(
+        None, description="Send SIGUSR1 this many seconds before the time limit, to checkpoint (0: off); default: one "
+                          "step plus twice the checkpoint's write time plus a minute (PLAN.md's checkpoint table).")
     launcher: Literal["torchrun", "deepspeed", "srun"] | None = Field(
         None, description="Launcher of the primary train.sbatch; default: the first target's own launcher.")
     container_image: str | None = Field(None, pattern=IMAGE_RE, description="Container image for pyxis/enroot (srun --container-image).")
@@ -505,10 +515,22 @@ class SlurmSpec(_Strict):
         default_factory=dict, description="Extra environment variables exported in the script.")
     rdzv_port: PosInt = Field(29500, le=65535, description="Rendezvous / master port.")
     workdir: str | None = Field(None, pattern=PATH_RE, description="cd here before launching.")
-    megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py.")
-    data_path: str | None = Field(None, pattern=PATH_RE, description="Megatron data prefix; absent: --mock-data.")
+    megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py (inside the container, if any); the job's MEGATRON_DIR overrides it.")
     train_script: str | None = Field(
         None, pattern=PATH_RE, description="Your training entry for torchrun/deepspeed; default: the generated fsdp_train.py / ds_train.py.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("data_path") is not None:  # superseded by the data: section
+            raise PydanticCustomError(
+                "dtc_rule", "retired: the data: section names the datasets for every target",
+                {"field": "data_path", "value": data["data_path"], "at_key": True,
+                 "hint": "move it to data: {tokenizer: /path/to/tokenizer, datasets: [{path: PREFIX}]} "
+                         "(prepared by `dtc data prepare`) and remove slurm.data_path"})
+        if isinstance(data, dict) and "data_path" in data:  # a plan.json written before it was retired: null
+            data = {k: v for k, v in data.items() if k != "data_path"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "SlurmSpec":

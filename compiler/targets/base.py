@@ -77,6 +77,8 @@ class Target:
     versions: Mapping[str, str]  # the releases its artifacts are written for (plan.json provenance)
     files: tuple[str, ...] = ()  # the files it renders (a generated folder holds the target iff it has them)
     support: tuple[SupportRule, ...] = ()  # what it can run (compiler.rules: framework_unsupported)
+    # 'module:function(shape, hyperparameters | None) -> reason | None': a model it cannot build (None: any)
+    model_support: str | None = None
     notes: Callable[["Layout"], tuple[str, ...]] | None = None  # how it runs a layout (PLAN.md)
     renderer: str | None = None  # 'module:function(plan) -> {path: text}'
     templates: str | None = None  # its Jinja templates, a folder of the target's package, named "<name>/..."

@@ -36,6 +36,19 @@ def unsupported_reasons(targets: Iterable[str], precision: str, knobs: "Knobs") 
     return out, first
 
 
+def model_reasons(targets: Iterable[str], shape: Any, hyper: Any = None) -> dict[str, str]:
+    """{target: why} for every target that cannot build the model ``shape`` (Target.model_support)."""
+    from compiler.targets.base import load
+
+    out: dict[str, str] = {}
+    for name in targets:
+        hook = registry.get(name).model_support
+        reason = load(hook)(shape, hyper) if hook else None
+        if reason:
+            out[name] = reason
+    return out
+
+
 def describe_unsupported(reasons: Mapping[str, str]) -> str:
     """One line for a Rejection message: 'DeepSpeed: ...; Megatron: ...'."""
     return "; ".join(f"{registry.get(t).display_name}: {r}" for t, r in sorted(reasons.items()))

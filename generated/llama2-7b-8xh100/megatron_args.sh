@@ -66,7 +66,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1000
+  --save-interval 1855
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -45,8 +45,8 @@ MEGATRON_ARGS=(
   --adam-beta1 0.9
   --adam-beta2 0.95
   --adam-eps 1e-08
-  --lr 0.0003
-  --min-lr 3e-05
+  --lr 0.00015
+  --min-lr 1.5e-05
   --lr-decay-style cosine
   --lr-warmup-iters 8941
   --lr-decay-iters 894070
@@ -68,7 +68,11 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1000
+  --save-interval 127
+  --ckpt-format torch_dist
+  --async-save
+  --use-persistent-ckpt-worker
+  --async-strategy mcore
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -303,7 +303,7 @@ def validate_megatron_flags_full(flags: list[str], world_size: int, *, env: Mapp
                   "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
                   "expert_tensor_parallel_size", "sequence_parallel", "global_batch_size", "micro_batch_size",
                   "recompute_granularity", "params_dtype", "ffn_hidden_size", "kv_channels", "num_query_groups",
-                  "padded_vocab_size"):
+                  "padded_vocab_size", "async_save", "ckpt_format", "save_interval"):
             v = getattr(args, k, None)
             derived[k] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
         try:

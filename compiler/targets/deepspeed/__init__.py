@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"deepspeed": "0.19.8", "torch": "2.13.0"},
     files=("ds_config.json", "ds_train.py"),
     support=support.RULES,
+    model_support="compiler.runtime_bundle:model_unsupported",
     cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.deepspeed.render:render_deepspeed",

@@ -8,6 +8,7 @@ TARGET = Target(
     versions={"torch": "2.13.0"},
     files=("fsdp_config.json", "fsdp_train.py"),
     support=support.RULES,
+    model_support="compiler.runtime_bundle:model_unsupported",
     cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.fsdp.render:render_fsdp",

@@ -38,11 +38,17 @@ ARGS_FILE = "megatron_args.sh"
 TEMPLATE = "megatron/megatron_args.sh.j2"
 
 CHECKPOINT_DIR = "${CHECKPOINT_DIR:-checkpoints}"  # expands when the script runs, relative to its cwd
+# model.init converted by convert_init.sh (Megatron-Bridge's AutoBridge.import_ckpt), relative to the job's cwd
+PRETRAINED_DIR = "pretrained-megatron"
+PRETRAINED_CHECKPOINT = "${PRETRAINED_CHECKPOINT:-" + PRETRAINED_DIR + "}"
+CONVERT_FILE = "convert_init.sh"
+# Megatron-Bridge release of megatron-core 0.19.2's month (PyPI, 2026-09); its AutoBridge.import_ckpt writes
+# a torch_dist checkpoint megatron-core loads with any parallel layout
+MEGATRON_BRIDGE_VERSION = "0.6.2"
 ADAM_EPS = 1e-8
 SGD_MOMENTUM = 0.9
 MAKE_VOCAB_DIVISIBLE_BY = 128  # Megatron's default; the embedding is padded to a multiple of 128 x tp
 LOG_INTERVAL = 10
-SAVE_INTERVAL = 1000
 EVAL_INTERVAL = 1000
 EVAL_ITERS = 10
 DATA_SPLIT = "99,1,0"
@@ -333,14 +339,8 @@ def _data(plan: Plan) -> list[list[str]]:
     # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
     out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
-    data_path = plan.slurm.data_path
-    if data_path is None:
-        # --eval-interval even without evaluation: training.py:4481 divides train_iters by it
-        out += [["--mock-data"], _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
-    else:
-        out += [_f("--data-path", str(data_path)), _f("--split", DATA_SPLIT),
-                _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)]
-    return out
+    # --eval-interval even without evaluation: training.py:4481 divides train_iters by it
+    return out + [["--mock-data"], _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
 
 
 def _logging(plan: Plan) -> list[list[str]]:
@@ -348,10 +348,26 @@ def _logging(plan: Plan) -> list[list[str]]:
 
 
 def _checkpointing(plan: Plan) -> list[list[str]]:
+    """--save/--load in the job's folder (mounted into the container by the sbatch script), every
+    ``interval_steps`` of the checkpoint policy (compiler.checkpointing: Young's interval from the
+    checkpoint's bytes, the stated write bandwidth and the job's failure rate). Saves are asynchronous
+    where megatron-core supports it: the torch_dist format (its default; Megatron-FSDP's fsdp_dtensor has
+    no async save), which validate_args silently turns off without a persistent worker
+    (arguments.py:1740-1746); the mcore strategy needs no nvidia-resiliency-ext."""
+    from compiler.checkpointing import plan_policy
+
     total = int(plan.training.num_steps)
+    policy = plan_policy(plan, "megatron")
     out = [_f("--save", ShellExpr(CHECKPOINT_DIR)), _f("--load", ShellExpr(CHECKPOINT_DIR)),
-           _f("--save-interval", min(SAVE_INTERVAL, total))]
-    if int(plan.slurm.signal_seconds_before_end or 0) > 0:
+           _f("--save-interval", max(1, min(policy.interval_steps, total)))]
+    if plan.model.init is not None:
+        # read only while the run's own --load folder is empty; then Megatron resets the iteration and the
+        # optimizer as for fine-tuning (megatron/training/checkpointing.py:2096-2104)
+        out.append(_f("--pretrained-checkpoint", ShellExpr(PRETRAINED_CHECKPOINT)))
+    if plan.layout.zero_stage < 2:
+        out += [_f("--ckpt-format", "torch_dist"), ["--async-save"], ["--use-persistent-ckpt-worker"],
+                _f("--async-strategy", "mcore")]
+    if plan.slurm.signal_seconds_before_end != 0:
         # the sbatch script asks SLURM for SIGUSR1 before the time limit: save and exit cleanly
         out += [["--exit-signal-handler"], _f("--exit-signal", "SIGUSR1")]
     return out
@@ -378,6 +394,7 @@ def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
 
     env = megatron_env(plan)
     return {"megatron_dir": check("megatron_dir", plan.slurm.megatron_dir, PATH_RE),
+            "megatron_core": plan.provenance.frameworks["megatron-core"],
             "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
             "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
 
@@ -429,9 +446,23 @@ def megatron_context(plan: Plan) -> dict[str, Any]:
     }
 
 
+def init_conversion_command(plan: Plan) -> str | None:
+    """The command that converts model.init for Megatron (PLAN.md shows it), or None without model.init."""
+    if plan.model.init is None:
+        return None
+    return (f"pip install megatron-bridge=={MEGATRON_BRIDGE_VERSION} && bash {CONVERT_FILE} "
+            f"(AutoBridge.import_ckpt({plan.model.init}, {PRETRAINED_DIR}))")
+
+
 def render_megatron(plan: Plan) -> dict[str, str]:
-    """{"megatron_args.sh": ...} for ``plan``."""
-    return {ARGS_FILE: render_template(TEMPLATE, **megatron_context(plan))}
+    """{"megatron_args.sh": ...} for ``plan``, and convert_init.sh with model.init."""
+    files = {ARGS_FILE: render_template(TEMPLATE, **megatron_context(plan))}
+    if plan.model.init is not None:
+        files[CONVERT_FILE] = render_template(
+            "megatron/convert_init.sh.j2", header=provenance_header(plan), init=str(plan.model.init),
+            output=PRETRAINED_DIR, bridge_version=MEGATRON_BRIDGE_VERSION,
+            megatron_core=plan.provenance.frameworks["megatron-core"])
+    return files
 
 
 # ------------------------------------------------------------------------------ invariants

@@ -138,6 +138,8 @@ def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
         "--vocab-size": s.vocab_size, "--micro-batch-size": setup.micro_batch,
         "--global-batch-size": setup.global_batch, "--train-iters": setup.steps,
         "--lr-warmup-iters": 1, "--lr-decay-iters": setup.steps, "--log-interval": 1,
+        # model.init's converted checkpoint is of the full model, which the smoke scales down
+        "--pretrained-checkpoint": None,
     }
     for flag in UNEVEN_SPLIT_FLAGS:
         values[flag] = None
@@ -164,6 +166,7 @@ _WHY = {
     "--lr-warmup-iters": "the learning-rate schedule fitted to the smoke's steps",
     "--lr-decay-iters": "the learning-rate schedule fitted to the smoke's steps",
     "--log-interval": "a loss line for every iteration",
+    "--pretrained-checkpoint": "the converted model.init is the full model; the smoke trains the reduced one",
     "--decoder-first-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
     "--decoder-last-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
     "--sequence-parallel": "tensor parallel was dropped",

@@ -19,8 +19,22 @@ full; everything that reaches a shell command goes through ``shell_quote``.
 
 Time limit: ``slurm.time_limit`` becomes ``--time``; without it no ``--time`` is written and
 the partition's default applies. dtc does not derive one from the estimated time to train:
-a run of weeks is split into many jobs (SIGUSR1 before the limit, checkpoint, requeue), and a
-request above the partition's MaxTime would leave the job pending forever.
+a run of weeks is split into segments, one job each (compiler.checkpointing.segments; PLAN.md
+says how many), chained by requeue: SLURM sends SIGUSR1 ``signal_lead_s`` before the limit
+(the step in flight, twice the checkpoint write at the stated storage bandwidth, a minute), the
+trainers save and exit, and the script runs ``scontrol requeue`` on its own job, which keeps its
+id, its script and its folder and resumes from the latest complete checkpoint. A request above
+the partition's MaxTime would leave the job pending forever.
+
+Where the script runs: sbatch copies the script into SLURM's spool, so ``$0`` is not beside the
+generated files. The script finds them as DTC_ARTIFACT_DIR if set, else the folder of the script
+that was submitted (``scontrol show job``'s ``Command=``, an absolute path; it survives requeues),
+so ``sbatch generated/NAME/train.sbatch`` works from any folder. SLURM opens ``--output`` before
+the script starts, so the logs go to the submit folder unless ``slurm.output_dir`` names a folder
+(which must exist at submission; the header says ``mkdir -p`` it); the script creates its
+checkpoint folder itself. With ``slurm.container_image``, ``--container-mounts`` always mounts the
+generated folder, the submit folder (checkpoints, logs) and the folders of the spec's datasets,
+tokenizer and ``model.init``, each at its own path, so checkpoints persist outside the container.
 """
 from __future__ import annotations
 
@@ -37,7 +51,11 @@ from compiler.targets.base import Target, load
 from compiler.spec.models import IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE, env_name_problem
 
 PRIMARY = "train.sbatch"
-DEFAULT_CPUS_PER_GPU = 16
+# Cores of the smallest common 8-GPU training node, split over its GPUs by default: AWS p5.48xlarge has
+# 192 vCPUs = 96 physical cores for 8 H100 (aws.amazon.com/ec2/instance-types/p5, "Product details"); NVIDIA
+# DGX H100/H200 has 2x Xeon Platinum 8480C = 112 cores (DGX H100 user guide, "Hardware Overview"); DGX A100
+# 2x EPYC 7742 = 128 cores (DGX A100 datasheet). 96 fits all three; slurm.cpus_per_task states a node's own.
+NODE_CORES = 96
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # What an #SBATCH value may contain at all (sbatch splits its lines on blanks and quotes).
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.%+=@:,/~-]+")
@@ -81,7 +99,8 @@ def _common(plan: Plan) -> dict[str, Any]:
     job_name = _check("job_name", s.job_name or plan.name, NAME_RE, sbatch=True)
     optional = {key: _check(key, getattr(s, key), SLURM_NAME_RE, sbatch=True)
                 for key in ("partition", "account", "qos") if getattr(s, key) is not None}
-    output_dir = _check("output_dir", s.output_dir, PATH_RE, sbatch=True).rstrip("/") or "/"
+    output_dir = (_check("output_dir", s.output_dir, PATH_RE, sbatch=True).rstrip("/") or "/"
+                  if s.output_dir is not None else None)
     time_limit = s.time_limit
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
                                    or not 0 < time_limit < 10**9):
@@ -106,9 +125,8 @@ def _common(plan: Plan) -> dict[str, Any]:
         "time": format_time(time_limit) if time_limit is not None else None,
         "exclusive": bool(s.exclusive),
         "requeue": bool(s.requeue),
-        "signal_seconds": _int("signal_seconds_before_end", s.signal_seconds_before_end, 0, 65535),
-        "output": f"{output_dir}/%x-%j.out",
-        "error": f"{output_dir}/%x-%j.err",
+        "output": f"{output_dir}/%x-%j.out" if output_dir else "%x-%j.out",
+        "error": f"{output_dir}/%x-%j.err" if output_dir else "%x-%j.err",
         "output_dir": output_dir,
         "modules": [_check("modules", m, MODULE_RE) for m in s.modules],
         "environment": [{"name": k, "value": env[k]} for k in sorted(env)],
@@ -118,7 +136,7 @@ def _common(plan: Plan) -> dict[str, Any]:
             code for code, hit in (("SC1003", any("\\" in v for v in env.values())),
                                    ("SC2016", any("$" in v or "`" in v for v in env.values()))) if hit),
         "container_image": _check("container_image", image, IMAGE_RE) if image is not None else None,
-        "container_mounts": ",".join(_check("container_mounts", m, PATH_RE) for m in s.container_mounts),
+        "container_mounts": _container_mounts(plan) if image is not None else "",
         "workdir": _check("workdir", s.workdir, PATH_RE) if s.workdir is not None else None,
         "port": _int("rdzv_port", s.rdzv_port, 1, 65535),
         "train_script": (_check("train_script", s.train_script, PATH_RE)
@@ -128,13 +146,52 @@ def _common(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _container_mounts(plan: Plan) -> str:
+    """The fixed part of --container-mounts: the spec's own mounts, then each absolute data, tokenizer and
+    model.init folder at its own path (a dataset prefix or a tokenizer file mounts its folder). The script
+    prepends the generated folder and the submit folder, which are known only when the job runs."""
+    import posixpath
+
+    mounts = [_check("container_mounts", m, PATH_RE) for m in plan.slurm.container_mounts]
+    data = plan.data
+    paths: list[tuple[str, bool]] = []  # (path, is a folder itself)
+    if data is not None and not data.synthetic:
+        paths += [(d.path, False) for d in data.datasets]
+        if data.tokenizer is not None:
+            paths.append((str(data.tokenizer), False))
+    if plan.model.init is not None:
+        paths.append((str(plan.model.init), True))
+    for path, is_dir in paths:
+        if not path.startswith("/"):
+            continue  # relative: under the submit or generated folder, both mounted
+        folder = posixpath.normpath(path if is_dir else posixpath.dirname(path) or "/")
+        mount = f"{_check('data path', folder, PATH_RE)}:{folder}"
+        if folder != "/" and mount not in mounts:
+            mounts.append(mount)
+    return ",".join(mounts)
+
+
 def _cpus_per_task(plan: Plan, tasks_per_node: int, gpus_per_node: int) -> int:
-    """CPUs of one SLURM task. ``slurm.cpus_per_task`` counts CPUs per training process (per GPU,
-    default 16): srun's task under Megatron, G of them in torchrun's one task per node. One value
-    then asks every script for the same CPUs per node."""
+    """CPUs of one SLURM task. ``slurm.cpus_per_task`` counts CPUs per training process (per GPU):
+    srun's task under Megatron, G of them in torchrun's one task per node. Default: NODE_CORES split
+    over the node's GPUs (the catalog's GPUs per node, so a job on part of a node asks for its share).
+    One value then asks every script for the same CPUs per node, never more than a node has."""
     per_process = plan.slurm.cpus_per_task
-    per_process = DEFAULT_CPUS_PER_GPU if per_process is None else _int("cpus_per_task", per_process, 1, 1024)
+    node_gpus = max(int(plan.cluster.gpus_per_node), gpus_per_node)
+    per_process = (max(1, NODE_CORES // node_gpus) if per_process is None
+                   else _int("cpus_per_task", per_process, 1, 1024))
     return per_process * gpus_per_node // tasks_per_node
+
+
+def signal_seconds(plan: Plan, target: str) -> int:
+    """Seconds before the time limit SLURM sends SIGUSR1 (0: none): slurm.signal_seconds_before_end if the spec
+    sets it, else the checkpoint policy's lead for ``target`` (compiler.checkpointing.signal_lead_s)."""
+    from compiler.checkpointing import plan_policy
+
+    given = plan.slurm.signal_seconds_before_end
+    if given is not None:
+        return _int("signal_seconds_before_end", given, 0, 65535)
+    return plan_policy(plan, target).signal_lead_s
 
 
 def launched(plan: Plan) -> list[Target]:
@@ -149,6 +206,7 @@ def _script_context(plan: Plan, target: Target, common: dict[str, Any]) -> dict[
     tasks_per_node = 1 if launch.launcher == "torchrun" else gpn
     ctx = dict(common, target=target.name, script=launch.script, template=launch.template, launcher=launch.launcher,
                tasks_per_node=tasks_per_node, cpus_per_task=_cpus_per_task(plan, tasks_per_node, gpn),
+               signal_seconds=signal_seconds(plan, target.name),
                torchrun_signals=TORCHRUN_SIGNALS, env_exports=[], env_unsets=[], framework=launch.framework,
                needs=list(launch.needs))
     own = common["train_script"]
@@ -167,8 +225,8 @@ def _script_context(plan: Plan, target: Target, common: dict[str, Any]) -> dict[
         directives.append("--exclusive")
     directives += [f"--output={common['output']}", f"--error={common['error']}",
                    "--requeue" if common["requeue"] else "--no-requeue"]
-    if common["signal_seconds"]:
-        directives.append(f"--signal=B:USR1@{common['signal_seconds']}")
+    if ctx["signal_seconds"]:
+        directives.append(f"--signal=B:USR1@{ctx['signal_seconds']}")
     for d in directives:  # internal invariant: every value was checked above
         assert _SBATCH_SAFE.fullmatch(d.lstrip("-")), d
     ctx["directives"] = directives
