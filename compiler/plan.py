@@ -32,7 +32,7 @@ from compiler.units import round_sig
 if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
-# 4: estimate.band (the 80% error band, issue #12) in every estimate; 3: model.hyperparameters, model.init, data,
+# 4: estimate.band (the 80% error band, issue #12) in every estimate, budget.confidence; 3: model.hyperparameters, model.init, data,
 # target_estimates; 2: typed sections, layout.split
 PLAN_SCHEMA_VERSION = 4
 ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search", "target_estimates"})  # cost-model output: rounded
@@ -161,6 +161,7 @@ class BudgetSection:
     max_cost_usd: float | None
     deadline_s: float | None
     objective: str
+    confidence: str = "p80"  # the step-time quantile the objective ranked by (budget.confidence)
 
 
 @dataclass(frozen=True)
@@ -402,7 +403,7 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             inter_node_bandwidth_bytes_per_s=option.inter_node_bandwidth_bytes_per_s,
             price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom),
         budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
-                             objective=problem.objective),
+                             objective=problem.objective, confidence=problem.confidence),
         targets=tuple(problem.targets),
         slurm=problem.slurm,
         layout=layout,

@@ -33,11 +33,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from compiler import units
+from compiler.costmodel.bands import MEMORY_MARGIN
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
+from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
@@ -45,7 +46,7 @@ from compiler.solver.candidates import Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
                                        key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
-                                       ranked)
+                                       ranked, ranked_cost_usd)
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 if TYPE_CHECKING:
@@ -91,6 +92,18 @@ def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     return evaluate_targets(problem, layout, pipeline_events=False).result
 
 
+def _calibrated_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
+    """``_search_evaluate`` that turns away the layouts of thin regimes (uncalibrated, or few published runs
+    behind their band): the search for the best well-calibrated alternative."""
+    result = _search_evaluate(problem, layout)
+    if isinstance(result, Estimate) and result.band is not None and result.band.thin:
+        return Rejection(THIN_REGIME, f"thin regime: {result.band.describe()}", {})
+    return result
+
+
+THIN_REGIME = "thin_regime"  # only in the search for a well-calibrated alternative (never in a plan's tally)
+
+
 def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
     """The chosen layout again, with the simulated pipeline schedule for the report, for every target."""
     from compiler.costmodel import evaluate_targets
@@ -120,6 +133,9 @@ class _Search:
         self.cheapest = float("inf")
         self.fastest_gpus: int | None = None  # infeasible: the GPUs of the fastest layout, deadline aside
         self.tally = Tally(problem)
+        # feasibility checks the upper end of the memory band (compiler/costmodel/bands.py): the memory lower
+        # bounds are scaled by it too (a stand-in evaluator's estimates carry no band)
+        self.memory_factor = 1.0 + MEMORY_MARGIN if evaluator in (_search_evaluate, _calibrated_evaluate) else 1.0
         self.num_considered = 0
         self.num_evaluated = 0
         self.num_feasible = 0
@@ -149,10 +165,12 @@ class _Search:
             if len(self.top) > self.k + 1:
                 self.top.pop()
         if self.ties:
-            if est.cost_usd < self.cheapest:
-                self.cheapest = est.cost_usd
-                self.band = [e for e in self.band if in_tie_band(e.estimate.cost_usd, self.cheapest)]
-            if in_tie_band(est.cost_usd, self.cheapest):
+            cost = ranked_cost_usd(self.problem, est)
+            if cost < self.cheapest:
+                self.cheapest = cost
+                self.band = [e for e in self.band if in_tie_band(ranked_cost_usd(self.problem, e.estimate),
+                                                                 self.cheapest)]
+            if in_tie_band(cost, self.cheapest):
                 bisect.insort(self.band, _Entry(band_key(self.problem, layout, est), layout, est))
 
     def best_first(self) -> list[_Entry]:
@@ -294,7 +312,7 @@ class _Search:
             if can_prune(lb, self.threshold):
                 self.num_pruned += n
                 continue
-            mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts)
+            mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) * self.memory_factor
             if mem > usable:
                 sp, sh = opts[-1]
                 self.tally.reject_memory_bound(lambda: space.layout(shape, sched, vpp, sh, mb, ga, rc, sp), mem,
@@ -343,7 +361,7 @@ class _Search:
         """One layout whose step-time bound could still win: its memory bound, then the cost model."""
         problem, bounds = self.problem, self.bounds
         layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-        mem = bounds.layout_memory_lb(shape, layout, sh)
+        mem = bounds.layout_memory_lb(shape, layout, sh) * self.memory_factor
         if mem > usable:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
@@ -452,6 +470,27 @@ class _Search:
                            message=message, fix=fix, over_by=0.0, gpus=f"{e.layout.world_size} x {e.layout.gpu}")
         return miss, fix
 
+    def thin_regime_note(self, best: _Entry) -> str:
+        """The pick lies in a thin regime: say so, and name the best layout whose band rests on enough published
+        runs, with what choosing it costs (a search without the thin regimes)."""
+        problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
+        assert est.band is not None
+        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate)
+        safe.run()
+        head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
+                f"{units.format_seconds_range(*est.step_time_band_s)} per step")
+        if not safe.top:
+            return head + "; no layout of a well-calibrated regime is feasible for this spec"
+        alt = safe.best_first()[0]
+        a = as_in_plan(alt.estimate)
+        assert a.band is not None
+        dt, dc = a.time_to_train_s / est.time_to_train_s - 1, a.cost_usd / est.cost_usd - 1
+        ka, kb = objective_key(problem, a), objective_key(problem, est)
+        return (head + f". The best well-calibrated alternative: {alt.layout.describe()} on {a.num_gpus:,} x "
+                f"{alt.layout.gpu}, {units.format_seconds(a.time_to_train_s)}, {units.format_money(a.cost_usd)} "
+                f"({a.band.describe()}); the cost of safety: {dt:+.1%} time to train, {dc:+.1%} cost by the point "
+                f"estimates ({ka / kb - 1:+.1%} on the objective at {problem.confidence})")
+
     def result(self, final: "Evaluator | FinalEvaluator") -> Plan:
         problem = self.problem
         if not self.top:
@@ -474,6 +513,8 @@ class _Search:
                                         cheapest_usd=self.cheapest if self.ties else None))
             for i, e in enumerate(kept[1:]))
         notes = plan_notes(problem, best.layout, largest_gpus=self.largest_gpus) + framework_notes(problem, best.layout)
+        if final is not self.evaluate and best.estimate.band is not None and best.estimate.band.thin:
+            notes = (self.thin_regime_note(best),) + notes
         if self.ties and self.top[0].layout.tag != best.layout.tag:
             notes = (cheapest_tie_note(problem, best.layout, best.estimate, self.top[0].layout,
                                        self.top[0].estimate),) + notes
