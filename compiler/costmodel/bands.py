@@ -51,8 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from compiler.costmodel.context import fp8_recipe_of
+from compiler.costmodel.frameworks import profile_of
 from compiler.estimate import ErrorBand
 from compiler.layout import Layout
+from compiler.problem import GpuOption, Problem
 
 RESIDUALS = Path(__file__).resolve().parents[1] / "data" / "residuals.json"
 
@@ -217,6 +220,36 @@ def band_for(*, framework: str, gpu_generation: str, precision: str, fp8_recipe:
     return default_table().band(regime_of(regime_features(
         framework=framework, gpu_generation=gpu_generation, precision=precision, fp8_recipe=fp8_recipe,
         layout=layout)))
+
+
+def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -> ErrorBand:
+    """The band an estimate of ``layout`` costed for ``target`` on ``gpu`` carries, without costing it (the
+    solver's bounds multiply by it)."""
+    framework = profile_of(target)
+    return band_for(framework=framework.name, gpu_generation=gpu.spec.kernel_family, precision=problem.precision,
+                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout)
+
+
+def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
+                world: int, confidence: str) -> float:
+    """The smallest factor (at ``confidence``) any layout of a parallel shape can carry, over the features its
+    inner choices leave open (interleaving, FSDP/ZeRO-3, offload) and the targets: the solver multiplies a
+    shape's or a group's lower bound by it."""
+    if QUANTILES[confidence] is None:
+        return 1.0
+    out = math.inf
+    for target in targets:
+        framework = profile_of(target)
+        base = {"framework": framework.name, "gpu_generation": gpu.spec.kernel_family,
+                "precision": problem.precision,
+                "fp8_recipe": fp8_recipe_of(problem, framework, gpu), "pp": pp > 1, "cp": cp > 1, "ep": ep > 1,
+                "scale": scale_bucket(world)}
+        for vpp in ((False, True) if pp > 1 else (False,)):
+            for zero3 in (False, True):
+                for offload in (False, True):
+                    band = default_table().band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
+                    out = min(out, band.time_factor(confidence))
+    return out
 
 
 def coverage(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int, dict[str, tuple[int, int]]]:

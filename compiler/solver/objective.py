@@ -37,10 +37,11 @@ CHEAPEST_TIE = 0.01  # 'cheapest': costs within 1% of the cheapest are ties, and
 PRUNE_MARGIN = 1e-7  # relative; wider than the 1e-9 tie rounding
 
 
-def objective_key(problem: Problem, est: Estimate) -> float:
+def objective_key(problem: Problem, est: Estimate, *, factor: float | None = None) -> float:
     """The minimised key, at the spec's confidence (budget.confidence): the point estimate's time, cost or
-    GPU-seconds per token times the estimate's band factor (1 for 'expected', >= 1 otherwise)."""
-    f = est.time_factor(problem.confidence)
+    GPU-seconds per token times the estimate's band factor (1 for 'expected', >= 1 otherwise); ``factor``
+    replaces that factor (1: the point estimate's key)."""
+    f = est.time_factor(problem.confidence) if factor is None else factor
     if problem.objective == "cheapest":
         return est.cost_usd * f
     if problem.objective == "throughput":

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from compiler import units
-from compiler.costmodel.bands import MEMORY_MARGIN
+from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
@@ -94,7 +94,14 @@ def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
 
 def _calibrated_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """``_search_evaluate`` that turns away the layouts of thin regimes (uncalibrated, or few published runs
-    behind their band): the search for the best well-calibrated alternative."""
+    behind their band): the search for the best well-calibrated alternative. The binding target's band is
+    one of the targets' bands: a layout whose every target's band is thin is turned away without costing."""
+    from compiler.costmodel.bands import layout_band
+    from compiler.costmodel.frameworks import costed_targets
+
+    gpu = next(o for o in problem.gpu_options if o.name == layout.gpu)
+    if all(layout_band(problem, layout, t, gpu).thin for t in costed_targets(problem.targets)):
+        return Rejection(THIN_REGIME, "thin regime", {})
     result = _search_evaluate(problem, layout)
     if isinstance(result, Estimate) and result.band is not None and result.band.thin:
         return Rejection(THIN_REGIME, f"thin regime: {result.band.describe()}", {})
@@ -135,7 +142,8 @@ class _Search:
         self.tally = Tally(problem)
         # feasibility checks the upper end of the memory band (compiler/costmodel/bands.py): the memory lower
         # bounds are scaled by it too (a stand-in evaluator's estimates carry no band)
-        self.memory_factor = 1.0 + MEMORY_MARGIN if evaluator in (_search_evaluate, _calibrated_evaluate) else 1.0
+        self.banded = evaluator in (_search_evaluate, _calibrated_evaluate)
+        self.memory_factor = 1.0 + MEMORY_MARGIN if self.banded else 1.0
         self.num_considered = 0
         self.num_evaluated = 0
         self.num_feasible = 0
@@ -144,6 +152,7 @@ class _Search:
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
         self._pipe_classes: dict[int, tuple] = {}
+        self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
                          for i, o in enumerate(problem.gpu_options)}
@@ -262,7 +271,8 @@ class _Search:
             self.largest_gpus = max(self.largest_gpus, shape.world)
             g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
                 shape, space.pipeline_choices(shape.pp), batches)
-            lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
+            lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
+                * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
         queue.sort(key=lambda q: q[:3])
         for lb, _, _, shape, n, g in queue:
@@ -284,6 +294,7 @@ class _Search:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
+        floor = self.shape_floor(shape)
         groups = []
         order = 0
         class_opts: dict[tuple[str, bool], tuple] = {}
@@ -300,7 +311,7 @@ class _Search:
                 for rc in space.recompute_choices():
                     fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
                     step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
-                    lb = key_lb_from_step(problem, pricing, step, batch, shape.world)
+                    lb = key_lb_from_step(problem, pricing, step, batch, shape.world) * floor
                     groups.append((lb, order, sched, vpp, mb, ga, rc, step, batch, opts, fbs))
                     order += 1
         groups.sort(key=lambda g: g[:2])
@@ -326,14 +337,15 @@ class _Search:
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):
                 # bounds ascend along cands and the threshold only falls: the first layout a bound rules
-                # out rules out the rest of the group the same way
+                # out rules out the rest of the group the same way (band factors are >= 1)
                 rest = len(cands) - i
                 if self._bound_infeasible(pricing, layout_step, batch, shape.world, rest):
                     break
-                if can_prune(key_lb_from_step(problem, pricing, layout_step, batch, shape.world), self.threshold):
+                lb = key_lb_from_step(problem, pricing, layout_step, batch, shape.world)
+                if can_prune(lb * floor, self.threshold):
                     self.num_pruned += rest
                     break
-                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable)
+                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
 
     def _bound_infeasible(self, pricing: Pricing, step: float, batch: int, world: int, n: int) -> bool:
         problem = self.problem
@@ -357,16 +369,21 @@ class _Search:
         return ok
 
     def visit(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, rc: str, sp: bool, sh: Sharding,
-              usable: float) -> None:
-        """One layout whose step-time bound could still win: its memory bound, then the cost model."""
+              usable: float, lb: float) -> None:
+        """One layout whose step-time bound could still win: the bound at its band's factor, its memory bound,
+        then the cost model."""
         problem, bounds = self.problem, self.bounds
         layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+        floor = self.band_floor(layout, shape)
+        if floor > 1.0 and can_prune(lb * floor, self.threshold):
+            self.num_pruned += 1
+            return
         mem = bounds.layout_memory_lb(shape, layout, sh) * self.memory_factor
         if mem > usable:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
-        result = self._evaluate(layout)
+        result = self._evaluate(layout, floor)
         if result is None:  # one target's estimate already ranks after the top k+1: the binding one does too
             self.num_pruned += 1
             return
@@ -379,7 +396,34 @@ class _Search:
             result = over
         self.tally.reject_costed(layout, result)
 
-    def _evaluate(self, layout: Layout) -> Estimate | Rejection | None:
+    def shape_floor(self, shape: Shape) -> float:
+        """The smallest band factor any layout of ``shape`` can carry (bands.shape_floor), cached by what it
+        depends on; 1 under 'expected' or a stand-in evaluator."""
+        if not self.banded or self.problem.confidence == "expected":
+            return 1.0
+        key = (shape.option, shape.pp > 1, shape.cp > 1, shape.ep > 1, scale_bucket(shape.world))
+        got = self._floors.get(key)
+        if got is None:
+            from compiler.costmodel.frameworks import costed_targets
+
+            got = self._floors[key] = shape_floor(
+                self.problem, self.problem.gpu_options[shape.option], costed_targets(self.problem.targets),
+                pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world, confidence=self.problem.confidence)
+        return got
+
+    def band_floor(self, layout: Layout, shape: Shape) -> float:
+        """The smallest band factor (at the spec's confidence) any framework target's estimate of ``layout`` can
+        carry: the binding target's is one of them. 1 under 'expected' or a stand-in evaluator."""
+        if not self.banded or self.problem.confidence == "expected":
+            return 1.0
+        from compiler.costmodel.bands import layout_band
+        from compiler.costmodel.frameworks import costed_targets
+
+        gpu = self.problem.gpu_options[shape.option]
+        return min(layout_band(self.problem, layout, t, gpu).time_factor(self.problem.confidence)
+                   for t in costed_targets(self.problem.targets))
+
+    def _evaluate(self, layout: Layout, floor: float = 1.0) -> Estimate | Rejection | None:
         """The cost model on ``layout`` for every framework target (the binding estimate), or None when the
         first target's estimate alone cannot enter the top k+1: a layout's estimate is its slowest target's,
         so the other targets are not costed (the per-target costing costs one target for most layouts)."""
@@ -388,8 +432,9 @@ class _Search:
         from compiler.costmodel import evaluate_targets_unless
 
         threshold = self.threshold
+        # the binding estimate is at least as slow as this one, and its band factor at least the floor
         targets = evaluate_targets_unless(
-            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est), threshold),
+            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est, factor=floor), threshold),
             pipeline_events=False)
         return None if targets is None else targets.result
 
