@@ -32,8 +32,8 @@ from compiler.units import round_sig
 if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
-# 4: estimate.band (the 80% error band, issue #12) in every estimate, budget.confidence; 3: model.hyperparameters, model.init, data,
-# target_estimates; 2: typed sections, layout.split
+# 4: estimate.band (the 80% error band, issue #12) in every estimate, budget.confidence;
+# 3: model.hyperparameters, model.init, data, target_estimates; 2: typed sections, layout.split
 PLAN_SCHEMA_VERSION = 4
 ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search", "target_estimates"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from compiler import units
+from compiler.costmodel.bands import COVERAGE
 from compiler.estimate import Estimate
 
 
@@ -25,7 +26,8 @@ def time_to_train_text(est: Estimate) -> str:
     """'11.3 d (80% band 7.6-19.1 d)'."""
     if est.band is None:
         return units.format_seconds(est.time_to_train_s)
-    return f"{units.format_seconds(est.time_to_train_s)} (80% band {units.format_seconds_range(*est.time_to_train_band_s)})"
+    band = units.format_seconds_range(*est.time_to_train_band_s)
+    return f"{units.format_seconds(est.time_to_train_s)} (80% band {band})"
 
 
 def cost_text(est: Estimate) -> str:
@@ -60,7 +62,7 @@ def band_data(est: Estimate) -> dict[str, Any] | None:
     if b is None:
         return None
     return {
-        "coverage": 0.8, "step_time_s": list(est.step_time_band_s),
+        "coverage": COVERAGE, "step_time_s": list(est.step_time_band_s),
         "tokens_per_s_per_gpu": list(est.tokens_per_s_per_gpu_band),
         "time_to_train_s": list(est.time_to_train_band_s), "cost_usd": list(est.cost_band_usd),
         "step_time_p80_s": est.step_time_s * b.p80, "step_time_p90_s": est.step_time_s * b.high,

@@ -113,8 +113,8 @@ def check_memory_band(problem: Problem, estimate: Estimate) -> Rejection | None:
                      f"{units.format_bytes(estimate.memory.total_bytes_per_gpu)} per GPU, "
                      f"{units.format_bytes(high)} at the upper end of its memory band (+{margin:.0%}), exceeds "
                      f"{units.format_bytes(usable)} usable",
-                     {"needed_bytes": high, "usable_bytes": usable, "predicted_bytes": estimate.memory.total_bytes_per_gpu,
-                      "stage": estimate.memory.stage},
+                     {"needed_bytes": high, "usable_bytes": usable,
+                      "predicted_bytes": estimate.memory.total_bytes_per_gpu, "stage": estimate.memory.stage},
                      fix=f"needs {units.format_bytes(need)} more per GPU at the band's upper end: more recompute, "
                          "ZeRO-3 / FSDP full shard, a smaller micro-batch or more tensor/pipeline parallel stages")
 
