@@ -582,15 +582,16 @@ class TargetCost:
 
         name = registry.get(self.target).display_name
         e, p = self.estimate, plan.estimate
+        at = "" if problem.confidence == "expected" else f" at {problem.confidence}"  # better_by compares the keys
         if problem.objective == "cheapest":
             what = (f"{units.format_money(e.cost_usd)} instead of {units.format_money(p.cost_usd)} "
-                    f"({self.better_by:.1%} cheaper)")
+                    f"({self.better_by:.1%} cheaper{at})")
         elif problem.objective == "throughput":
             what = (f"{e.tokens_per_s_per_gpu:,.0f} instead of {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-                    f"({self.better_by:.1%} more)")
+                    f"({self.better_by:.1%} more{at})")
         else:
             what = (f"{units.format_seconds(e.time_to_train_s)} instead of {units.format_seconds(p.time_to_train_s)} "
-                    f"({self.better_by:.1%} faster)")
+                    f"({self.better_by:.1%} faster{at})")
         return (f"target {self.target} ruled out a better layout: {self.layout.describe()} on {e.num_gpus:,} x "
                 f"{self.layout.gpu} trains in {what}, but {name} cannot run it ({self.reason})")
 
