@@ -141,6 +141,8 @@ def describe_regime(key: tuple, level: tuple[str, ...]) -> str:
         parts.append(f"{f['precision']} ({recipe})" if recipe else str(f["precision"]))
     if any(k in level for k in FEATURES):
         used = [FEATURE_LABELS[k] for k in FEATURES if k in level and f[k]]
+        if "vpp" in level and f["pp"] and not f["vpp"]:
+            used.insert(used.index("PP") + 1, "no VPP")
         parts.append(", ".join(used) if used else "no PP/CP/EP/FSDP/offload")
     if "scale" in level:
         parts.append(f"{f['scale']} GPUs")
