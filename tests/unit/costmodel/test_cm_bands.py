@@ -42,7 +42,7 @@ def test_band_is_the_widened_10th_to_90th_percentile_of_the_regime() -> None:
     assert band.p80 == pytest.approx(math.exp(widened(errors, 0.8)))
     assert band.low < 1 < band.p80 < band.high
     assert band.thin  # fewer than THIN_RUNS runs
-    assert "megatron, hopper, bf16, PP, 65-512 GPUs" == band.regime
+    assert band.regime == "megatron, hopper, bf16, PP, no VPP, 65-512 GPUs"
     # another family's residuals (all +90%) do not leak into it
     assert band.high < 1.5
 
