@@ -22,11 +22,17 @@ Two predictions per row:
 It prints the LOSO and in-sample figures per source, the signed median error per group
 (framework, GPU, precision, scale, sequence length, dense/MoE; groups of 10+ rows beyond +-5%
 are flagged), how many published runs the memory model puts over their HBM, peak-memory
-ratios where a source published them, and ends with the LOSO figure:
+ratios where a source published them, the coverage of the 80% error bands (each row's band made from
+the other sources' residuals only, compiler/costmodel/bands.py):
+
+    band coverage: X% of N rows inside the 80% band
+
+and ends with the LOSO figure:
 
     overall: N rows, median |error| X%, p90 |error| Y%
 
-``--json`` prints every row's in-sample and LOSO prediction with its regime features.
+``--json`` prints every row's in-sample and LOSO prediction with its regime features and its 80% band
+(``predicted_low``, ``predicted_high``: tokens/s per GPU about the LOSO prediction).
 ``--profile FILE`` costs every row with a cluster profile's constants (`dtc calibrate`), both
 columns alike: a profile has no leave-one-source-out refits.
 """
@@ -47,6 +53,7 @@ if str(ROOT) not in sys.path:
 
 from compiler.calibration.fit import fit_with_loso, predict  # noqa: E402
 from compiler.calibration.runs import PublishedRun, load_runs  # noqa: E402
+from compiler.costmodel.bands import RESIDUALS, BandTable  # noqa: E402
 from compiler.costmodel.efficiency import Efficiency, load_efficiency  # noqa: E402
 
 CALIBRATION_CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
@@ -77,9 +84,18 @@ class RowResult:
     features: dict[str, Any] = field(default_factory=dict)
     step_time_s: float = 0.0
     mfu: float = 0.0
+    # the 80% band of the LOSO prediction, from the other sources' residuals (compiler/costmodel/bands.py)
+    predicted_low: float = 0.0  # tokens/s per GPU
+    predicted_high: float = 0.0
+    in_band: bool = False
+    band_runs: int = 0
+    band_calibrated: bool = False
+    band_regime: str = ""
 
 
-def evaluate_run(run: PublishedRun, eff: Efficiency, loso_eff: Efficiency) -> RowResult:
+def evaluate_run(run: PublishedRun, eff: Efficiency, loso_eff: Efficiency, bands: BandTable | None = None
+                 ) -> RowResult:
+    """One row's predictions; ``bands``: the band table without the row's source (its 80% band)."""
     from dataclasses import replace as _replace
 
     est = predict(run, eff)
@@ -96,7 +112,17 @@ def evaluate_run(run: PublishedRun, eff: Efficiency, loso_eff: Efficiency) -> Ro
         memory_fits=mem.total_bytes_per_gpu <= mem.usable_bytes_per_gpu,
         memory_total_gib=mem.total_bytes_per_gpu / 2**30, hbm_gib=run.gpu.spec.hbm_bytes / 2**30,
         measured_peak_memory_gib=run.measured_peak_memory_gib, features=dict(run.features),
-        step_time_s=est.step_time_s, mfu=est.mfu)
+        step_time_s=est.step_time_s, mfu=est.mfu, **_band_fields(run, loso.tokens_per_s_per_gpu, bands))
+
+
+def _band_fields(run: PublishedRun, predicted: float, bands: BandTable | None) -> dict[str, Any]:
+    if bands is None:
+        return {}
+    band = bands.band_of(run.features)
+    low, high = predicted / band.high, predicted / band.low
+    return {"predicted_low": low, "predicted_high": high,
+            "in_band": band.contains(math.log(predicted / run.measured_tokens_per_s_per_gpu)),
+            "band_runs": band.runs, "band_calibrated": band.calibrated, "band_regime": band.regime}
 
 
 @dataclass
@@ -136,6 +162,15 @@ class Report:
                                              "median_error": 0.0}
         return dict(out, groups=groups)
 
+    def band_coverage(self) -> dict[str, Any]:
+        """How many rows' measurements lie inside their 80% band (leave-one-source-out), overall and split by
+        calibrated / uncalibrated bands."""
+        def share(rs: list[RowResult]) -> dict[str, Any]:
+            inside = sum(r.in_band for r in rs)
+            return {"rows": len(rs), "inside": inside, "coverage": inside / len(rs) if rs else math.nan}
+        return {**share(self.results), "calibrated": share([r for r in self.results if r.band_calibrated]),
+                "uncalibrated": share([r for r in self.results if not r.band_calibrated])}
+
     def flagged_groups(self) -> list[tuple[str, str, dict[str, float]]]:
         flagged = []
         for key in ("source",) + GROUP_KEYS:
@@ -171,8 +206,17 @@ def run(csv_path: str | Path = CALIBRATION_CSV, *, refit: bool = False, efficien
         from dataclasses import replace as _replace
         eff = _replace(eff, loso={k: v for k, v in fitted.loso.items()})
         loso_from = "refit"
-    results = [evaluate_run(r, eff, eff.left_out(r.source_id)) for r in runs]
+    tables = loso_band_tables({r.source_id for r in runs})
+    results = [evaluate_run(r, eff, eff.left_out(r.source_id), tables[r.source_id]) for r in runs]
     return Report(results, skipped, loso_from)
+
+
+def loso_band_tables(sources: set[str]) -> dict[str, BandTable]:
+    """Per source, the bands made from the committed residuals (compiler/data/residuals.json) of every OTHER
+    source: a row's band never sees its own source's errors (a source outside the calibration set is
+    left out already)."""
+    rows = json.loads(RESIDUALS.read_text(encoding="utf-8"))["rows"]
+    return {s: BandTable.from_rows(rows, exclude_source=s) for s in sorted(sources)}
 
 
 def _fmt(s: dict[str, float]) -> str:
@@ -222,6 +266,11 @@ def format_report(report: Report) -> str:
     lines.append(f"in-sample: {ins_o['rows']} rows, median |error| {ins_o['median_abs_error']:.1%}, "
                  f"p90 |error| {ins_o['p90_abs_error']:.1%} (constants of "
                  f"{report.loso_from if report.loso_from.startswith('profile') else 'compiler/data/efficiency.yaml'})")
+    cov = report.band_coverage()
+    cal, unc = cov["calibrated"], cov["uncalibrated"]
+    lines.append(f"80% bands from the other sources' residuals: {cal['rows']} rows in calibrated regimes "
+                 f"({cal['coverage']:.0%} inside), {unc['rows']} uncalibrated ({unc['coverage']:.0%} inside)")
+    lines.append(f"band coverage: {cov['coverage']:.1%} of {cov['rows']} rows inside the 80% band")
     o = report.overall()
     lines.append(f"leave-one-source-out constants: {report.loso_from}")
     lines.append(f"overall: {o['rows']} rows, median |error| {o['median_abs_error']:.1%}, "
@@ -235,6 +284,7 @@ def to_json(report: Report) -> dict[str, Any]:
             "groups": {k: report.groups(k) for k in GROUP_KEYS},
             "flagged_groups": [{"key": k, "group": n, **s} for k, n, s in report.flagged_groups()],
             "skipped": dict(report.skipped), "loso_from": report.loso_from, "repeat_spread": report.repeat_spread(),
+            "band_coverage": report.band_coverage(),
             "rows": [r.__dict__ for r in report.results]}
 
 

@@ -24,7 +24,8 @@ from typing import Any, Sequence
 from compiler.artifacts import MANIFEST, ArtifactSet
 from compiler.diff_files import FileChange, KeyChange, compare_file, explain_plan_json, file_changes, key_changes
 from compiler.plan import BudgetSection, Plan
-from compiler.units import format_bytes, format_count, format_money, format_seconds
+from compiler import uncertainty
+from compiler.units import format_bytes, format_count, format_money, format_seconds, format_seconds_range
 
 # Warning thresholds (relative changes unless noted).
 HBM_MARGIN = 0.03  # memory within 3% of usable HBM
@@ -253,7 +254,7 @@ def _budget_text(b: BudgetSection) -> str:
     parts = [f"max {format_money(b.max_cost_usd)}"] if b.max_cost_usd is not None else []
     if b.deadline_s is not None:
         parts.append(f"deadline {format_seconds(b.deadline_s)}")
-    return ", ".join(parts + [b.objective])
+    return ", ".join(parts + [b.objective if b.confidence == "p80" else f"{b.objective} at {b.confidence}"])
 
 
 def _memory_value(p: Plan) -> tuple[int, int]:
@@ -271,21 +272,32 @@ def _facts(p: Plan) -> dict[str, tuple[str, Any, str, float | None]]:
         "tokens": ("tokens", t.tokens, format_count(t.tokens), t.tokens),
         "gpus": ("GPUs", [c.num_gpus, c.gpu, c.num_nodes], f"{c.num_gpus} x {c.gpu} ({nodes})",
                  c.num_gpus),
-        "budget": ("budget", [p.budget.max_cost_usd, p.budget.deadline_s, p.budget.objective],
+        "budget": ("budget", [p.budget.max_cost_usd, p.budget.deadline_s, p.budget.objective, p.budget.confidence],
                    _budget_text(p.budget), p.budget.max_cost_usd),
         "targets": ("targets", list(p.targets), ", ".join(p.targets), None),
         "layout": ("layout", p.layout.describe(), p.layout.describe(), None),
         "global_batch": ("global batch", [t.global_batch, t.seq_len],
                          f"{t.global_batch:,} x {t.seq_len:,} tokens", t.global_batch * t.seq_len),
         "memory": ("memory/GPU", [total, usable], f"{format_bytes(total)} of {format_bytes(usable)}", total),
-        "step_time": ("step time", e.step_time_s, format_seconds(e.step_time_s), e.step_time_s),
+        "step_time": ("step time", [e.step_time_s, *e.step_time_band_s], _with_band(e.step_time_s, e.step_time_band_s),
+                      e.step_time_s),
         "throughput": ("tokens/s/GPU", e.tokens_per_s_per_gpu, f"{e.tokens_per_s_per_gpu:,.0f}",
                        e.tokens_per_s_per_gpu),
         "mfu": ("MFU", e.mfu, f"{e.mfu * 100:.1f}%", None),
-        "time_to_train": ("time to train", e.time_to_train_s, format_seconds(e.time_to_train_s), e.time_to_train_s),
+        "time_to_train": ("time to train", [e.time_to_train_s, *e.time_to_train_band_s],
+                          _with_band(e.time_to_train_s, e.time_to_train_band_s), e.time_to_train_s),
+        "band": ("80% band", None if e.band is None else [e.band.runs, e.band.regime, e.band.calibrated],
+                 uncertainty.band_source(e), None),
         "gpu_hours": ("GPU-hours", e.gpu_hours, f"{e.gpu_hours:,.0f}", e.gpu_hours),
         "cost": ("cost", e.cost_usd, format_money(e.cost_usd), e.cost_usd),
     }
+
+
+def _with_band(seconds: float, band: tuple[float, float]) -> str:
+    """'13.98 s (80% band 11.36-15.27 s)'."""
+    if band[0] == band[1]:
+        return format_seconds(seconds)
+    return f"{format_seconds(seconds)} (80% band {format_seconds_range(*band)})"
 
 
 def _change(key: str, a: Plan, b: Plan, num_a: float | None, num_b: float | None) -> str:
@@ -296,6 +308,10 @@ def _change(key: str, a: Plan, b: Plan, num_a: float | None, num_b: float | None
                          [f"-{t}" for t in a.targets if t not in b.targets])
     if key == "mfu":
         return f"{(b.estimate.mfu - a.estimate.mfu) * 100:+.1f} pts"
+    if key == "band":
+        ra = a.estimate.band.runs if a.estimate.band is not None else 0
+        rb = b.estimate.band.runs if b.estimate.band is not None else 0
+        return f"{ra} -> {rb} published runs" if ra != rb else "another regime"
     return _pct(num_a, num_b)
 
 
@@ -348,6 +364,10 @@ def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list
     rel = _rel(ea.mfu, eb.mfu)
     if rel is not None and -rel >= MFU_DOWN:
         out.append(f"MFU down {-rel:.0%} relative ({ea.mfu * 100:.1f}% -> {eb.mfu * 100:.1f}%)")
+    ta, tb = ea.band, eb.band
+    if tb is not None and tb.thin and not (ta is not None and ta.thin):
+        out.append(f"the new plan lies in a thin regime ({tb.describe()}): its 80% band is wide; PLAN.md names the "
+                   "best well-calibrated alternative")
     for target in a.targets:
         if target not in b.targets:
             gone = sorted(p for p in old.artifacts.files if p not in new.artifacts.files and p != MANIFEST)

@@ -7,6 +7,7 @@ can explain a prediction line by line.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -66,6 +67,38 @@ class PipelineEvent:
 
 
 @dataclass(frozen=True)
+class ErrorBand:
+    """How far measured step times fall from this estimate's, from the published runs of its regime
+    (compiler/costmodel/bands.py): factors on the step time (and so on time to train and cost; tokens/s
+    divides by them), and a factor on the peak memory for its upper end."""
+
+    low: float  # 10th percentile of measured / predicted step time (<= 1)
+    p80: float  # 80th percentile (>= 1)
+    high: float  # 90th percentile (>= 1): [low, high] is the 80% band
+    runs: int  # published runs behind it (0: uncalibrated)
+    sources: int  # ... from this many sources
+    regime: str  # the (nearest) regime they come from, e.g. "megatron, hopper, fp8 (mxfp8), PP, EP"
+    calibrated: bool  # False: no regime near enough had runs; the band is a wide stated default
+    thin: bool  # uncalibrated, or few runs behind it (PLAN.md names a well-calibrated alternative)
+    memory_high: float  # upper end of the memory band: predicted peak x this
+
+    def time_factor(self, confidence: str) -> float:
+        """The step-time factor of a quantile the solver ranks by: 'expected' (1), 'p80' or 'p90'."""
+        return {"expected": 1.0, "p80": self.p80, "p90": self.high}[confidence]
+
+    def contains(self, log_error: float) -> bool:
+        """Whether a residual log(measured / predicted step time) lies inside the 80% band."""
+        return math.log(self.low) - 1e-12 <= log_error <= math.log(self.high) + 1e-12
+
+    def describe(self) -> str:
+        """'from 37 similar published runs (megatron, hopper, bf16, PP)' or the uncalibrated note."""
+        if not self.calibrated:
+            return f"uncalibrated: no published runs near this regime ({self.regime}), a wide default band"
+        few = " (few)" if self.thin else ""
+        return f"from {self.runs} similar published runs{few} ({self.regime})"
+
+
+@dataclass(frozen=True)
 class Estimate:
     memory: MemoryBreakdown
     time: TimeBreakdown
@@ -88,9 +121,44 @@ class Estimate:
     cost_usd: float
     num_gpus: int
     assumptions: tuple[str, ...] = ()
+    band: ErrorBand | None = None  # the 80% band from published runs (None: a test's stand-in cost model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def time_factor(self, confidence: str) -> float:
+        """The step-time factor of ``confidence`` ('expected', 'p80', 'p90'); 1 without a band."""
+        return 1.0 if self.band is None else self.band.time_factor(confidence)
+
+    @property
+    def step_time_band_s(self) -> tuple[float, float]:
+        b = self.band
+        return (self.step_time_s, self.step_time_s) if b is None else (self.step_time_s * b.low,
+                                                                       self.step_time_s * b.high)
+
+    @property
+    def tokens_per_s_per_gpu_band(self) -> tuple[float, float]:
+        b = self.band
+        t = self.tokens_per_s_per_gpu
+        return (t, t) if b is None else (t / b.high, t / b.low)
+
+    @property
+    def time_to_train_band_s(self) -> tuple[float, float]:
+        b = self.band
+        t = self.time_to_train_s
+        return (t, t) if b is None else (t * b.low, t * b.high)
+
+    @property
+    def cost_band_usd(self) -> tuple[float, float]:
+        b = self.band
+        c = self.cost_usd
+        return (c, c) if b is None else (c * b.low, c * b.high)
+
+    @property
+    def memory_high_bytes_per_gpu(self) -> int:
+        """Upper end of the memory band: what feasibility checks against usable HBM."""
+        total = self.memory.total_bytes_per_gpu
+        return total if self.band is None else int(math.ceil(total * self.band.memory_high))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ from compiler.units import round_sig
 if TYPE_CHECKING:
     from compiler.split import LayerSplit
 
-PLAN_SCHEMA_VERSION = 3  # 3: model.hyperparameters, model.init, data, target_estimates; 2: typed sections, layout.split
+# 4: estimate.band (the 80% error band, issue #12) in every estimate, budget.confidence;
+# 3: model.hyperparameters, model.init, data, target_estimates; 2: typed sections, layout.split
+PLAN_SCHEMA_VERSION = 4
 ESTIMATED_SECTIONS = frozenset({"estimate", "alternatives", "search", "target_estimates"})  # cost-model output: rounded
 COST_MODEL_VERSION = "1"
 
@@ -162,6 +164,7 @@ class BudgetSection:
     max_cost_usd: float | None
     deadline_s: float | None
     objective: str
+    confidence: str = "p80"  # the step-time quantile the objective ranked by (budget.confidence)
 
 
 @dataclass(frozen=True)
@@ -414,7 +417,7 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom,
             profile=problem.profile),
         budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
-                             objective=problem.objective),
+                             objective=problem.objective, confidence=problem.confidence),
         targets=tuple(problem.targets),
         slurm=problem.slurm,
         layout=layout,

@@ -120,6 +120,7 @@ class Problem:
     fp8_recipe: str = ""  # fp8 scaling recipe (compiler/data/physics.yaml gemm.quantize_bytes_per_element); "": the framework's
     max_gpus_default: bool = False  # max_gpus is DEFAULT_MAX_GPUS: the spec gave no GPU count or cap
     profile: ProfileRef | None = None  # cluster.profile: the constants measured on this cluster (dtc calibrate)
+    confidence: str = "p80"  # budget.confidence: the step-time quantile the objective ranks by
 
     @property
     def num_params(self) -> int:
@@ -192,6 +193,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         max_cost_usd=b.max_cost,
         deadline_s=b.deadline,
         objective=b.objective,
+        confidence=b.confidence,
         pins=Pins(tp=l.tensor_parallel, pp=l.pipeline_parallel, vpp=l.virtual_pipeline_stages,
                   schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel,
                   dp=l.data_parallel, dp_shard=l.data_parallel_shard, zero_stage=l.zero_stage,

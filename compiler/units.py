@@ -233,6 +233,21 @@ def format_seconds(s: float) -> str:
     return f"{s / 86400:.1f} d"
 
 
+def format_seconds_range(lo: float, hi: float) -> str:
+    """A range in the unit ``format_seconds`` picks for its upper end: (5.9, 7.1) -> '5.90-7.10 s'."""
+    if hi < 1:
+        return f"{lo * 1e3:.1f}-{hi * 1e3:.1f} ms"
+    for limit, size, unit, digits in ((120, 1, "s", 2), (7200, 60, "min", 1), (172800, 3600, "h", 1)):
+        if hi < limit:
+            return f"{lo / size:.{digits}f}-{hi / size:.{digits}f} {unit}"
+    return f"{lo / 86400:.1f}-{hi / 86400:.1f} d"
+
+
+def format_money_range(lo: float, hi: float) -> str:
+    """'$7.10K-$9.30K'."""
+    return f"{format_money(lo)}-{format_money(hi)}"
+
+
 def format_money(x: float) -> str:
     """$ with a suffix: 2500000 -> '$2.50M'."""
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):

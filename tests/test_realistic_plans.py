@@ -65,7 +65,8 @@ def test_the_checks_catch_what_the_issue_saw() -> None:
     import dataclasses
 
     problem, plan = solved(REPO / "docs/specs/llama3-70b-h100-budget.yaml")
-    bad = dataclasses.replace(plan, layout=plan.layout.with_(tp=4, cp=8, dp_shard=31, micro_batch=9, grad_accum=7))
+    bad = dataclasses.replace(plan, layout=plan.layout.with_(tp=4, pp=1, vpp=1, cp=8, dp_replicate=1, dp_shard=31,
+                                                                      micro_batch=9, grad_accum=7))
     assert any(o.startswith("odd batch split: global batch 1953") for o in objections(problem, bad))
     problem, plan = solved(REPO / "docs/specs/mixtral-8x7b-h100.yaml")
     bad = dataclasses.replace(plan, layout=plan.layout.with_(tp=2, pp=32, cp=4, ep=4, dp_replicate=1, dp_shard=1,

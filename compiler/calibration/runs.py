@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.frameworks import published_profile
+from compiler.costmodel.bands import layout_features
 from compiler.layout import Layout
 from compiler.model import ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
@@ -406,27 +407,22 @@ def gpu_option(spec: GpuSpec, gpus_per_node: int, power_limit_w: float | None = 
                      power_limit_w=power_limit_w)
 
 
-def scale_bucket(n: int) -> str:
-    return "<=8" if n <= 8 else "9-64" if n <= 64 else "65-512" if n <= 512 else "513-2048" if n <= 2048 else ">2048"
-
-
 def seq_bucket(s: int) -> str:
     return "<=2k" if s <= 2048 else "4k" if s <= 4096 else "8k" if s <= 8192 else "16-32k" if s <= 32768 else ">32k"
 
 
 def regime_features(run: "PublishedRun") -> dict[str, Any]:
     """What issue #12's error bands group by: framework, GPU generation, precision / fp8 recipe, PP/VPP, CP,
-    EP, FSDP/ZeRO-3, offload, scale, sequence length, dense/MoE, recompute."""
+    EP, FSDP/ZeRO-3, offload, scale (compiler.costmodel.bands.layout_features, the same function a dtc layout's
+    band is looked up with), sequence length, dense/MoE, recompute."""
     lay, p = run.layout, run.problem
     return {
         "source": run.source_id, "framework": run.framework.name.split("+")[0], "framework_variant": run.framework.name,
         "gpu": run.gpu.name, "gpu_generation": run.gpu.spec.kernel_family, "precision": p.precision,
-        "fp8_recipe": p.fp8_recipe or "", "pp": lay.pp > 1, "vpp": lay.vpp > 1, "cp": lay.cp > 1, "ep": lay.ep > 1,
-        "zero3_fsdp": lay.zero_stage == 3, "zero_stage": lay.zero_stage,
-        "offload": lay.offload_optimizer != "none" or lay.offload_params != "none", "recompute": lay.recompute,
-        "recompute_inferred": not run.recompute_given,
+        "fp8_recipe": p.fp8_recipe or "", **layout_features(lay), "zero_stage": lay.zero_stage,
+        "recompute": lay.recompute, "recompute_inferred": not run.recompute_given,
         "memory_recompute": (run.memory_layout or lay).recompute, "num_gpus": lay.world_size,
-        "scale": scale_bucket(lay.world_size), "seq_len": p.seq_len, "seq": seq_bucket(p.seq_len),
+        "seq_len": p.seq_len, "seq": seq_bucket(p.seq_len),
         "moe": p.shape.moe is not None, "tp": lay.tp, "power_limited": run.gpu.power_limit_w is not None,
     }
 

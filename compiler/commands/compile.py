@@ -14,7 +14,7 @@ from compiler.pipeline import compile_loaded
 from compiler.report import to_json
 from compiler.spec.load import load_spec
 from compiler.spec.models import ALL_TARGETS
-from compiler import units
+from compiler import uncertainty, units
 
 
 def file_actions(new: ArtifactSet, out_dir: Path) -> list[tuple[str, str]]:
@@ -41,9 +41,9 @@ def plan_lines(plan) -> list[str]:
         f"  memory {units.format_bytes(est.memory.total_bytes_per_gpu)} / "
         f"{units.format_bytes(est.memory.usable_bytes_per_gpu)} usable per GPU     "
         f"step {units.format_seconds(est.step_time_s)}     MFU {est.mfu * 100:.1f}%",
-        f"  train  {units.format_seconds(est.time_to_train_s)}, {est.gpu_hours:,.0f} GPU-hours, "
+        f"  train  {uncertainty.time_to_train_text(est)}, {est.gpu_hours:,.0f} GPU-hours, "
         f"{units.format_money(est.cost_usd)}",
-    ]
+    ] + ([f"  band   {uncertainty.band_source(est)}"] if est.band is not None else [])
 
 
 def _parse_targets(value: str | None) -> tuple[str, ...] | None:

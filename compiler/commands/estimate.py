@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from compiler import rules, units
+from compiler import rules, uncertainty, units
 from compiler.arith import grad_accum_for
 from compiler.costmodel import evaluate_targets, find_gpu_option
 from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
@@ -146,28 +146,30 @@ def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate,
     fits = "fits" if m.total_bytes_per_gpu <= m.usable_bytes_per_gpu else "DOES NOT FIT"
     lines.append(f"  total {units.format_bytes(m.total_bytes_per_gpu)} of {units.format_bytes(m.usable_bytes_per_gpu)} "
                  f"usable ({units.format_bytes(m.hbm_bytes_per_gpu)} HBM): {fits}")
+    if e.band is not None:
+        lines.append(f"  {uncertainty.memory_text(e)}")
     if m.cpu_bytes_per_node or m.nvme_bytes_per_node:
         lines.append(f"  offloaded per node: {units.format_bytes(m.cpu_bytes_per_node)} CPU, "
                      f"{units.format_bytes(m.nvme_bytes_per_node)} NVMe")
     lines += ["", "step time (critical path; items sum to the step)"]
     lines += _item_rows(e.time.items, units.format_seconds)
-    lines.append(f"  step {units.format_seconds(e.step_time_s)}")
+    lines.append(f"  {uncertainty.step_text(e)}")
     lines += [
         "", "outputs",
-        f"  tokens/s              {e.tokens_per_s:,.0f} total, {e.tokens_per_s_per_gpu:,.0f} per GPU "
+        f"  tokens/s              {e.tokens_per_s:,.0f} total, {uncertainty.tokens_text(e)} "
         f"({e.tokens_per_step:,} tokens per step)",
         f"  model TFLOP/s per GPU {e.model_tflops_per_gpu:.1f}   MFU {e.mfu:.1%}   HFU {e.hfu:.1%}",
         f"  pipeline bubble       {e.pipeline_bubble_fraction:.1%}",
-        f"  time to train         {units.format_seconds(e.time_to_train_s)} ({e.num_steps:,} steps of "
+        f"  time to train         {uncertainty.time_to_train_text(e)} ({e.num_steps:,} steps of "
         f"{units.format_count(problem.tokens)} tokens)",
-        f"  GPU-hours / cost      {e.gpu_hours:,.0f} GPU-hours, {units.format_money(e.cost_usd)}",
+        f"  GPU-hours / cost      {e.gpu_hours:,.0f} GPU-hours, {uncertainty.cost_text(e)}",
     ]
     lines += format_targets_text(per_target)
     lines += ["", "assumptions"]
     lines += [f"  - {a}" for a in e.assumptions]
     lines.append("")
-    lines.append(f"Estimate: {units.format_bytes(m.total_bytes_per_gpu)} per GPU, step "
-                 f"{units.format_seconds(e.step_time_s)}, MFU {e.mfu:.1%}, "
+    lines.append(f"Estimate: {units.format_bytes(m.total_bytes_per_gpu)} per GPU, {uncertainty.step_text(e)}; "
+                 f"MFU {e.mfu:.1%}, "
                  f"{units.format_seconds(e.time_to_train_s)} to train, {units.format_money(e.cost_usd)}.")
     return "\n".join(lines)
 
@@ -192,6 +194,7 @@ def estimate_to_json(layout: Layout, e: Estimate, per_target: tuple[TargetEstima
                            for i in e.time.items], "step_time_s": e.time.step_time_s},
         "comm": [c.__dict__ for c in e.comm],
         "assumptions": list(e.assumptions),
+        "band": uncertainty.band_data(e),
     }
 
 

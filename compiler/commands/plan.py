@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from compiler import units
+from compiler import uncertainty, units
 from compiler.plan import Plan
 from compiler.problem import Problem, lower
 from compiler.render.report_layout import run_vs_time_limit
@@ -19,7 +19,7 @@ from compiler.report import table, to_json
 from compiler.solver.feasibility import SHAPE_CODES
 from compiler.spec.load import load_spec
 
-HEADERS = ("rank", "layout", "GPUs", "memory/GPU", "step", "MFU", "time", "cost", "why lost")
+HEADERS = ("rank", "layout", "GPUs", "memory/GPU", "step", "MFU", "time", "80% band (runs)", "cost", "why lost")
 
 
 def candidate_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -34,6 +34,7 @@ def candidate_rows(plan: Plan) -> list[dict[str, Any]]:
             "memory_bytes_per_gpu": est.memory.total_bytes_per_gpu,
             "usable_bytes_per_gpu": est.memory.usable_bytes_per_gpu, "step_time_s": est.step_time_s,
             "mfu": est.mfu, "time_to_train_s": est.time_to_train_s, "cost_usd": est.cost_usd, "why_lost": why,
+            "band": uncertainty.band_data(est),
         })
     return rows
 
@@ -42,8 +43,16 @@ def _table_text(rows: list[dict[str, Any]], several_gpu_types: bool) -> str:
     cells = [(r["rank"], r["layout"], f"{r['num_gpus']} x {r['gpu']}" if several_gpu_types else r["num_gpus"],
               f"{r['memory_bytes_per_gpu'] / 2**30:.1f}/{r['usable_bytes_per_gpu'] / 2**30:.1f} GiB",
               units.format_seconds(r["step_time_s"]), f"{r['mfu']:.1%}", units.format_seconds(r["time_to_train_s"]),
-              units.format_money(r["cost_usd"]), r["why_lost"] or "(chosen)") for r in rows]
-    return table(HEADERS, cells, align="lllrrrrrl")
+              _band_cell(r["band"]), units.format_money(r["cost_usd"]), r["why_lost"] or "(chosen)") for r in rows]
+    return table(HEADERS, cells, align="lllrrrrrrl")
+
+
+def _band_cell(band: dict[str, Any] | None) -> str:
+    """'117.5-158.0 d (21)': the time to train's 80% band and the published runs behind it."""
+    if band is None:
+        return "-"
+    runs = str(band["runs"]) if band["calibrated"] else "uncalibrated"
+    return f"{units.format_seconds_range(*band['time_to_train_s'])} ({runs})"
 
 
 def batch_line(plan: Plan) -> str:
@@ -71,7 +80,11 @@ def header_lines(problem: Problem, plan: Plan) -> list[str]:
         f"GPUs: {c.num_gpus} x {c.gpu} ({c.num_nodes} nodes; allowed "
         + (str(problem.num_gpus) if problem.num_gpus else f"{problem.min_gpus}-{problem.max_gpus}") + ")",
         batch_line(plan),
-        f"objective: {problem.objective}" + (f" ({', '.join(budget)})" if budget else ""),
+        f"objective: {problem.objective}" + (f" ({', '.join(budget)})" if budget else "")
+        + (f", ranked at {problem.confidence} (budget.confidence): the step time 8 runs in 10 beat, from each "
+           "layout's 80% band" if problem.confidence == "p80" else
+           f", ranked at {problem.confidence} (budget.confidence): the upper end of each layout's 80% band"
+           if problem.confidence == "p90" else ", ranked by the point estimates (budget.confidence: expected)"),
         f"targets: {', '.join(plan.targets)}",
     ]
 
@@ -96,7 +109,8 @@ def tally_lines(plan: Plan, examples: dict[str, str] | None = None) -> list[str]
 def summary_line(plan: Plan) -> str:
     e, s = plan.estimate, plan.search
     return (f"Plan: {plan.layout.describe()} on {e.num_gpus} x {plan.cluster.gpu}, "
-            f"{units.format_seconds(e.time_to_train_s)}, {units.format_money(e.cost_usd)} "
+            f"{uncertainty.time_to_train_text(e)}, {units.format_money(e.cost_usd)}, "
+            f"{uncertainty.step_text(e)} "
             f"(searched {s.num_considered:,} layouts: {s.num_evaluated:,} costed, {s.num_feasible:,} of them feasible; "
             f"{s.num_pruned_by_bound:,} pruned by bound)")
 

@@ -137,6 +137,13 @@ class Setup:
         fraction = self.eff.physics.memory_bound_fraction[kernels or self.framework.elementwise]
         return self.gpu.spec.hbm_bandwidth_bytes_per_s * fraction
 
+def fp8_recipe_of(problem: Problem, framework: CostProfile, gpu: GpuOption) -> str:
+    """The scaling recipe of fp8 GEMMs: the spec's, else the framework's on this GPU generation; "" unless fp8."""
+    if RECIPES[problem.precision].gemm_dtype != "fp8":
+        return ""
+    return problem.fp8_recipe or framework.fp8_recipe_on(gpu.spec.generation)
+
+
 def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str | CostProfile = DEFAULT_TARGET,
                eff: Efficiency | None = None, stages: tuple[StageLayers, ...] | None = None) -> Setup:
     """``target``: a dtc target name or a cost profile; ``stages``: the layout's stages when the caller already
@@ -144,7 +151,7 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
     eff = eff or efficiency_of(problem.profile)
     framework = profile_of(target)
     recipe = RECIPES[problem.precision]
-    fp8 = (problem.fp8_recipe or framework.fp8_recipe_on(gpu.spec.generation)) if recipe.gemm_dtype == "fp8" else ""
+    fp8 = fp8_recipe_of(problem, framework, gpu)
     if stages is None:
         stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)
     return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, recipe=recipe, framework=framework,

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pipeline
+from compiler.costmodel.bands import band_for
 from compiler.costmodel.context import Setup
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding
@@ -375,4 +376,6 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         assumptions=ASSUMPTIONS + (f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
+        band=band_for(framework=setup.framework.name, gpu_generation=setup.gpu.spec.kernel_family,
+                      precision=problem.precision, fp8_recipe=setup.fp8_recipe, layout=lay),
     )

@@ -27,7 +27,8 @@ from compiler.render import report_text as txt
 from compiler.render.environment import render_template
 from compiler.render.report_layout import batch_arithmetic, choice, layout_whys, run_vs_time_limit
 from compiler.render.report_svg import BIN_PX, PipelinePicture, memory_svg, pipeline_svg
-from compiler.units import format_bytes, format_count, format_money, format_seconds
+from compiler import uncertainty
+from compiler.units import format_bytes, format_count, format_money, format_seconds, format_seconds_range
 
 TEMPLATE = "report/PLAN.md.j2"
 PIPELINE_SVG = "pipeline.svg"
@@ -105,9 +106,9 @@ def _summary(plan: Plan) -> str:
     return (f"Trains {m.name} ({params} parameters) on {format_count(plan.training.tokens)} tokens "
             f"at sequence length {plan.training.seq_len} on {c.num_gpus} x {c.display_name} "
             f"({c.num_nodes} node{'s' if c.num_nodes != 1 else ''}) with layout "
-            f"`{plan.layout.describe()}`. Predicted: step time {format_seconds(est.step_time_s)}, "
-            f"time to train {format_seconds(est.time_to_train_s)}, "
-            f"{txt.thousands(est.gpu_hours)} GPU-hours, cost {format_money(est.cost_usd)}, "
+            f"`{plan.layout.describe()}`. Predicted: step time {uncertainty.step_text(est).replace(' per step', '')}; "
+            f"time to train {uncertainty.time_to_train_text(est)}, "
+            f"{txt.thousands(est.gpu_hours)} GPU-hours, cost {uncertainty.cost_text(est)}, "
             f"MFU {txt.percent(est.mfu)}.")
 
 
@@ -131,13 +132,24 @@ def _memory(plan: Plan) -> dict[str, Any]:
     return {
         "table": txt.table(["item", "bytes", "formula", "source"], rows, "lrll"),
         "total_line": (f"Total {format_bytes(total)} per GPU of {format_bytes(usable)} usable "
-                       f"(HBM {format_bytes(hbm)} less {txt.percent(_headroom(plan.estimate))} headroom): {verdict}."),
+                       f"(HBM {format_bytes(hbm)} less {txt.percent(_headroom(plan.estimate))} headroom): {verdict}."
+                       + _memory_band_line(plan.estimate)),
         "chart": txt.bar_chart(chart_rows, scale),
         "offload": offload,
         "svg": MEMORY_SVG,
         "svg_title": f"Memory per GPU: {format_bytes(total)} of {format_bytes(usable)} usable, "
                      f"{format_bytes(hbm)} HBM ({plan.layout.tag})",
     }
+
+
+def _memory_band_line(est: Estimate) -> str:
+    if est.band is None:
+        return ""
+    high = est.memory_high_bytes_per_gpu
+    fits = "fits" if high <= est.memory.usable_bytes_per_gpu else "does not fit"
+    return (f" Feasibility checks the upper end of the memory band, {format_bytes(high)} "
+            f"(+{est.band.memory_high - 1:.0%}: a stated margin, as no published run gives its peak memory; "
+            f"compiler/costmodel/bands.py): it {fits}.")
 
 
 def _headroom(est: Estimate) -> float:
@@ -158,7 +170,11 @@ def _time(plan: Plan) -> dict[str, Any]:
     n = max(est.num_gpus, 1)
     model_rate = est.model_flops_per_step / step / n if step else 0.0
     hw_rate = est.hardware_flops_per_step / step / n if step else 0.0
-    metrics = [("step time", format_seconds(step)),
+    lo, hi = est.tokens_per_s_per_gpu_band
+    band = ([("step time, 80% band", format_seconds_range(*est.step_time_band_s)),
+             ("tokens/s per GPU, 80% band", f"{txt.thousands(lo)}-{txt.thousands(hi)}"),
+             ("80% band from", uncertainty.band_source(est))] if est.band is not None else [])
+    metrics = [("step time", format_seconds(step)), *band,
                ("tokens per step", txt.thousands(est.tokens_per_step)),
                ("tokens/s (cluster)", txt.thousands(est.tokens_per_s)),
                ("tokens/s per GPU", txt.thousands(est.tokens_per_s_per_gpu)),

@@ -133,6 +133,9 @@ def choice(plan: Plan) -> str:
         from compiler.solver.objective import CHEAPEST_TIE
 
         why += f"; costs within {CHEAPEST_TIE:.0%} of the cheapest are ties, and the fastest of them wins"
+    if plan.budget.confidence != "expected":
+        why += (f"; ranked at {plan.budget.confidence}, the step time {'8' if plan.budget.confidence == 'p80' else '9'}"
+                " runs in 10 beat (from each layout's error band: `budget.confidence`)")
     s = plan.search
     text = (f"Chosen for objective `{objective}` ({why}) among {txt.thousands(s.num_considered)} layouts considered: "
             f"{txt.thousands(s.num_evaluated)} costed by the model ({txt.thousands(s.num_feasible)} of them feasible), "

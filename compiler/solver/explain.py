@@ -10,7 +10,8 @@ from compiler.layout import Layout
 from compiler.plan import ClosestMiss, SearchSummary
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
-from compiler.solver.objective import CHEAPEST_TIE, in_tie_band, objective_key, round_key
+from compiler.solver.objective import (CHEAPEST_TIE, in_tie_band, objective_key, ranked_cost_usd, ranked_time_s,
+                                       round_key)
 
 _DIFF_FIELDS = ("gpu", "tp", "pp", "vpp", "cp", "ep", "dp", "dp_shard", "zero_stage", "micro_batch", "grad_accum",
                 "recompute", "sequence_parallel", "schedule", "offload_optimizer", "offload_params")
@@ -60,9 +61,10 @@ def why_lost(problem: Problem, alt: Layout, alt_est: Estimate, best: Layout, bes
              cheapest_usd: float | None = None) -> str:
     ka, kb = objective_key(problem, alt_est), objective_key(problem, best_est)
     diff = layout_diff(alt, best)
-    if problem.objective == "cheapest" and cheapest_usd is not None and in_tie_band(alt_est.cost_usd, cheapest_usd):
+    if problem.objective == "cheapest" and cheapest_usd is not None and in_tie_band(
+            ranked_cost_usd(problem, alt_est), cheapest_usd):
         # both within the tie band of the cheapest: the faster won
-        ta, tb = alt_est.time_to_train_s, best_est.time_to_train_s
+        ta, tb = ranked_time_s(problem, alt_est), ranked_time_s(problem, best_est)
         cost = (f"{'+' if ka >= kb else ''}{_pct(ka / kb - 1)}" if kb > 0 and round_key(ka) != round_key(kb)
                 else "same cost")
         if round_key(ta) != round_key(tb):
@@ -78,12 +80,15 @@ def why_lost(problem: Problem, alt: Layout, alt_est: Estimate, best: Layout, bes
                    if round_key(ca) != round_key(cb) else "layout name order")
         return f"ties on the objective ({diff}); loses the tie-break: {why}"
     rel = ka / kb - 1 if kb > 0 else 0.0
+    c = problem.confidence
+    # ranked at a quantile: say so where the two bands differ (the point estimates may order them otherwise)
+    at = f" at {c}" if alt_est.time_factor(c) != best_est.time_factor(c) else ""
     if problem.objective == "cheapest":
-        head = f"{_pct(rel)} more expensive"
+        head = f"{_pct(rel)} more expensive{at}"
     elif problem.objective == "throughput":
-        head = f"{_pct(1 - kb / ka)} fewer tokens/s per GPU"
+        head = f"{_pct(1 - kb / ka)} fewer tokens/s per GPU{at}"
     else:
-        head = f"{_pct(rel)} slower"
+        head = f"{_pct(rel)} slower{at}"
     return f"{head} ({diff}): {_main_time_difference(alt_est, best_est)}"
 
 

@@ -101,6 +101,24 @@ def check_structure(problem: Problem, layout: Layout) -> Rejection | None:
             or check_canonical(problem, layout) or check_pins(problem, layout))
 
 
+def check_memory_band(problem: Problem, estimate: Estimate) -> Rejection | None:
+    """The upper end of the estimate's memory band (compiler/costmodel/bands.py MEMORY_MARGIN) must fit usable
+    HBM: the cost model checked the point estimate."""
+    high, usable = estimate.memory_high_bytes_per_gpu, estimate.memory.usable_bytes_per_gpu
+    if high <= usable:
+        return None
+    margin = estimate.band.memory_high - 1 if estimate.band is not None else 0.0
+    need = high - usable
+    return Rejection(OUT_OF_MEMORY,
+                     f"{units.format_bytes(estimate.memory.total_bytes_per_gpu)} per GPU, "
+                     f"{units.format_bytes(high)} at the upper end of its memory band (+{margin:.0%}), exceeds "
+                     f"{units.format_bytes(usable)} usable",
+                     {"needed_bytes": high, "usable_bytes": usable,
+                      "predicted_bytes": estimate.memory.total_bytes_per_gpu, "stage": estimate.memory.stage},
+                     fix=f"needs {units.format_bytes(need)} more per GPU at the band's upper end: more recompute, "
+                         "ZeRO-3 / FSDP full shard, a smaller micro-batch or more tensor/pipeline parallel stages")
+
+
 def check_estimate(problem: Problem, estimate: Estimate) -> Rejection | None:
-    """Budget and deadline, after the cost model accepted the layout."""
-    return check_budget(problem, estimate) or check_deadline(problem, estimate)
+    """The memory band's upper end, budget and deadline, after the cost model accepted the layout."""
+    return check_memory_band(problem, estimate) or check_budget(problem, estimate) or check_deadline(problem, estimate)

@@ -6,6 +6,11 @@
 * ``throughput``: most ``tokens_per_s_per_gpu`` (the key is its inverse, GPU-seconds
   per token, so that every key is minimised), on the fixed or the largest GPU count.
 
+Every key is taken at the spec's confidence (``budget.confidence``, default p80): the estimate's time or
+cost times its error band's factor (compiler/costmodel/bands.py), so a layout in a regime no published
+run covers (a wide band) must beat a well-calibrated one by more than its uncertainty. Band factors
+are >= 1, so the lower bounds below (from the point estimate's own functions) stay lower bounds.
+
 Ranking: the objective key rounded to 9 significant digits (equal within ~1e-9
 relative), then fewer parallel dimensions, then less communication (bytes per GPU per
 step over all collectives), then the layout tag. Rounding keeps the order transitive;
@@ -32,12 +37,26 @@ CHEAPEST_TIE = 0.01  # 'cheapest': costs within 1% of the cheapest are ties, and
 PRUNE_MARGIN = 1e-7  # relative; wider than the 1e-9 tie rounding
 
 
-def objective_key(problem: Problem, est: Estimate) -> float:
+def objective_key(problem: Problem, est: Estimate, *, factor: float | None = None) -> float:
+    """The minimised key, at the spec's confidence (budget.confidence): the point estimate's time, cost or
+    GPU-seconds per token times the estimate's band factor (1 for 'expected', >= 1 otherwise); ``factor``
+    replaces that factor (1: the point estimate's key)."""
+    f = est.time_factor(problem.confidence) if factor is None else factor
     if problem.objective == "cheapest":
-        return est.cost_usd
+        return est.cost_usd * f
     if problem.objective == "throughput":
-        return 1.0 / est.tokens_per_s_per_gpu if est.tokens_per_s_per_gpu > 0 else math.inf
-    return est.time_to_train_s
+        return f / est.tokens_per_s_per_gpu if est.tokens_per_s_per_gpu > 0 else math.inf
+    return est.time_to_train_s * f
+
+
+def ranked_cost_usd(problem: Problem, est: Estimate) -> float:
+    """The cost the 'cheapest' tie band compares: at the spec's confidence, as the objective."""
+    return est.cost_usd * est.time_factor(problem.confidence)
+
+
+def ranked_time_s(problem: Problem, est: Estimate) -> float:
+    """The time to train the 'cheapest' tie band orders by: at the spec's confidence."""
+    return est.time_to_train_s * est.time_factor(problem.confidence)
 
 
 def round_key(x: float) -> float:
@@ -110,7 +129,7 @@ def in_tie_band(cost_usd: float, cheapest_usd: float) -> bool:
 
 def band_key(problem: Problem, layout: Layout, est: Estimate) -> tuple:
     """The order inside the 'cheapest' tie band: the faster first, then the usual ranking."""
-    return (round_key(est.time_to_train_s),) + rank_key(problem, layout, est)
+    return (round_key(ranked_time_s(problem, est)),) + rank_key(problem, layout, est)
 
 
 def ranked(problem: Problem, entries: "list[tuple[Layout, Estimate]]") -> "list[tuple[Layout, Estimate]]":
@@ -119,6 +138,7 @@ def ranked(problem: Problem, entries: "list[tuple[Layout, Estimate]]") -> "list[
     items = sorted(entries, key=lambda e: rank_key(problem, *e))
     if problem.objective != "cheapest" or not items:
         return items
-    cheapest = min(est.cost_usd for _, est in items)
-    band = sorted((e for e in items if in_tie_band(e[1].cost_usd, cheapest)), key=lambda e: band_key(problem, *e))
-    return band + [e for e in items if not in_tie_band(e[1].cost_usd, cheapest)]
+    cheapest = min(ranked_cost_usd(problem, est) for _, est in items)
+    band = sorted((e for e in items if in_tie_band(ranked_cost_usd(problem, e[1]), cheapest)),
+                  key=lambda e: band_key(problem, *e))
+    return band + [e for e in items if not in_tie_band(ranked_cost_usd(problem, e[1]), cheapest)]

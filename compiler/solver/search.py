@@ -33,11 +33,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from compiler import units
+from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
 from compiler.layout import Layout
-from compiler.plan import Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
+from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
@@ -45,7 +46,7 @@ from compiler.solver.candidates import Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
                                        key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
-                                       ranked)
+                                       ranked, ranked_cost_usd)
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 if TYPE_CHECKING:
@@ -91,6 +92,25 @@ def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     return evaluate_targets(problem, layout, pipeline_events=False).result
 
 
+def _calibrated_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
+    """``_search_evaluate`` that turns away the layouts of thin regimes (uncalibrated, or few published runs
+    behind their band): the search for the best well-calibrated alternative. The binding target's band is
+    one of the targets' bands: a layout whose every target's band is thin is turned away without costing."""
+    from compiler.costmodel.bands import layout_band
+    from compiler.costmodel.frameworks import costed_targets
+
+    gpu = next(o for o in problem.gpu_options if o.name == layout.gpu)
+    if all(layout_band(problem, layout, t, gpu).thin for t in costed_targets(problem.targets)):
+        return Rejection(THIN_REGIME, "thin regime", {})
+    result = _search_evaluate(problem, layout)
+    if isinstance(result, Estimate) and result.band is not None and result.band.thin:
+        return Rejection(THIN_REGIME, f"thin regime: {result.band.describe()}", {})
+    return result
+
+
+THIN_REGIME = "thin_regime"  # only in the search for a well-calibrated alternative (never in a plan's tally)
+
+
 def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
     """The chosen layout again, with the simulated pipeline schedule for the report, for every target."""
     from compiler.costmodel import evaluate_targets
@@ -120,6 +140,10 @@ class _Search:
         self.cheapest = float("inf")
         self.fastest_gpus: int | None = None  # infeasible: the GPUs of the fastest layout, deadline aside
         self.tally = Tally(problem)
+        # feasibility checks the upper end of the memory band (compiler/costmodel/bands.py): the memory lower
+        # bounds are scaled by it too (a stand-in evaluator's estimates carry no band)
+        self.banded = evaluator in (_search_evaluate, _calibrated_evaluate)
+        self.memory_factor = 1.0 + MEMORY_MARGIN if self.banded else 1.0
         self.num_considered = 0
         self.num_evaluated = 0
         self.num_feasible = 0
@@ -128,6 +152,7 @@ class _Search:
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
         self._pipe_classes: dict[int, tuple] = {}
+        self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
                          for i, o in enumerate(problem.gpu_options)}
@@ -149,10 +174,12 @@ class _Search:
             if len(self.top) > self.k + 1:
                 self.top.pop()
         if self.ties:
-            if est.cost_usd < self.cheapest:
-                self.cheapest = est.cost_usd
-                self.band = [e for e in self.band if in_tie_band(e.estimate.cost_usd, self.cheapest)]
-            if in_tie_band(est.cost_usd, self.cheapest):
+            cost = ranked_cost_usd(self.problem, est)
+            if cost < self.cheapest:
+                self.cheapest = cost
+                self.band = [e for e in self.band if in_tie_band(ranked_cost_usd(self.problem, e.estimate),
+                                                                 self.cheapest)]
+            if in_tie_band(cost, self.cheapest):
                 bisect.insort(self.band, _Entry(band_key(self.problem, layout, est), layout, est))
 
     def best_first(self) -> list[_Entry]:
@@ -244,7 +271,8 @@ class _Search:
             self.largest_gpus = max(self.largest_gpus, shape.world)
             g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
                 shape, space.pipeline_choices(shape.pp), batches)
-            lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
+            lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
+                * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
         queue.sort(key=lambda q: q[:3])
         for lb, _, _, shape, n, g in queue:
@@ -266,6 +294,7 @@ class _Search:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
+        floor = self.shape_floor(shape)
         groups = []
         order = 0
         class_opts: dict[tuple[str, bool], tuple] = {}
@@ -282,7 +311,7 @@ class _Search:
                 for rc in space.recompute_choices():
                     fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
                     step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
-                    lb = key_lb_from_step(problem, pricing, step, batch, shape.world)
+                    lb = key_lb_from_step(problem, pricing, step, batch, shape.world) * floor
                     groups.append((lb, order, sched, vpp, mb, ga, rc, step, batch, opts, fbs))
                     order += 1
         groups.sort(key=lambda g: g[:2])
@@ -294,7 +323,7 @@ class _Search:
             if can_prune(lb, self.threshold):
                 self.num_pruned += n
                 continue
-            mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts)
+            mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) * self.memory_factor
             if mem > usable:
                 sp, sh = opts[-1]
                 self.tally.reject_memory_bound(lambda: space.layout(shape, sched, vpp, sh, mb, ga, rc, sp), mem,
@@ -308,14 +337,15 @@ class _Search:
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):
                 # bounds ascend along cands and the threshold only falls: the first layout a bound rules
-                # out rules out the rest of the group the same way
+                # out rules out the rest of the group the same way (band factors are >= 1)
                 rest = len(cands) - i
                 if self._bound_infeasible(pricing, layout_step, batch, shape.world, rest):
                     break
-                if can_prune(key_lb_from_step(problem, pricing, layout_step, batch, shape.world), self.threshold):
+                lb = key_lb_from_step(problem, pricing, layout_step, batch, shape.world)
+                if can_prune(lb * floor, self.threshold):
                     self.num_pruned += rest
                     break
-                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable)
+                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
 
     def _bound_infeasible(self, pricing: Pricing, step: float, batch: int, world: int, n: int) -> bool:
         problem = self.problem
@@ -339,16 +369,21 @@ class _Search:
         return ok
 
     def visit(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, rc: str, sp: bool, sh: Sharding,
-              usable: float) -> None:
-        """One layout whose step-time bound could still win: its memory bound, then the cost model."""
+              usable: float, lb: float) -> None:
+        """One layout whose step-time bound could still win: the bound at its band's factor, its memory bound,
+        then the cost model."""
         problem, bounds = self.problem, self.bounds
         layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-        mem = bounds.layout_memory_lb(shape, layout, sh)
+        floor = self.band_floor(layout, shape)
+        if floor > 1.0 and can_prune(lb * floor, self.threshold):
+            self.num_pruned += 1
+            return
+        mem = bounds.layout_memory_lb(shape, layout, sh) * self.memory_factor
         if mem > usable:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
-        result = self._evaluate(layout)
+        result = self._evaluate(layout, floor)
         if result is None:  # one target's estimate already ranks after the top k+1: the binding one does too
             self.num_pruned += 1
             return
@@ -361,7 +396,34 @@ class _Search:
             result = over
         self.tally.reject_costed(layout, result)
 
-    def _evaluate(self, layout: Layout) -> Estimate | Rejection | None:
+    def shape_floor(self, shape: Shape) -> float:
+        """The smallest band factor any layout of ``shape`` can carry (bands.shape_floor), cached by what it
+        depends on; 1 under 'expected' or a stand-in evaluator."""
+        if not self.banded or self.problem.confidence == "expected":
+            return 1.0
+        key = (shape.option, shape.pp > 1, shape.cp > 1, shape.ep > 1, scale_bucket(shape.world))
+        got = self._floors.get(key)
+        if got is None:
+            from compiler.costmodel.frameworks import costed_targets
+
+            got = self._floors[key] = shape_floor(
+                self.problem, self.problem.gpu_options[shape.option], costed_targets(self.problem.targets),
+                pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world, confidence=self.problem.confidence)
+        return got
+
+    def band_floor(self, layout: Layout, shape: Shape) -> float:
+        """The smallest band factor (at the spec's confidence) any framework target's estimate of ``layout`` can
+        carry: the binding target's is one of them. 1 under 'expected' or a stand-in evaluator."""
+        if not self.banded or self.problem.confidence == "expected":
+            return 1.0
+        from compiler.costmodel.bands import layout_band
+        from compiler.costmodel.frameworks import costed_targets
+
+        gpu = self.problem.gpu_options[shape.option]
+        return min(layout_band(self.problem, layout, t, gpu).time_factor(self.problem.confidence)
+                   for t in costed_targets(self.problem.targets))
+
+    def _evaluate(self, layout: Layout, floor: float = 1.0) -> Estimate | Rejection | None:
         """The cost model on ``layout`` for every framework target (the binding estimate), or None when the
         first target's estimate alone cannot enter the top k+1: a layout's estimate is its slowest target's,
         so the other targets are not costed (the per-target costing costs one target for most layouts)."""
@@ -370,8 +432,9 @@ class _Search:
         from compiler.costmodel import evaluate_targets_unless
 
         threshold = self.threshold
+        # the binding estimate is at least as slow as this one, and its band factor at least the floor
         targets = evaluate_targets_unless(
-            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est), threshold),
+            self.problem, layout, lambda est: can_prune(objective_key(self.problem, est, factor=floor), threshold),
             pipeline_events=False)
         return None if targets is None else targets.result
 
@@ -452,6 +515,27 @@ class _Search:
                            message=message, fix=fix, over_by=0.0, gpus=f"{e.layout.world_size} x {e.layout.gpu}")
         return miss, fix
 
+    def thin_regime_note(self, best: _Entry) -> str:
+        """The pick lies in a thin regime: say so, and name the best layout whose band rests on enough published
+        runs, with what choosing it costs (a search without the thin regimes)."""
+        problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
+        assert est.band is not None
+        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate)
+        safe.run()
+        head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
+                f"{units.format_seconds_range(*est.step_time_band_s)} per step")
+        if not safe.top:
+            return head + "; no layout of a well-calibrated regime is feasible for this spec"
+        alt = safe.best_first()[0]
+        a = as_in_plan(alt.estimate)
+        assert a.band is not None
+        dt, dc = a.time_to_train_s / est.time_to_train_s - 1, a.cost_usd / est.cost_usd - 1
+        ka, kb = objective_key(problem, a), objective_key(problem, est)
+        return (head + f". The best well-calibrated alternative: {alt.layout.describe()} on {a.num_gpus:,} x "
+                f"{alt.layout.gpu}, {units.format_seconds(a.time_to_train_s)}, {units.format_money(a.cost_usd)} "
+                f"({a.band.describe()}); the cost of safety: {dt:+.1%} time to train, {dc:+.1%} cost by the point "
+                f"estimates ({ka / kb - 1:+.1%} on the objective at {problem.confidence})")
+
     def result(self, final: "Evaluator | FinalEvaluator") -> Plan:
         problem = self.problem
         if not self.top:
@@ -474,6 +558,8 @@ class _Search:
                                         cheapest_usd=self.cheapest if self.ties else None))
             for i, e in enumerate(kept[1:]))
         notes = plan_notes(problem, best.layout, largest_gpus=self.largest_gpus) + framework_notes(problem, best.layout)
+        if final is not self.evaluate and best.estimate.band is not None and best.estimate.band.thin:
+            notes = (self.thin_regime_note(best),) + notes
         if self.ties and self.top[0].layout.tag != best.layout.tag:
             notes = (cheapest_tie_note(problem, best.layout, best.estimate, self.top[0].layout,
                                        self.top[0].estimate),) + notes
@@ -496,15 +582,16 @@ class TargetCost:
 
         name = registry.get(self.target).display_name
         e, p = self.estimate, plan.estimate
+        at = "" if problem.confidence == "expected" else f" at {problem.confidence}"  # better_by compares the keys
         if problem.objective == "cheapest":
             what = (f"{units.format_money(e.cost_usd)} instead of {units.format_money(p.cost_usd)} "
-                    f"({self.better_by:.1%} cheaper)")
+                    f"({self.better_by:.1%} cheaper{at})")
         elif problem.objective == "throughput":
             what = (f"{e.tokens_per_s_per_gpu:,.0f} instead of {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-                    f"({self.better_by:.1%} more)")
+                    f"({self.better_by:.1%} more{at})")
         else:
             what = (f"{units.format_seconds(e.time_to_train_s)} instead of {units.format_seconds(p.time_to_train_s)} "
-                    f"({self.better_by:.1%} faster)")
+                    f"({self.better_by:.1%} faster{at})")
         return (f"target {self.target} ruled out a better layout: {self.layout.describe()} on {e.num_gpus:,} x "
                 f"{self.layout.gpu} trains in {what}, but {name} cannot run it ({self.reason})")
 

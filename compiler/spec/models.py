@@ -384,6 +384,13 @@ class BudgetSpec(_Strict):
         description="fastest: least time to train within the budget; cheapest: least cost within the deadline "
                     "(costs within 1% of the cheapest are ties, and the fastest of them wins); throughput: most "
                     "tokens/s per GPU on the given GPUs.")
+    confidence: Literal["expected", "p80", "p90"] = Field(
+        "p80",
+        description="Which step time the objective ranks layouts by: p80 (the time 8 runs in 10 beat, from "
+                    "the 80% band every estimate carries: the published runs of the layout's regime), p90 (the "
+                    "band's upper end), or expected (the cost model's point estimate). A layout in a regime "
+                    "no published run covers has a wide band, so it must beat a well-calibrated one by more "
+                    "than its uncertainty.")
 
 
 # ---------------------------------------------------------------------------- layout

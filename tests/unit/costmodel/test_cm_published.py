@@ -26,7 +26,17 @@ def test_accuracy_does_not_collapse():
     assert overall["rows"] >= 250
     assert overall["median_abs_error"] < 0.20
     assert overall["p90_abs_error"] < 0.60
-    assert accuracy.format_report(report).splitlines()[-1].startswith(f"overall: {overall['rows']} rows, median")
+    text = accuracy.format_report(report)
+    assert text.splitlines()[-1].startswith(f"overall: {overall['rows']} rows, median")
+    # issue #12: every row's 80% band comes from the other sources' residuals; 70-90% of rows fall inside
+    coverage = report.band_coverage()
+    assert coverage["rows"] == overall["rows"] and 0.70 <= coverage["coverage"] <= 0.90
+    assert f"band coverage: {coverage['coverage']:.1%} of {coverage['rows']} rows inside the 80% band" in text
+    rows = accuracy.to_json(report)["rows"]
+    for r in rows:
+        assert 0 < r["predicted_low"] <= r["predicted_loso_tokens_per_s_per_gpu"] <= r["predicted_high"]
+        assert r["in_band"] == (r["predicted_low"] * (1 - 1e-9) <= r["measured_tokens_per_s_per_gpu"]
+                                <= r["predicted_high"] * (1 + 1e-9))
 
 
 @pytest.mark.parametrize("case", time_to_train.CASES, ids=lambda c: c.name)

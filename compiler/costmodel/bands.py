@@ -1,0 +1,283 @@
+"""Error bands: how far measured step times fall from the cost model's, in the layout's regime (issue #12).
+
+    band_for(framework=..., gpu_generation=..., precision=..., fp8_recipe=..., layout=...) -> ErrorBand
+
+A band is read from the cost model's leave-one-source-out (LOSO) residuals of the published runs
+(compiler/data/residuals.json, written by benchmarks/fit.py): each run predicted with the constants
+fitted WITHOUT its source, so a residual is the error on a source the fit never saw -- what a user's
+cluster is to dtc. The residual is ``r = log(predicted tokens/s / measured)``, i.e. the log of
+(measured step time / predicted step time); a band multiplies the predicted step time by
+``exp(quantile of r)``.
+
+The rule (the numbers below are its only parameters; benchmarks/accuracy.py checks the result):
+
+* **Regime.** A layout's regime is its framework family (``FAMILIES``) x GPU generation (kernel
+  family) x precision and fp8 recipe x the features it uses (pipeline and interleaved pipeline,
+  context parallel, expert parallel, FSDP / ZeRO-3, offload) x scale (GPU-count bucket,
+  ``scale_bucket``).
+* **Nearest regime.** ``LEVELS`` go from that full regime to coarser ones (scale dropped, then the
+  fp8 recipe and interleaving, then the GPU generation, then the precision; the framework family and
+  whether the layout pipelines, splits the context, the experts or the states, or offloads, always
+  match: those change what the model must get right); the band
+  comes from the first level holding at least ``MIN_RUNS`` runs from at least ``MIN_SOURCES``
+  sources (one source's runs share a harness and a bias: they do not tell how a new cluster errs).
+* **Band.** The 10th and 90th percentiles of the level's residuals, widened about their median by
+  sqrt(1 + 1/n) (the factor of a normal prediction interval for one new observation from n), and
+  stretched to include the point estimate (0): the 80% band. ``p80`` is the 80th percentile on
+  the same rule, but never below the 80th percentile of every residual of the framework family (the
+  calibration set's own spread for that family), and the upper end never below ``p80``: a regime
+  where the model happens to be pessimistic is not ranked as surer than the model is for that
+  family as a whole (without the floor, ranking at p80 drew 4 of the 6 example specs to one coarse
+  fp8 PP+CP regime whose 21 runs the model over-predicts, p80 x1.02, and Mixtral off expert parallelism).
+* **Uncalibrated.** No level with enough runs: the 10th/90th percentiles of every run's residual,
+  doubled in log space (``UNCALIBRATED_WIDENING``), and labelled "uncalibrated". Doubling is a
+  stated, conservative rule, not a fit: a regime nobody measured can err by twice what the model
+  errs on the whole calibration set. benchmarks/accuracy.py reports the coverage that results.
+* **Thin.** Uncalibrated, or fewer than ``THIN_RUNS`` runs behind the band: PLAN.md says so and
+  names the best layout with a well-calibrated band.
+
+Memory (the upper end only; feasibility uses it): the calibration set publishes no peak memory per
+GPU (benchmarks/accuracy.py counts the rows that do: 0 of the modelled rows), so the only
+measurements are the reduced-model smoke runs of ``dtc smoke`` (benchmarks/smoke_memory.py,
+issue #6): model states measured / predicted 0.89-1.07. That is weak evidence (CPU ranks, small
+models, activations not covered at scale), so the band's upper end is the predicted total plus a
+stated margin, ``MEMORY_MARGIN`` (7%: the largest model-state excess the smoke runs measured),
+on top of the allowances the memory model already adds (fragmentation, CUDA context, NCCL).
+
+Lookups are cheap: the table is read once per process and each regime's band is memoised.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from compiler.costmodel.context import fp8_recipe_of
+from compiler.costmodel.frameworks import profile_of
+from compiler.estimate import ErrorBand
+from compiler.layout import Layout
+from compiler.problem import GpuOption, Problem
+
+RESIDUALS = Path(__file__).resolve().parents[1] / "data" / "residuals.json"
+
+COVERAGE = 0.8  # the band's nominal coverage
+Q_LOW, Q_HIGH = 0.1, 0.9  # its percentiles
+MIN_RUNS = 8  # runs a level needs to give a band
+MIN_SOURCES = 2  # ... from this many sources
+THIN_RUNS = 20  # fewer runs than this behind a band: PLAN.md names the best well-calibrated alternative
+UNCALIBRATED_WIDENING = 2.0  # an uncalibrated band: every run's 10th/90th percentile, doubled in log space
+MEMORY_MARGIN = 0.07  # upper end of the memory band: predicted total x (1 + margin); see the module docstring
+MEMORY_MARGIN_SOURCE = ("no published run of the calibration set gives its peak memory; the dtc smoke runs "
+                        "(benchmarks/smoke_memory.py, issue #6) measured model states at 0.89-1.07x the prediction: "
+                        "the upper end adds 7% (weak evidence, a stated margin)")
+
+# The quantile the solver ranks by (budget.confidence): None = the point estimate.
+QUANTILES: Mapping[str, float | None] = {"expected": None, "p80": 0.8, "p90": 0.9}
+
+# Framework family of each cost profile: dtc's targets and the frameworks of published runs
+# (compiler/calibration/frameworks.py). Residuals of a family speak for every framework in it.
+FAMILIES: Mapping[str, str] = {
+    "megatron": "megatron", "megatron_bridge": "megatron", "nemo_2407": "megatron",
+    "megatron_lm_2021": "megatron", "llama3_meta": "megatron",
+    "fsdp": "torch_fsdp", "torchtitan": "torch_fsdp", "llm_foundry": "torch_fsdp",
+    "deepspeed": "deepspeed", "deepspeed_defaults": "deepspeed",
+    "deepseek_v3": "deepseek_v3",
+}
+
+FEATURES = ("pp", "vpp", "cp", "ep", "zero3_fsdp", "offload")
+# Coarsening levels: the regime keys each level matches on, finest first.
+LEVELS: tuple[tuple[str, ...], ...] = (
+    ("family", "gpu_generation", "precision", "fp8_recipe") + FEATURES + ("scale",),
+    ("family", "gpu_generation", "precision", "fp8_recipe") + FEATURES,
+    ("family", "gpu_generation", "precision", "pp", "cp", "ep", "zero3_fsdp", "offload"),
+    ("family", "precision", "pp", "cp", "ep", "zero3_fsdp", "offload"),
+    ("family", "pp", "cp", "ep", "zero3_fsdp", "offload"),
+)
+REGIME_KEYS = LEVELS[0]
+FEATURE_LABELS = {"pp": "PP", "vpp": "VPP", "cp": "CP", "ep": "EP", "zero3_fsdp": "FSDP/ZeRO-3", "offload": "offload"}
+
+
+def family_of(framework: str) -> str:
+    """The framework family of a cost profile's name (a published run's 'megatron_bridge+...' too); a profile
+    outside ``FAMILIES`` is its own family, with no published runs: uncalibrated."""
+    name = framework.split("+")[0]
+    return FAMILIES.get(name, name)
+
+
+def scale_bucket(n: int) -> str:
+    """GPU-count bucket of a regime."""
+    return "<=8" if n <= 8 else "9-64" if n <= 64 else "65-512" if n <= 512 else "513-2048" if n <= 2048 else ">2048"
+
+
+def layout_features(layout: Layout) -> dict[str, Any]:
+    """The regime features a layout uses (the calibration runs' features are made by this same function)."""
+    return {"pp": layout.pp > 1, "vpp": layout.vpp > 1, "cp": layout.cp > 1, "ep": layout.ep > 1,
+            "zero3_fsdp": layout.zero_stage == 3,
+            "offload": layout.offload_optimizer != "none" or layout.offload_params != "none",
+            "scale": scale_bucket(layout.world_size)}
+
+
+def regime_of(features: Mapping[str, Any]) -> tuple:
+    """The full regime key of a features dict (residuals.json's row features, or ``regime_features``)."""
+    f = dict(features)
+    f.setdefault("family", family_of(str(f.get("framework", ""))))
+    return tuple(f.get(k) if k != "fp8_recipe" else (f.get(k) or "") for k in REGIME_KEYS)
+
+
+def regime_features(*, framework: str, gpu_generation: str, precision: str, fp8_recipe: str,
+                    layout: Layout) -> dict[str, Any]:
+    return {"framework": framework, "family": family_of(framework), "gpu_generation": gpu_generation,
+            "precision": precision, "fp8_recipe": fp8_recipe if precision == "fp8" else "",
+            **layout_features(layout)}
+
+
+def describe_regime(key: tuple, level: tuple[str, ...]) -> str:
+    """'megatron, hopper, fp8 (fp8_tensorwise_current), PP, EP, 65-512 GPUs' for the keys a level matches."""
+    f = dict(zip(REGIME_KEYS, key))
+    parts = [str(f["family"])]
+    if "gpu_generation" in level:
+        parts.append(str(f["gpu_generation"]))
+    if "precision" in level:
+        recipe = f["fp8_recipe"] if "fp8_recipe" in level and f["fp8_recipe"] else ""
+        parts.append(f"{f['precision']} ({recipe})" if recipe else str(f["precision"]))
+    if any(k in level for k in FEATURES):
+        used = [FEATURE_LABELS[k] for k in FEATURES if k in level and f[k]]
+        if "vpp" in level and f["pp"] and not f["vpp"]:
+            used.insert(used.index("PP") + 1, "no VPP")
+        parts.append(", ".join(used) if used else "no PP/CP/EP/FSDP/offload")
+    if "scale" in level:
+        parts.append(f"{f['scale']} GPUs")
+    return ", ".join(parts)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One published run's LOSO residual: log(predicted / measured tokens/s), its source and regime."""
+
+    log_error: float
+    source: str
+    regime: tuple
+
+
+class BandTable:
+    """The bands of every regime, from a set of residuals (the committed ones, or a synthetic set in tests,
+    or all but one source's for leave-one-source-out coverage)."""
+
+    def __init__(self, residuals: Iterable[Residual]):
+        self.residuals = tuple(residuals)
+        if not self.residuals:
+            raise ValueError("a band table needs at least one residual")
+        errors = [r.log_error for r in self.residuals]
+        family = REGIME_KEYS.index("family")
+        by_family: dict[Any, list[float]] = {}
+        for r in self.residuals:
+            by_family.setdefault(r.regime[family], []).append(r.log_error)
+        # each family's own spread: the floor of a calibrated band's p80 (module docstring)
+        self._p80_floor = {f: max(0.0, percentile(e, 0.8)) for f, e in by_family.items()}
+        self._wide = (min(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_LOW)),
+                      max(0.0, UNCALIBRATED_WIDENING * percentile(errors, 0.8)),
+                      max(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_HIGH)))
+        self.band = functools.lru_cache(maxsize=4096)(self._band)  # type: ignore[method-assign]
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], *, exclude_source: str | None = None) -> "BandTable":
+        """From residuals.json rows (``log_error_loso`` and ``features``), leaving ``exclude_source`` out."""
+        return cls(Residual(float(r["log_error_loso"]), str(r["features"]["source"]), regime_of(r["features"]))
+                   for r in rows if r["features"]["source"] != exclude_source)
+
+    def _band(self, key: tuple) -> ErrorBand:
+        for level in LEVELS:
+            idx = [REGIME_KEYS.index(k) for k in level]
+            match = [r for r in self.residuals if all(r.regime[i] == key[i] for i in idx)]
+            sources = len({r.source for r in match})
+            if len(match) >= MIN_RUNS and sources >= MIN_SOURCES:
+                e = [r.log_error for r in match]
+                med, widen = percentile(e, 0.5), math.sqrt(1 + 1 / len(e))
+
+                def q(p: float) -> float:
+                    return med + (percentile(e, p) - med) * widen
+
+                p80 = max(self._p80_floor[key[REGIME_KEYS.index("family")]], q(0.8))
+                return ErrorBand(low=math.exp(min(0.0, q(Q_LOW))), p80=math.exp(p80),
+                                 high=math.exp(max(p80, q(Q_HIGH))), runs=len(match), sources=sources,
+                                 regime=describe_regime(key, level), calibrated=True,
+                                 thin=len(match) < THIN_RUNS, memory_high=1.0 + MEMORY_MARGIN)
+        lo, p80, hi = self._wide
+        return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=0,
+                         sources=0, regime=describe_regime(key, LEVELS[0]), calibrated=False, thin=True,
+                         memory_high=1.0 + MEMORY_MARGIN)
+
+    def band_of(self, features: Mapping[str, Any]) -> ErrorBand:
+        return self.band(regime_of(features))
+
+
+@functools.lru_cache(maxsize=1)
+def default_table() -> BandTable:
+    """The bands of the committed residuals (compiler/data/residuals.json), read once."""
+    rows = json.loads(RESIDUALS.read_text(encoding="utf-8"))["rows"]
+    return BandTable.from_rows(rows)
+
+
+def band_for(*, framework: str, gpu_generation: str, precision: str, fp8_recipe: str, layout: Layout) -> ErrorBand:
+    """The 80% band of a layout costed for ``framework`` (a cost profile's name) on a GPU generation."""
+    return default_table().band(regime_of(regime_features(
+        framework=framework, gpu_generation=gpu_generation, precision=precision, fp8_recipe=fp8_recipe,
+        layout=layout)))
+
+
+def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -> ErrorBand:
+    """The band an estimate of ``layout`` costed for ``target`` on ``gpu`` carries, without costing it (the
+    solver's bounds multiply by it)."""
+    framework = profile_of(target)
+    return band_for(framework=framework.name, gpu_generation=gpu.spec.kernel_family, precision=problem.precision,
+                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout)
+
+
+def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
+                world: int, confidence: str) -> float:
+    """The smallest factor (at ``confidence``) any layout of a parallel shape can carry, over the features its
+    inner choices leave open (interleaving, FSDP/ZeRO-3, offload) and the targets: the solver multiplies a
+    shape's or a group's lower bound by it."""
+    if QUANTILES[confidence] is None:
+        return 1.0
+    out = math.inf
+    for target in targets:
+        framework = profile_of(target)
+        base = {"framework": framework.name, "gpu_generation": gpu.spec.kernel_family,
+                "precision": problem.precision,
+                "fp8_recipe": fp8_recipe_of(problem, framework, gpu), "pp": pp > 1, "cp": cp > 1, "ep": ep > 1,
+                "scale": scale_bucket(world)}
+        for vpp in ((False, True) if pp > 1 else (False,)):
+            for zero3 in (False, True):
+                for offload in (False, True):
+                    band = default_table().band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
+                    out = min(out, band.time_factor(confidence))
+    return out
+
+
+def coverage(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int, dict[str, tuple[int, int]]]:
+    """Leave-one-source-out coverage of the bands on residuals.json-style rows: each row's band comes from
+    the other sources' residuals only. (inside, rows, {level: (inside, rows)}) with level 'uncalibrated'
+    or the number of runs bucket."""
+    tables: dict[str, BandTable] = {}
+    inside, by = 0, {}
+    for r in rows:
+        src = r["features"]["source"]
+        table = tables.get(src) or tables.setdefault(src, BandTable.from_rows(rows, exclude_source=src))
+        band = table.band_of(r["features"])
+        ok = band.contains(float(r["log_error_loso"]))
+        inside += ok
+        label = "calibrated" if band.calibrated else "uncalibrated"
+        a, n = by.get(label, (0, 0))
+        by[label] = (a + ok, n + 1)
+    return inside, len(rows), by
