@@ -7,7 +7,7 @@ compute.py, comm.py and step.py compute those.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from compiler.costmodel.activations import IMPLS, ActivationImpl
@@ -151,6 +151,8 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
     eff = eff or efficiency_of(problem.profile)
     framework = profile_of(target)
     recipe = RECIPES[problem.precision]
+    if framework.zero_fp32_partition_copy and recipe.master_bytes == 0 and layout.zero_stage >= 1:
+        recipe = replace(recipe, master_bytes=4)  # the ZeRO optimizer's fp32 partition (targets/cost.py)
     fp8 = fp8_recipe_of(problem, framework, gpu)
     if stages is None:
         stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)

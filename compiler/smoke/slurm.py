@@ -85,11 +85,12 @@ def rewrite_sbatch(text: str, *, partition: str, cpus_per_task: int, time_limit_
 def smoke_env(setup: SmokeSetup, generated_dir: Path, base: dict[str, str], target: str = "fsdp") -> dict[str, str]:
     """The job's environment: the launch environment plus the overrides the script reads
     (DTC_NPROC_PER_NODE, DTC_ARTIFACT_DIR) and the entry point's smoke options as DTC_SMOKE_<OPTION>."""
-    from compiler.smoke.targets import as_env, smoke_options
+    from compiler.smoke.targets import as_env, hooks, smoke_options
 
     env = dict(base)
     env.update({"DTC_NPROC_PER_NODE": str(setup.world_size), "DTC_ARTIFACT_DIR": str(generated_dir)})
-    env.update(as_env(smoke_options(setup, target)))
+    if hooks(target).options is not None:  # megatron's smoke passes its options as a megatron_args.sh instead
+        env.update(as_env(smoke_options(setup, target)))
     env["PATH"] = _search_path(env)
     if not _has_module_command(env):
         env["BASH_FUNC_module%%"] = "() {  echo \"dtc smoke: no environment modules here; skipped: module $*\" >&2\n}"

@@ -66,6 +66,10 @@ class CostProfile:
     # ZeRO-3: parameters gathered at once are capped at this many (DeepSpeed stage3_max_live_parameters, with
     # its reduce bucket for the unsharded gradients); 0: whole units (FSDP: the unit in use and the next)
     zero3_live_params: float = 0.0
+    # ZeRO 1-3 keep the optimizer's flat fp32 partition as a copy of the parameters' partition even when the
+    # parameters are fp32 (DeepSpeed: stage_1_and_2.py single_partition_of_fp32_groups, stage3.py
+    # fp32_partitioned_groups_flat): an fp32 run still holds a "master" copy
+    zero_fp32_partition_copy: bool = False
 
     @property
     def grad_bytes(self) -> int:

@@ -17,7 +17,7 @@ def smoke_options(setup: SmokeSetup) -> dict[str, str | None]:
     d = setup.degrees
     opts: dict[str, str | None] = {"--steps": str(setup.steps), "--tp": str(d.tp), "--pp": str(d.pp),
                                    "--dp-shard": str(d.dp_shard), "--allow-resize": None}
-    opts.update(model_options(setup, "deepspeed", seq_flag="--seq-len"))
+    opts.update(model_options(setup, "deepspeed", seq_flag="--seq"))  # DTC_SMOKE_SEQ under SLURM (dest "seq")
     return opts
 
 

@@ -42,6 +42,9 @@ def add_common_args(p: argparse.ArgumentParser, default_config: Path) -> None:
     p.add_argument("--config", default=str(default_config), help=f"run configuration (default: {default_config})")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: the config's)")
     p.add_argument("--layers", type=int, default=None, help="scale the model down: decoder layers")
+    p.add_argument("--stage-layers", default=None, metavar="N,N,...",
+                   help="decoder layers of each pipeline chunk in model order (the split dtc costed for a scaled "
+                        "model: dtc smoke passes it with --layers)")
     p.add_argument("--hidden", type=int, default=None, help="scale the model down: width")
     p.add_argument("--heads", type=int, default=None, help="scale the model down: attention heads")
     p.add_argument("--kv-heads", type=int, default=None, help="scale the model down: KV heads")
@@ -94,6 +97,10 @@ def apply_args(cfg: RunConfig, args: argparse.Namespace, parallel_overrides: dic
         par = replace(par, vpp=1)
     if par.pp * par.vpp != cfg.parallel.pp * cfg.parallel.vpp or args.layers is not None:
         par = replace(par, stage_layers=None)  # the plan's split is for the plan's stages and layers
+    if getattr(args, "stage_layers", None):
+        counts = [int(x) for x in str(args.stage_layers).split(",")]
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        par = replace(par, stage_layers=tuple(tuple(range(a, a + n)) for a, n in zip(starts, counts)))
     model = cfg.model
     if any(getattr(args, k) is not None for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq")):
         model = scaled_model(model, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
