@@ -24,6 +24,7 @@ model's (out_of_memory) and the objective's (over_budget, over_deadline) -- are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -460,6 +461,23 @@ def first_violation(facts: Facts, knobs: Knobs, *, codes: Iterable[str] | None =
             r = rule.check(facts, knobs)
             if r is not None:
                 return r
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def rules_reading(names: frozenset[str], codes: tuple[str, ...] | None = None) -> tuple[Rule, ...]:
+    """The rules (of ``codes``, in RULES order) that read at least one of the knobs ``names``: a rule whose
+    knobs are all unknown breaks nothing, so checking knobs with only ``names`` set needs only these (the
+    solver's generators ask millions of such partial questions)."""
+    return tuple(r for r in RULES if (codes is None or r.code in codes) and not names.isdisjoint(r.knobs))
+
+
+def first_violation_of(facts: Facts, rules: Iterable[Rule], knobs: Knobs) -> "Rejection | None":
+    """``first_violation`` over ``rules`` only (see ``rules_reading``)."""
+    for rule in rules:
+        r = rule.check(facts, knobs)
+        if r is not None:
+            return r
     return None
 
 

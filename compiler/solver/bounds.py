@@ -152,17 +152,27 @@ class Bounds:
         return shape.tp > 1 and True in tuple(sps)
 
     # ------------------------------------------------------------------ time
-    def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True)) -> float:
+    def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True), mb_cap: int = _HUGE_MB) -> float:
+        """GPU-seconds per token of every layout of ``shape`` whose micro-batch is at most ``mb_cap``: the whole
+        model's forward + backward per token at micro-batch ``mb_cap`` (per token it only falls as the
+        micro-batch grows), x tp, with the straggler wait of the shape's world size."""
         sp = self._sp_min(shape, sps)
-        key = (shape.option, shape.tp, shape.cp, shape.ep, sp)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, sp, mb_cap)
         got = self._per_token.get(key)
         if got is None:
             whole = self.stages(1, 1)[0]
-            f, b = self.stage_fb(shape, whole, _HUGE_MB, sp, "none")
-            tokens = _HUGE_MB * self.problem.seq_len // shape.cp
-            straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
-            got = self._per_token[key] = SAFETY * (f + b) * (1.0 + straggler) * shape.tp / tokens
-        return got
+            f, b = self.stage_fb(shape, whole, mb_cap, sp, "none")
+            tokens = mb_cap * self.problem.seq_len // shape.cp
+            got = self._per_token[key] = (f + b) * shape.tp / tokens
+        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        return SAFETY * got * (1.0 + straggler)
+
+    def step_overhead_per_token_lb(self, shape: Shape, max_batch: int) -> float:
+        """GPU-seconds per token of the fixed time every step adds (sync_lb), over the shape's largest batch
+        (``max_batch`` sequences per step): a step of b sequences costs world x fixed GPU-seconds, so per token
+        at least world x fixed / (max_batch x seq_len). Added to gpu_s_per_token_lb, which bounds the busy part."""
+        _, fixed = cm.sync_overhead_s(shape.world, 0.0, self.eff)
+        return SAFETY * fixed * shape.world / (max_batch * self.problem.seq_len)
 
     def group_stage_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
                        sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:

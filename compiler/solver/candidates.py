@@ -100,7 +100,8 @@ class Space:
     def legal(self, **knobs) -> bool:
         """No structural layout rule (compiler.rules) rejects these knobs (the others still open); what the
         frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
-        return rules.first_violation(self.facts, rules.Knobs(**knobs), codes=F.STRUCTURAL_CODES) is None
+        return rules.first_violation_of(self.facts, rules.rules_reading(frozenset(knobs), F.STRUCTURAL_CODES),
+                                        rules.Knobs(**knobs)) is None
 
     # ------------------------------------------------------------------ per-axis generators
     def tp_values(self, option: GpuOption) -> tuple[int, ...]:

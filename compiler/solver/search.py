@@ -242,8 +242,10 @@ class _Search:
             if supported == 0:
                 continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
-            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
-                shape, space.pipeline_choices(shape.pp), batches)
+            mb_cap = max(mb for mb, _ in batches)
+            g = (bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap)
+                 * bounds.shape_bubble_factor(shape, space.pipeline_choices(shape.pp), batches)
+                 + bounds.step_overhead_per_token_lb(shape, max(mb * ga for mb, ga in batches) * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
         queue.sort(key=lambda q: q[:3])
@@ -257,10 +259,36 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold):
+            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
+
+    def groups_lb(self, shape: Shape) -> float:
+        """The smallest step-time bound (as an objective key) of the shape's groups: explore's group bounds
+        without recompute (recompute only adds time, tests/unit/solver/test_solver_bounds.py) and with one of
+        GPipe / 1F1B (their bounds are equal), so that a shape none of whose groups can win is skipped
+        without costing every group's memory."""
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        rcs = ("none",) if "none" in space.recompute_choices() else space.recompute_choices()
+        best = float("inf")
+        done: set[int] = set()
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            interleaved = sched == "interleaved_1f1b"
+            if vpp in done or not self.options(shape, sched, vpp):
+                continue
+            done.add(vpp)
+            for mb, ga in space.batch_choices(shape.dp):
+                if interleaved and ga % shape.pp:
+                    continue
+                batch = mb * ga * shape.dp
+                for rc in rcs:
+                    fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
+                    step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
+                    best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
+        return best
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds

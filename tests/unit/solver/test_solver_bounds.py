@@ -86,9 +86,16 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         step = est.step_time_s
         sps = space.sp_choices(shape.tp, shape.cp)
         # shape: GPU-seconds per token
-        g = bounds.gpu_s_per_token_lb(shape, sps) * bounds.shape_bubble_factor(
-            shape, space.pipeline_choices(shape.pp), space.batch_choices(shape.dp))
+        batches = space.batch_choices(shape.dp)
+        g = (bounds.gpu_s_per_token_lb(shape, sps, max(m for m, _ in batches))
+             * bounds.shape_bubble_factor(shape, space.pipeline_choices(shape.pp), batches)
+             + bounds.step_overhead_per_token_lb(shape, max(m * a for m, a in batches) * shape.dp))
         assert g <= step * layout.world_size / est.tokens_per_step, layout.tag
+        # the micro-batch cap: at the layout's own micro-batch, with no bubble or fixed time, still below
+        assert bounds.gpu_s_per_token_lb(shape, sps, mb) <= step * layout.world_size / est.tokens_per_step
+        # recompute only adds time (the search's groups_lb bounds a shape by its groups without it)
+        fb = {r: sum(bounds.stage_fb(shape, bounds.stages(1, 1)[0], mb, sp, r)) for r in ("none", "selective", "full")}
+        assert fb["none"] <= fb["selective"] <= fb["full"], (layout.tag, fb)
         # group and layout: step time
         fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
         group = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
