@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog
@@ -157,7 +157,6 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         raise SpecError(diags)
     assert shape is not None
     c, b, l = spec.cluster, spec.budget, spec.layout
-    gpn = min(o.gpus_per_node for o in options)
     t = spec.training
     return Problem(
         name=spec.name,

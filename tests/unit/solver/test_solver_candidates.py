@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
 
 from compiler.layout import Layout
 from compiler.problem import lower
