@@ -41,6 +41,7 @@ from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
 from compiler.spec.models import MAX_MICRO_BATCH, MAX_PIPELINE_PARALLEL
 from compiler.split import default_split
+from compiler.targets.support import support_key_of
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -94,6 +95,10 @@ class Space:
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sharding: dict[int, tuple[Sharding, ...]] = {}
         self._batch: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._extremes: dict[int, tuple[int, int]] = {}
+        self._classes: dict[int, tuple[tuple[Sharding, int], ...]] = {}
+        self._legal: dict[tuple, bool] = {}
+        assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self.facts = problem.facts
 
@@ -101,7 +106,21 @@ class Space:
         """No structural layout rule (compiler.rules) rejects these knobs (the others still open); what the
         frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
         return rules.first_violation_of(self.facts, rules.rules_reading(frozenset(knobs), F.STRUCTURAL_CODES),
-                                        rules.Knobs(**knobs)) is None
+                                        rules.Knobs.partial(**knobs)) is None
+
+    def _legal_cached(self, key: tuple, **knobs) -> bool:
+        got = self._legal.get(key)
+        if got is None:
+            got = self._legal[key] = self.legal(**knobs)
+        return got
+
+    @staticmethod
+    def _separable() -> bool:
+        """No structural rule reads both the shard group (dp, dp_shard) and the offload knobs, so that a
+        sharding's legality is the conjunction of the two (sharding_choices)."""
+        shard, offload = {"dp", "dp_shard"}, {"offload_optimizer", "offload_params"}
+        return all(not (shard & set(r.knobs) and offload & set(r.knobs))
+                   for r in rules.RULES if r.code in F.STRUCTURAL_CODES)
 
     # ------------------------------------------------------------------ per-axis generators
     def tp_values(self, option: GpuOption) -> tuple[int, ...]:
@@ -193,8 +212,13 @@ class Space:
                         or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
                         or (pins.offload_params is not None and c.offload_params != pins.offload_params):
                     continue
-                if not self.legal(dp=dp, dp_shard=c.dp_shard, zero_stage=c.zero_stage,
-                                  offload_optimizer=c.offload_optimizer, offload_params=c.offload_params):
+                # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two cached questions: no
+                # rule reads both the shard group and the offload knobs (asserted in _separable)
+                if not self._legal_cached(("offload", zero, c.offload_optimizer, c.offload_params),
+                                          zero_stage=zero, offload_optimizer=c.offload_optimizer,
+                                          offload_params=c.offload_params) \
+                        or not self._legal_cached(("shard", zero, c.dp_shard, dp), dp=dp, dp_shard=c.dp_shard,
+                                                  zero_stage=zero):
                     continue
                 if c.zero_stage > 0 and c.dp_shard == 1 and not (
                         dp == 1 and (c.offload_optimizer != "none" or c.offload_params != "none")):
@@ -225,6 +249,35 @@ class Space:
         result = tuple(out)
         self._batch[dp] = result
         return result
+
+    def sharding_class(self, dp: int, sh: Sharding) -> tuple:
+        """What the targets' support rules read of a sharding choice (support_key_of, the shape's own degrees
+        left out): choices of one class are supported alike."""
+        return support_key_of(tp=1, pp=1, cp=1, ep=1, sequence_parallel=False, zero_stage=sh.zero_stage, vpp=1,
+                              schedule="1f1b", dp_replicate=dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                              offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
+
+    def sharding_classes(self, dp: int) -> tuple[tuple[Sharding, int], ...]:
+        """sharding_choices(dp) by sharding_class: (the first choice of each class, how many it stands for)."""
+        got = self._classes.get(dp)
+        if got is None:
+            first: dict[tuple, Sharding] = {}
+            counts: dict[tuple, int] = {}
+            for sh in self.sharding_choices(dp):
+                cls = self.sharding_class(dp, sh)
+                first.setdefault(cls, sh)
+                counts[cls] = counts.get(cls, 0) + 1
+            got = self._classes[dp] = tuple((first[c], counts[c]) for c in first)
+        return got
+
+    def batch_extremes(self, dp: int) -> tuple[int, int]:
+        """(the largest micro_batch, the largest micro_batch x grad_accum) of batch_choices(dp), which is not
+        empty."""
+        got = self._extremes.get(dp)
+        if got is None:
+            batches = self.batch_choices(dp)
+            got = self._extremes[dp] = (max(mb for mb, _ in batches), max(mb * ga for mb, ga in batches))
+        return got
 
     def recompute_choices(self) -> tuple[str, ...]:
         return self._pin(list(RECOMPUTE_MODES), self.pins.recompute)
