@@ -76,6 +76,7 @@ class Bounds:
         self._per_token: dict[tuple, float] = {}
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
+        self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -178,11 +179,15 @@ class Bounds:
                        sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:
         """(forward, backward, stage) of each candidate stage, without ZeRO-2/3 traffic, sp at its best."""
         sp = self._sp_min(shape, sps)
-        out = []
-        for sl in self.distinct(shape.pp, vpp):
-            f, b = self.stage_fb(shape, sl, mb, sp, recompute)
-            out.append((f, b, sl))
-        return tuple(out)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)  # not dp: shared
+        got = self._group_fb.get(key)
+        if got is None:
+            out = []
+            for sl in self.distinct(shape.pp, vpp):
+                f, b = self.stage_fb(shape, sl, mb, sp, recompute)
+                out.append((f, b, sl))
+            got = self._group_fb[key] = tuple(out)
+        return got
 
     def p2p_s(self, shape: Shape, mb: int) -> float:
         """Seconds of one pipeline send (activations of a micro-batch to the next stage)."""

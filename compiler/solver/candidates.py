@@ -98,6 +98,7 @@ class Space:
         self._extremes: dict[int, tuple[int, int]] = {}
         self._classes: dict[int, tuple[tuple[Sharding, int], ...]] = {}
         self._legal: dict[tuple, bool] = {}
+        self._shardings: dict[tuple, Sharding] = {}
         assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self.facts = problem.facts
@@ -107,6 +108,14 @@ class Space:
         frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
         return rules.first_violation_of(self.facts, rules.rules_reading(frozenset(knobs), F.STRUCTURAL_CODES),
                                         rules.Knobs.partial(**knobs)) is None
+
+    def _sharding_of(self, zero: int, dp_shard: int, oo: str, op: str) -> Sharding:
+        """One Sharding object per value, shared by every dp it divides (the large spaces build millions)."""
+        key = (zero, dp_shard, oo, op)
+        got = self._shardings.get(key)
+        if got is None:
+            got = self._shardings[key] = Sharding(zero, dp_shard, oo, op)
+        return got
 
     def _legal_cached(self, key: tuple, **knobs) -> bool:
         got = self._legal.get(key)
@@ -206,7 +215,7 @@ class Space:
             else:
                 opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
                 par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
-                cand = [Sharding(zero, d, oo, op) for d in divisors(dp) for oo in opt for op in par]
+                cand = [self._sharding_of(zero, d, oo, op) for d in divisors(dp) for oo in opt for op in par]
             for c in cand:
                 if (pins.dp_shard is not None and c.dp_shard != pins.dp_shard) \
                         or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
