@@ -113,6 +113,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, bytes]]:
     return results
 
 
+@pytest.mark.slow  # compiles in subprocesses under other environments
 def test_identical_bytes_across_environments(runs: list[dict[str, bytes]]) -> None:
     first = runs[0]
     assert len({name.split("/")[0] for name in first}) == len(SPECS)
@@ -123,6 +124,7 @@ def test_identical_bytes_across_environments(runs: list[dict[str, bytes]]) -> No
     FIGURES["files"] = len(first)
 
 
+@pytest.mark.slow  # compares with subprocess compiles
 def test_in_process_equals_subprocess(runs: list[dict[str, bytes]]) -> None:
     from compiler.spec.load import load_spec
 
