@@ -10,10 +10,7 @@ import click
 
 from compiler.artifacts import MANIFEST, ArtifactSet, read_artifacts, write_artifacts
 from compiler.errors import DtcError, ExitCode
-from compiler.pipeline import compile_loaded
 from compiler.report import to_json
-from compiler.spec.load import load_spec
-from compiler.spec.models import ALL_TARGETS
 from compiler import units
 
 
@@ -49,6 +46,8 @@ def plan_lines(plan) -> list[str]:
 def _parse_targets(value: str | None) -> tuple[str, ...] | None:
     if not value:
         return None
+    from compiler.spec.models import ALL_TARGETS  # here, not at import: `dtc --help` lists this command
+
     names = tuple(t.strip() for t in value.split(",") if t.strip())
     bad = [t for t in names if t not in ALL_TARGETS]
     if bad:
@@ -73,6 +72,9 @@ def compile_command(specs: tuple[str, ...], out: str, target: str | None, check:
     --force. Exit 0 ok; with --check, 1 if anything would change; 2 on a bad or
     infeasible spec.
     """
+    from compiler.pipeline import compile_loaded  # here, not at import: `dtc --help` lists this command
+    from compiler.spec.load import load_spec
+
     targets = _parse_targets(target)
     counts = {"+": 0, "~": 0, "-": 0, "=": 0}
     results, failures = [], 0
