@@ -7,17 +7,16 @@ exits 2 with the closest misses (rendered by the CLI from the InfeasibleError).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from compiler import units
-from compiler.plan import Plan
-from compiler.problem import Problem, lower
-from compiler.render.report_layout import run_vs_time_limit
 from compiler.report import table, to_json
-from compiler.solver.feasibility import SHAPE_CODES
-from compiler.spec.load import load_spec
+
+if TYPE_CHECKING:  # the spec stack is imported when the command runs, not when `dtc --help` lists it
+    from compiler.plan import Plan
+    from compiler.problem import Problem
 
 HEADERS = ("rank", "layout", "GPUs", "memory/GPU", "step", "MFU", "time", "cost", "why lost")
 
@@ -77,6 +76,8 @@ def header_lines(problem: Problem, plan: Plan) -> list[str]:
 
 
 def tally_lines(plan: Plan, examples: dict[str, str] | None = None) -> list[str]:
+    from compiler.solver.feasibility import SHAPE_CODES
+
     rej = plan.search.rejections_by_code
     if not rej:
         return []
@@ -113,7 +114,10 @@ def plan_command(spec: str, top: int | None, as_json: bool) -> None:
     Nothing is written. Exit 0 with a plan; 2 if the spec is invalid or nothing fits
     (then the closest misses and what would make them fit are shown).
     """
+    from compiler.problem import lower
+    from compiler.render.report_layout import run_vs_time_limit
     from compiler.solver.search import search, target_costs
+    from compiler.spec.load import load_spec
 
     problem = lower(load_spec(spec))
     result = search(problem, top_k=top)
