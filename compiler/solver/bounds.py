@@ -77,6 +77,8 @@ class Bounds:
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
+        self._fixed_bytes: dict[tuple, float] = {}
+        self._act_mb: dict[tuple, float] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -280,7 +282,13 @@ class Bounds:
                lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
         got = self._act.get(key)
         if got is None:
-            got = self._act[key] = cm.activations_in_flight_bytes(setup, sl)
+            # one micro-batch's activations do not depend on the schedule, pp, vpp or the micro-batch count
+            pm_key = (shape.option, shape.tp, shape.cp, lay.micro_batch, lay.recompute, lay.sequence_parallel,
+                      sl.dense, sl.moe, sl.first, sl.last)
+            pm = self._act_mb.get(pm_key)
+            if pm is None:
+                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
+            got = self._act[key] = cm.activations_in_flight_bytes(setup, sl, per_microbatch=pm)
         return got
 
     def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
@@ -310,14 +318,29 @@ class Bounds:
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
         sp = self._sp_min(shape, (o[0] for o in options))
-        probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
-        setup = self.setup(shape.option, probe)
+        setup = None  # the probe layout and its setup are built only when an activation total is not cached
         frag = cm.fragmentation_factor()
         best = 0.0
         for sl in self.distinct(shape.pp, vpp):
             states = self._min_states(shape, vpp, sl, options)
-            best = max(best, frag * (states + self._activations(shape, setup, sl)))
-        return _mem_safe(best + self._fixed(probe))
+            key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched, mb, ga, recompute, sp, sl.stage, sl.dense,
+                   sl.moe)  # _activations' key for the probe below
+            act = self._act.get(key)
+            if act is None:
+                if setup is None:
+                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+                    setup = self.setup(shape.option, probe)
+                act = self._activations(shape, setup, sl)
+            best = max(best, frag * (states + act))
+        return _mem_safe(best + self._shape_fixed(shape))
+
+    def _shape_fixed(self, shape: Shape) -> float:
+        """_fixed of any layout of the shape (CUDA context + NCCL buffers per process group: the degrees only)."""
+        key = (shape.tp, shape.pp, shape.cp, shape.ep, shape.dp)
+        got = self._fixed_bytes.get(key)
+        if got is None:
+            got = self._fixed_bytes[key] = self._fixed(self._probe(shape, pp=shape.pp))
+        return got
 
     def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
         setup = self.setup(shape.option, layout)
