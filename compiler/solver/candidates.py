@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from compiler import rules
-from compiler.arith import GpuCounts, batch_range, divisors, grad_accum_for
+from compiler.arith import GpuCounts, batch_range, divisors, grad_accums_for
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
@@ -248,13 +248,13 @@ class Space:
             if b % dp == 0:
                 out = [(mb, b // dp // mb) for mb in divisors(b // dp) if mb <= MAX_MICRO_BATCH]
         else:
-            for mb in range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1):
-                ga = grad_accum_for(b, tol, dp, mb)
-                if ga is not None:
-                    out.append((mb, ga))
+            out = grad_accums_for(b, tol, dp, range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1))
         if self.pins.micro_batch is not None:
             out = [c for c in out if c[0] == self.pins.micro_batch]
-        out = [(mb, ga) for mb, ga in out if self.legal(dp=dp, micro_batch=mb, grad_accum=ga)]
+        checks = rules.rules_reading(frozenset(("dp", "micro_batch", "grad_accum")), F.STRUCTURAL_CODES)
+        partial, facts = rules.Knobs.partial, self.facts  # legal(dp=, micro_batch=, grad_accum=), hoisted
+        out = [(mb, ga) for mb, ga in out
+               if rules.first_violation_of(facts, checks, partial(dp=dp, micro_batch=mb, grad_accum=ga)) is None]
         result = tuple(out)
         self._batch[dp] = result
         return result
