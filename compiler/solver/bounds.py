@@ -79,6 +79,7 @@ class Bounds:
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, float] = {}
+        self._domain: dict[int, int] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -195,11 +196,20 @@ class Bounds:
         """Seconds of one pipeline send (activations of a micro-batch to the next stage)."""
         if shape.pp == 1:
             return 0.0
-        key = (shape.option, shape.tp, shape.cp, shape.dp, shape.pp, mb)
+        # dp enters only through where the pipeline neighbours sit (comm.pp_link: inside the NVLink domain or
+        # not), so the cache is shared by the dps on the same side (test_p2p_cache_matches_the_cost_model)
+        intra = shape.tp * shape.cp * shape.dp * shape.pp <= self._nvlink_domain(shape)
+        key = (shape.option, shape.tp, shape.cp, shape.pp, mb, intra)
         got = self._p2p.get(key)
         if got is None:
             setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, mb=mb))
             got = self._p2p[key] = cm.pipeline_send_s(setup)
+        return got
+
+    def _nvlink_domain(self, shape: Shape) -> int:
+        got = self._domain.get(shape.option)
+        if got is None:
+            got = self._domain[shape.option] = self.setup(shape.option, self._probe(shape)).nvlink_domain_gpus
         return got
 
     def sync_lb(self, shape: Shape, busy_s: float) -> float:

@@ -138,3 +138,31 @@ def test_pipeline_closed_form_is_below_the_simulation(sched: str) -> None:
                         units = makespan_units(sched, pp, m, v, r, x)
                         closed = pipeline_units_lb(sched, pp, m, v) * (1 + r) + 2 * (pp * v - 1) * x
                         assert closed <= units * (1 + 1e-9)
+
+
+def test_p2p_cache_matches_the_cost_model() -> None:
+    """Bounds.p2p_s shares its cache across the data-parallel degrees on one side of the NVLink domain: for
+    every dp (inside one node and across nodes, GB200's 72-GPU domain too) it equals the cost model's send."""
+    from compiler.costmodel import parts as cm
+    from compiler.solver.candidates import Shape
+
+    checked = 0
+    for gpu, counts in (("h100-sxm", "max_gpus: 512"), ("gb200", "max_gpus: 576")):
+        problem = lower(load_spec_text(textwrap.dedent(f"""
+            name: p2p
+            model: {{preset: llama3-8b}}
+            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
+            cluster: {{gpu: {gpu}, {counts}}}
+            targets: [megatron]
+        """), "spec.yaml"))
+        bounds = Bounds(problem)
+        option = problem.gpu_options[0]
+        for tp, cp, pp in ((1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 8)):
+            for dp in (1, 2, 3, 4, 8, 9, 16, 64):
+                for mb in (1, 4):
+                    shape = Shape(0, option.name, option.gpus_per_node, tp, pp, cp, dp, 1)
+                    probe = bounds._probe(shape, pp=pp, mb=mb)
+                    want = cm.pipeline_send_s(bounds.setup(0, probe))
+                    assert bounds.p2p_s(shape, mb) == want, (gpu, tp, cp, pp, dp, mb)
+                    checked += 1
+    assert checked == 128
