@@ -211,28 +211,27 @@ class Space:
             if pins.zero_stage is not None and zero != pins.zero_stage:
                 continue
             if zero == 0:
-                cand = [Sharding(0, 1)]
+                shards, offloads = (1,), (("none", "none"),)
             else:
                 opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
                 par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
-                cand = [self._sharding_of(zero, d, oo, op) for d in divisors(dp) for oo in opt for op in par]
-            for c in cand:
-                if (pins.dp_shard is not None and c.dp_shard != pins.dp_shard) \
-                        or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
-                        or (pins.offload_params is not None and c.offload_params != pins.offload_params):
+                shards, offloads = divisors(dp), tuple((oo, op) for oo in opt for op in par)
+            # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two cached questions: no rule
+            # reads both the shard group and the offload knobs (asserted in _separable)
+            offloads = tuple((oo, op) for oo, op in offloads
+                             if (pins.offload_optimizer is None or oo == pins.offload_optimizer)
+                             and (pins.offload_params is None or op == pins.offload_params)
+                             and self._legal_cached(("offload", zero, oo, op), zero_stage=zero, offload_optimizer=oo,
+                                                    offload_params=op))
+            for d in shards:
+                if (pins.dp_shard is not None and d != pins.dp_shard) \
+                        or not self._legal_cached(("shard", zero, d, dp), dp=dp, dp_shard=d, zero_stage=zero):
                     continue
-                # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two cached questions: no
-                # rule reads both the shard group and the offload knobs (asserted in _separable)
-                if not self._legal_cached(("offload", zero, c.offload_optimizer, c.offload_params),
-                                          zero_stage=zero, offload_optimizer=c.offload_optimizer,
-                                          offload_params=c.offload_params) \
-                        or not self._legal_cached(("shard", zero, c.dp_shard, dp), dp=dp, dp_shard=c.dp_shard,
-                                                  zero_stage=zero):
-                    continue
-                if c.zero_stage > 0 and c.dp_shard == 1 and not (
-                        dp == 1 and (c.offload_optimizer != "none" or c.offload_params != "none")):
-                    continue
-                out.append(c)
+                for oo, op in offloads:
+                    # a zero stage needs a shard group of more than one GPU, except ZeRO-Offload on one rank
+                    if zero > 0 and d == 1 and not (dp == 1 and (oo != "none" or op != "none")):
+                        continue
+                    out.append(self._sharding_of(zero, d, oo, op))
         result = tuple(out)
         self._sharding[dp] = result
         return result
