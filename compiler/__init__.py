@@ -4,13 +4,16 @@ The pipeline is a chain of pure stages over frozen types:
 ``load_spec -> lower -> solve -> render`` (Spec -> Problem -> Plan -> ArtifactSet);
 ``write_artifacts`` is the only disk writer.
 """
-from compiler.spec.load import load_spec
-from compiler.problem import lower
-
 __all__ = ["load_spec", "lower", "solve", "render", "compile_spec", "write_artifacts"]
 
 
-def __getattr__(name: str):  # lazy: the solver and renderers are heavier than the spec layer
+def __getattr__(name: str):  # lazy: `dtc --help` imports this package and must not pay for pydantic models
+    if name == "load_spec":
+        from compiler.spec.load import load_spec
+        return load_spec
+    if name == "lower":
+        from compiler.problem import lower
+        return lower
     if name == "solve":
         from compiler.solver import solve
         return solve

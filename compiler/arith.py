@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Iterable
 
 
 @lru_cache(maxsize=4096)
@@ -78,6 +79,21 @@ def grad_accum_for(global_batch: int, tolerance: float, dp: int, micro_batch: in
         return global_batch // per_step if global_batch % per_step == 0 else None
     lo = math.ceil(global_batch * (1 - tolerance) - 1e-9)
     hi = math.floor(global_batch * (1 + tolerance) + 1e-9)
+    return _closest_grad_accum(global_batch, lo, hi, per_step)
+
+
+def grad_accums_for(global_batch: int, tolerance: float, dp: int, micro_batches: Iterable[int]
+                    ) -> list[tuple[int, int]]:
+    """(micro_batch, grad_accum_for(global_batch, tolerance, dp, micro_batch)) for each micro-batch that has
+    one, with the tolerance's range computed once (the solver asks for hundreds per dp)."""
+    if tolerance <= 0:
+        return [(mb, ga) for mb in micro_batches if (ga := grad_accum_for(global_batch, 0.0, dp, mb)) is not None]
+    lo = math.ceil(global_batch * (1 - tolerance) - 1e-9)
+    hi = math.floor(global_batch * (1 + tolerance) + 1e-9)
+    return [(mb, ga) for mb in micro_batches if (ga := _closest_grad_accum(global_batch, lo, hi, dp * mb)) is not None]
+
+
+def _closest_grad_accum(global_batch: int, lo: int, hi: int, per_step: int) -> int | None:
     below = max(1, global_batch // per_step)
     best = None
     for ga in (below, below + 1):

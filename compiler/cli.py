@@ -51,9 +51,13 @@ class DtcGroup(click.Group):
         """Each command with the whole first sentence of its help (click cuts it at about 45 characters)."""
         rows = []
         for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.get_short_help_str(limit=1000)))
+            text = _short_help_from_source(*COMMANDS[name])
+            if text is None:  # not a plain decorated function with a docstring: import the command
+                cmd = self.get_command(ctx, name)
+                if cmd is None or cmd.hidden:
+                    continue
+                text = cmd.get_short_help_str(limit=1000)
+            rows.append((name, text))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -137,6 +141,33 @@ def cli() -> None:
     explicit cost model -> DeepSpeed JSON, FSDP2 Python, Megatron-LM arguments and SLURM
     scripts, plus PLAN.md, all from one plan.
     """
+
+
+def _short_help_from_source(module: str, attr: str) -> str | None:
+    """The short help click would show for a command, read from its function's docstring in the module's
+    source, so that `dtc --help` imports none of the commands (the solver, the cost model, pydantic); None
+    when the command is not a plain function whose decorators set neither short_help, help, hidden nor
+    deprecated."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attr:
+            for deco in node.decorator_list:  # the @click.command / @click.group(...) call, not the options
+                if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) \
+                        and deco.func.attr in ("command", "group") \
+                        and any(k.arg in ("short_help", "help", "hidden", "deprecated", "cls") for k in deco.keywords):
+                    return None
+            doc = ast.get_docstring(node)
+            if not doc:
+                return None
+            return click.utils.make_default_short_help(doc.split("\f", 1)[0], 1000)
+    return None
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ cause raises a ``DtcError`` subclass. Bugs surface as ``InternalError``.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 

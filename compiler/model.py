@@ -9,7 +9,7 @@ architectures in the catalog and are tested against the published totals.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 MlpKind = Literal["swiglu", "gelu"]

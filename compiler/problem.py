@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog
@@ -163,7 +163,6 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         raise SpecError(diags)
     assert shape is not None
     c, b, l = spec.cluster, spec.budget, spec.layout
-    gpn = min(o.gpus_per_node for o in options)
     t = spec.training
     params = count_params(shape)
     lr, min_lr, lr_source = _learning_rates(t, params.total, src)

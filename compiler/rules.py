@@ -24,6 +24,7 @@ model's (out_of_memory) and the objective's (over_budget, over_deadline) -- are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -186,6 +187,21 @@ class Knobs:
 
     def with_(self, **changes: Any) -> "Knobs":
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def partial(cls, **knobs: Any) -> "Knobs":
+        """``Knobs(**knobs)`` without the frozen dataclass's per-field __init__ (about 3 us; the solver's
+        generators ask millions of partial questions). Unknown names raise TypeError as the constructor does."""
+        if not _KNOB_NAMES.issuperset(knobs):
+            raise TypeError(f"unknown knobs: {sorted(knobs.keys() - _KNOB_NAMES)}")
+        out = object.__new__(cls)
+        out.__dict__.update(_KNOB_DEFAULTS)
+        out.__dict__.update(knobs)
+        return out
+
+
+_KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Knobs)}
+_KNOB_NAMES = frozenset(_KNOB_DEFAULTS)
 
 
 # ------------------------------------------------------------------------------ the rules
@@ -386,7 +402,6 @@ def _batch(f: Facts, k: Knobs) -> "Rejection | None":
     if f.batch is None or k.micro_batch is None or k.dp is None:
         return None
     lo, hi = f.batch
-    want = str(lo) if lo == hi else f"{lo}-{hi}"
     per_step = k.micro_batch * k.dp
     if k.grad_accum is not None:
         b = per_step * k.grad_accum
@@ -397,6 +412,7 @@ def _batch(f: Facts, k: Knobs) -> "Rejection | None":
         if -(-lo // per_step) * per_step <= hi:  # some grad_accum reaches the range
             return None
         got = f"{k.micro_batch} x {k.dp} = {per_step} per accumulation step"
+    want = str(lo) if lo == hi else f"{lo}-{hi}"
     return reject(BATCH_NOT_DIVISIBLE, "micro_batch", f"micro_batch x grad_accum x dp must be the global batch "
                   f"({want} sequences), got {got}", "choose dp and micro_batch that divide the global batch, or allow "
                   "training.global_batch_tolerance", global_batch=want)
@@ -460,6 +476,23 @@ def first_violation(facts: Facts, knobs: Knobs, *, codes: Iterable[str] | None =
             r = rule.check(facts, knobs)
             if r is not None:
                 return r
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def rules_reading(names: frozenset[str], codes: tuple[str, ...] | None = None) -> tuple[Rule, ...]:
+    """The rules (of ``codes``, in RULES order) that read at least one of the knobs ``names``: a rule whose
+    knobs are all unknown breaks nothing, so checking knobs with only ``names`` set needs only these (the
+    solver's generators ask millions of such partial questions)."""
+    return tuple(r for r in RULES if (codes is None or r.code in codes) and not names.isdisjoint(r.knobs))
+
+
+def first_violation_of(facts: Facts, rules: Iterable[Rule], knobs: Knobs) -> "Rejection | None":
+    """``first_violation`` over ``rules`` only (see ``rules_reading``)."""
+    for rule in rules:
+        r = rule.check(facts, knobs)
+        if r is not None:
+            return r
     return None
 
 

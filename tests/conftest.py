@@ -1,7 +1,6 @@
 """Shared test options: --update-golden rewrites expected files (and still fails the run)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

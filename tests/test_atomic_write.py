@@ -167,6 +167,7 @@ def fail_at(m: pytest.MonkeyPatch, label: str, obj: Any, attr: str, k: int) -> N
     m.setattr(obj, attr, failing, raising=False)
 
 
+@pytest.mark.slow  # hundreds of injected failures, each a full fsync'd write
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
 def test_failure_at_every_step_leaves_old_or_new(exchange: bool, sets, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,6 +287,7 @@ def _compile_proc(spec: Path, out: Path) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
 
 
+@pytest.mark.slow  # launches writers and kills them
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     """Kill real `dtc compile` runs: at random delays, and the moment a staging folder appears."""
     rng = random.Random(8)
@@ -486,6 +488,7 @@ _HOLD_LOCK = ("import fcntl, os, sys, time\n"
               "time.sleep(float(sys.argv[2]))\n")
 
 
+@pytest.mark.slow  # launches a second process
 def test_a_second_writer_waits_for_the_first(sets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While another process writes into the folder (holds the lock), a write waits; it never cleans
     up that process's staging folder, and gives up with a clean error after LOCK_WAIT_S."""

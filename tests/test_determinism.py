@@ -113,6 +113,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, bytes]]:
     return results
 
 
+@pytest.mark.slow  # compiles in subprocesses under other environments
 def test_identical_bytes_across_environments(runs: list[dict[str, bytes]]) -> None:
     first = runs[0]
     assert len({name.split("/")[0] for name in first}) == len(SPECS)
@@ -123,6 +124,7 @@ def test_identical_bytes_across_environments(runs: list[dict[str, bytes]]) -> No
     FIGURES["files"] = len(first)
 
 
+@pytest.mark.slow  # compares with subprocess compiles
 def test_in_process_equals_subprocess(runs: list[dict[str, bytes]]) -> None:
     from compiler.spec.load import load_spec
 
@@ -133,6 +135,7 @@ def test_in_process_equals_subprocess(runs: list[dict[str, bytes]]) -> None:
             assert runs[0][f"{name}/{rel}"] == text.encode(), f"{name}/{rel}"
 
 
+@pytest.mark.slow  # reads the cross-environment subprocess compiles
 def test_nothing_of_the_machine_leaks(runs: list[dict[str, bytes]]) -> None:
     words = {"alice", "bobdtcdet", "carol", "dtc-other-host", "bob-dtc-determinism", "different path",
              socket.gethostname(), str(REPO), os.getcwd()}
@@ -150,6 +153,7 @@ def test_nothing_of_the_machine_leaks(runs: list[dict[str, bytes]]) -> None:
         assert b"bobdtcdet" not in data and b"dtc-other-host" not in data, name
 
 
+@pytest.mark.slow  # reads the cross-environment subprocess compiles
 def test_generated_text_is_plain(runs: list[dict[str, bytes]]) -> None:
     """LF line endings, exactly one trailing newline, valid UTF-8, no tabs or control characters."""
     for name, data in runs[0].items():

@@ -4,7 +4,6 @@ would change: a 14-day time limit (rounded: --time=14-00:06:40) and adam_beta2 0
 1.0, which torch rejects)."""
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re

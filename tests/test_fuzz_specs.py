@@ -93,18 +93,21 @@ def test_hostile_corpus(label: str) -> None:
     fz.check_spec(dict(CORPUS)[label], STATS, trace_memory=True, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=N_TREES)
 @given(fz.fuzz_specs(BASES, byte_level=False))
 def test_mutated_specs(data: bytes) -> None:
     fz.check_spec(data, STATS, trace_memory=STATS.specs % 97 == 0, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=N_BYTES)
 @given(fz.fuzz_specs(BASES, byte_level=True))
 def test_mutated_bytes(data: bytes) -> None:
     fz.check_spec(data, STATS, trace_memory=STATS.specs % 97 == 0, max_s=MAX_SECONDS, max_mb=MAX_TRACED_MB)
 
 
+@pytest.mark.slow
 def test_fuzz_totals() -> None:
     """The issue's figure: at least 10,000 specs per CI run, 0 failures (runs after the tests above)."""
     if SCALE < 1:
@@ -130,6 +133,7 @@ def _check_cli_output(result, spec: str) -> None:
             assert found and found.group("path") == spec, f"not located at {spec}:LINE:\n{result.stderr}"
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=N_CLI)
 @given(fz.fuzz_specs(BASES, byte_level=False), st.booleans())
 def test_cli_compile_sample(data: bytes, bytes_too: bool) -> None:
@@ -183,6 +187,7 @@ SUBPROCESS_LABELS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", SUBPROCESS_LABELS)
 def test_real_process_with_limits(label: str, tmp_path: Path) -> None:
     (tmp_path / "spec.yaml").write_bytes(dict(CORPUS)[label])
@@ -201,6 +206,7 @@ def test_real_process_with_limits(label: str, tmp_path: Path) -> None:
         assert err.startswith("spec.yaml:"), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [p.stem for p in fz.hostile_cases()])
 def test_hostile_dimensions_within_limits(case: str, tmp_path: Path) -> None:
     """Issue #16 item 2: specs at dtc's caps (a 10M-sequence batch on 8 GPUs, 1,024 layers, the
@@ -237,6 +243,7 @@ def test_concurrent_compiles_of_one_spec(tmp_path: Path) -> None:
     assert got.complete == got.pairs == RACE_PAIRS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "/dev/null", ".", "no/such/spec.yaml"])
 def test_special_paths(path: str, tmp_path: Path) -> None:
     """Devices that never end, a folder, a missing file: exit 2, quickly, without reading forever."""
@@ -256,6 +263,7 @@ SLOW = {
 FEW_CPU_SECONDS = 5.0  # "a few seconds" of CPU for one valid spec
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="reported: the solver takes ~9 s of CPU on specs/budget-70b.yaml with "
                                        "objective: cheapest and max_gpus: 4096 (18 s before the micro-batch cap), "
                                        "beyond 'a few seconds'")

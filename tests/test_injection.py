@@ -345,6 +345,7 @@ CASES = [pytest.param(f, k, id=f"{f}-{k}",
          if not (f == "spec file name" and ("\x00" in ATTACKS[k] or len(ATTACKS[k]) > 200))]
 
 
+@pytest.mark.slow  # each case runs bash -n, shellcheck and the sandboxed launcher
 @pytest.mark.parametrize(("field", "attack"), CASES)
 def test_attack_is_rejected_or_inert(field: str, attack: str, tmp_path: Path, clean: dict[str, Any]) -> None:
     a = make_attempt(tmp_path, field, attack)

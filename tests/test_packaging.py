@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh virtual environment
+
 
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:

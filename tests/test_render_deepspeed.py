@@ -249,6 +249,7 @@ def test_deepspeed_accepts_every_config(matrix: dict[str, Plan], tmp_path: Path)
     assert len(results) == len(jobs)
 
 
+@pytest.mark.slow  # launches torchrun
 def test_ds_train_runs_on_cpu_with_torchrun(tmp_path: Path) -> None:
     """The generated script trains for real: 2 processes, gloo, ZeRO-2 bf16, 4 steps, no JIT builds;
     the loss falls on the fixed learnable batch and the summary line measures every rank."""

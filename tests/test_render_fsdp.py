@@ -4,7 +4,6 @@ torchrun on CPU (gloo), tp2 x dp_shard2 and pp2 x dp_shard2 (1F1B), 2 steps each
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import subprocess

@@ -29,7 +29,6 @@ RATIO_BAND = (0.25, 4.0)  # measured / predicted model states; the point is that
 
 def test_torch_and_deepspeed_installed():
     import deepspeed  # noqa: F401
-    import torch
     import torch.distributed as dist
 
     assert dist.is_available() and dist.is_gloo_available()

@@ -24,6 +24,8 @@ import pytest
 from hardening_report import figure, register
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # every test launches and reaps real processes
+
 psutil = pytest.importorskip("psutil")
 launch = pytest.importorskip("compiler.smoke.launch")
 

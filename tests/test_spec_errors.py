@@ -6,7 +6,6 @@ Each case is tests/cases/errors/<name>/spec.yaml with the exact expected stderr 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

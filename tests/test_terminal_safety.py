@@ -30,7 +30,7 @@ def assert_clean(*texts: str) -> None:
 HOSTILE_SPECS = {
     "key": BASE + f'"bad{OSC52}key": 1\n',
     "value": BASE.replace("name: llama2-7b-8xh100", f'name: "run{OSC52}\\r\\0\\u202e"'),
-    "partition": BASE + f'slurm: {{partition: "gpu\\e[2J\\e[H"}}\n',
+    "partition": BASE + 'slurm: {partition: "gpu\\e[2J\\e[H"}\n',
     "unit": BASE.replace("tokens: 100B", 'tokens: "100\\u202eB\\r"'),
     "env": BASE + 'slurm: {environment: {"A\\e[31m": "x"}}\n',
     "preset": BASE.replace("preset: llama2-7b", 'preset: "llama\\u202e\\x07"'),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test runs DeepSpeed's or Megatron's own validator in a process
+
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATORS = ROOT / "tools" / "validators"
 PROCESS_TIMEOUT_S = 180  # a validator process takes ~3-10 s; generous for loaded CI machines

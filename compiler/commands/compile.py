@@ -10,11 +10,8 @@ import click
 
 from compiler.artifacts import MANIFEST, ArtifactSet, read_artifacts, write_artifacts
 from compiler.errors import DtcError, ExitCode
-from compiler.pipeline import compile_loaded
 from compiler.report import to_json
-from compiler.spec.load import load_spec
-from compiler.spec.models import ALL_TARGETS
-from compiler import uncertainty, units
+from compiler import units
 
 
 def file_actions(new: ArtifactSet, out_dir: Path) -> list[tuple[str, str]]:
@@ -34,6 +31,8 @@ def file_actions(new: ArtifactSet, out_dir: Path) -> list[tuple[str, str]]:
 
 
 def plan_lines(plan) -> list[str]:
+    from compiler import uncertainty  # here, not at import: `dtc --help` lists this command
+
     est, lay = plan.estimate, plan.layout
     return [
         f"  plan   {lay.describe()}",
@@ -49,6 +48,8 @@ def plan_lines(plan) -> list[str]:
 def _parse_targets(value: str | None) -> tuple[str, ...] | None:
     if not value:
         return None
+    from compiler.spec.models import ALL_TARGETS  # here, not at import: `dtc --help` lists this command
+
     names = tuple(t.strip() for t in value.split(",") if t.strip())
     bad = [t for t in names if t not in ALL_TARGETS]
     if bad:
@@ -73,6 +74,9 @@ def compile_command(specs: tuple[str, ...], out: str, target: str | None, check:
     --force. Exit 0 ok; with --check, 1 if anything would change; 2 on a bad or
     infeasible spec.
     """
+    from compiler.pipeline import compile_loaded  # here, not at import: `dtc --help` lists this command
+    from compiler.spec.load import load_spec
+
     targets = _parse_targets(target)
     counts = {"+": 0, "~": 0, "-": 0, "=": 0}
     results, failures = [], 0

@@ -7,23 +7,24 @@ exits 2 with the closest misses (rendered by the CLI from the InfeasibleError).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from compiler import uncertainty, units
-from compiler.plan import Plan
-from compiler.problem import Problem, lower
-from compiler.render.report_layout import run_vs_time_limit
+from compiler import units
 from compiler.report import table, to_json
-from compiler.solver.feasibility import SHAPE_CODES
-from compiler.spec.load import load_spec
+
+if TYPE_CHECKING:  # the spec stack is imported when the command runs, not when `dtc --help` lists it
+    from compiler.plan import Plan
+    from compiler.problem import Problem
 
 HEADERS = ("rank", "layout", "GPUs", "memory/GPU", "step", "MFU", "time", "80% band (runs)", "cost", "why lost")
 
 
 def candidate_rows(plan: Plan) -> list[dict[str, Any]]:
     """The ranked table as data: the plan first, then the alternatives."""
+    from compiler import uncertainty  # here, not at import: `dtc --help` lists this command
+
     rows = []
     entries = [(1, plan.layout, plan.estimate, "")] + [(c.rank, c.layout, c.estimate, c.why_lost)
                                                         for c in plan.alternatives]
@@ -90,6 +91,8 @@ def header_lines(problem: Problem, plan: Plan) -> list[str]:
 
 
 def tally_lines(plan: Plan, examples: dict[str, str] | None = None) -> list[str]:
+    from compiler.solver.feasibility import SHAPE_CODES
+
     rej = plan.search.rejections_by_code
     if not rej:
         return []
@@ -107,6 +110,8 @@ def tally_lines(plan: Plan, examples: dict[str, str] | None = None) -> list[str]
 
 
 def summary_line(plan: Plan) -> str:
+    from compiler import uncertainty
+
     e, s = plan.estimate, plan.search
     return (f"Plan: {plan.layout.describe()} on {e.num_gpus} x {plan.cluster.gpu}, "
             f"{uncertainty.time_to_train_text(e)}, {units.format_money(e.cost_usd)}, "
@@ -127,7 +132,10 @@ def plan_command(spec: str, top: int | None, as_json: bool) -> None:
     Nothing is written. Exit 0 with a plan; 2 if the spec is invalid or nothing fits
     (then the closest misses and what would make them fit are shown).
     """
+    from compiler.problem import lower
+    from compiler.render.report_layout import run_vs_time_limit
     from compiler.solver.search import search, target_costs
+    from compiler.spec.load import load_spec
 
     problem = lower(load_spec(spec))
     result = search(problem, top_k=top)

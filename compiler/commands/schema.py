@@ -3,17 +3,22 @@ from __future__ import annotations
 
 import typing
 
+from typing import TYPE_CHECKING
+
 import click
-from pydantic import BaseModel
 
 from compiler.report import to_json
-from compiler.spec.models import Spec
+
+if TYPE_CHECKING:  # pydantic and the spec models load when the command runs, not when `dtc --help` lists it
+    from pydantic import BaseModel
 
 SCHEMA_ID = "https://dtc.dev/schemas/spec.schema.json"
 
 
 def _models(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
     """Every pydantic model reachable from ``root``, by class name (= its $defs key)."""
+    from pydantic import BaseModel
+
     found: dict[str, type[BaseModel]] = {}
     queue = [root]
     while queue:
@@ -33,6 +38,8 @@ def _models(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
 
 def spec_json_schema() -> dict:
     """Spec.model_json_schema(), plus the field descriptions pydantic drops beside a bare $ref."""
+    from compiler.spec.models import Spec
+
     schema = Spec.model_json_schema()
     models = _models(Spec)
     for name, definition in [("Spec", schema), *schema.get("$defs", {}).items()]:

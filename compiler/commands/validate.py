@@ -4,9 +4,7 @@ from __future__ import annotations
 import click
 
 from compiler.errors import DtcError, ExitCode
-from compiler.problem import lower
 from compiler.report import to_json
-from compiler.spec.load import load_spec
 from compiler import units
 
 
@@ -19,6 +17,9 @@ def validate_command(specs: tuple[str, ...], as_json: bool) -> None:
     Prints one line per valid spec; every error of every invalid spec is reported,
     with file:line:column. Exit 0 if all are valid, 2 otherwise.
     """
+    from compiler.problem import lower  # here, not at import: `dtc --help` lists this command without them
+    from compiler.spec.load import load_spec
+
     results, failed = [], 0
     for path in specs:
         try:

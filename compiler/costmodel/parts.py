@@ -146,15 +146,23 @@ def sync_overhead_s(world_size: int, busy_s: float, efficiency: Efficiency | Non
     return step.sync_overhead_for(world_size, efficiency or load_efficiency(), busy_s)
 
 
-def activations_in_flight_bytes(setup: Setup, stage: StageLayers) -> float:
+def activations_in_flight_bytes(setup: Setup, stage: StageLayers, per_microbatch: float | None = None) -> float:
     """The activations ``stage`` keeps for the micro-batches in flight under the schedule, with the logits
-    (saved and transient) on the last stage."""
+    (saved and transient) on the last stage. ``per_microbatch``: stage_activation_bytes(setup, stage) when the
+    caller has it (it does not depend on the schedule, the pipeline degree or the micro-batch count)."""
     inflight = memory.inflight_for_stage(setup, stage.stage)
-    out = memory.stage_activation_bytes_per_microbatch(setup, stage) * inflight
+    if per_microbatch is None:
+        per_microbatch = memory.stage_activation_bytes_per_microbatch(setup, stage)
+    out = per_microbatch * inflight
     if stage.last:
         saved, transient = memory.logits_bytes(setup, inflight)
         out += saved + transient
     return out
+
+
+def stage_activation_bytes(setup: Setup, stage: StageLayers) -> float:
+    """One micro-batch's saved activations on ``stage`` (its layers, and the embedding / output-layer inputs)."""
+    return memory.stage_activation_bytes_per_microbatch(setup, stage)
 
 
 def model_state_bytes(setup: Setup, params: StageParams, sharding: Any) -> float:

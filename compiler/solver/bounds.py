@@ -76,6 +76,10 @@ class Bounds:
         self._per_token: dict[tuple, float] = {}
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
+        self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
+        self._fixed_bytes: dict[tuple, float] = {}
+        self._act_mb: dict[tuple, float] = {}
+        self._domain: dict[int, int] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -152,37 +156,60 @@ class Bounds:
         return shape.tp > 1 and True in tuple(sps)
 
     # ------------------------------------------------------------------ time
-    def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True)) -> float:
+    def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True), mb_cap: int = _HUGE_MB) -> float:
+        """GPU-seconds per token of every layout of ``shape`` whose micro-batch is at most ``mb_cap``: the whole
+        model's forward + backward per token at micro-batch ``mb_cap`` (per token it only falls as the
+        micro-batch grows), x tp, with the straggler wait of the shape's world size."""
         sp = self._sp_min(shape, sps)
-        key = (shape.option, shape.tp, shape.cp, shape.ep, sp)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, sp, mb_cap)
         got = self._per_token.get(key)
         if got is None:
             whole = self.stages(1, 1)[0]
-            f, b = self.stage_fb(shape, whole, _HUGE_MB, sp, "none")
-            tokens = _HUGE_MB * self.problem.seq_len // shape.cp
-            straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
-            got = self._per_token[key] = SAFETY * (f + b) * (1.0 + straggler) * shape.tp / tokens
-        return got
+            f, b = self.stage_fb(shape, whole, mb_cap, sp, "none")
+            tokens = mb_cap * self.problem.seq_len // shape.cp
+            got = self._per_token[key] = (f + b) * shape.tp / tokens
+        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        return SAFETY * got * (1.0 + straggler)
+
+    def step_overhead_per_token_lb(self, shape: Shape, max_batch: int) -> float:
+        """GPU-seconds per token of the fixed time every step adds (sync_lb), over the shape's largest batch
+        (``max_batch`` sequences per step): a step of b sequences costs world x fixed GPU-seconds, so per token
+        at least world x fixed / (max_batch x seq_len). Added to gpu_s_per_token_lb, which bounds the busy part."""
+        _, fixed = cm.sync_overhead_s(shape.world, 0.0, self.eff)
+        return SAFETY * fixed * shape.world / (max_batch * self.problem.seq_len)
 
     def group_stage_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
                        sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:
         """(forward, backward, stage) of each candidate stage, without ZeRO-2/3 traffic, sp at its best."""
         sp = self._sp_min(shape, sps)
-        out = []
-        for sl in self.distinct(shape.pp, vpp):
-            f, b = self.stage_fb(shape, sl, mb, sp, recompute)
-            out.append((f, b, sl))
-        return tuple(out)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)  # not dp: shared
+        got = self._group_fb.get(key)
+        if got is None:
+            out = []
+            for sl in self.distinct(shape.pp, vpp):
+                f, b = self.stage_fb(shape, sl, mb, sp, recompute)
+                out.append((f, b, sl))
+            got = self._group_fb[key] = tuple(out)
+        return got
 
     def p2p_s(self, shape: Shape, mb: int) -> float:
         """Seconds of one pipeline send (activations of a micro-batch to the next stage)."""
         if shape.pp == 1:
             return 0.0
-        key = (shape.option, shape.tp, shape.cp, shape.dp, shape.pp, mb)
+        # dp enters only through where the pipeline neighbours sit (comm.pp_link: inside the NVLink domain or
+        # not), so the cache is shared by the dps on the same side (test_p2p_cache_matches_the_cost_model)
+        intra = shape.tp * shape.cp * shape.dp * shape.pp <= self._nvlink_domain(shape)
+        key = (shape.option, shape.tp, shape.cp, shape.pp, mb, intra)
         got = self._p2p.get(key)
         if got is None:
             setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, mb=mb))
             got = self._p2p[key] = cm.pipeline_send_s(setup)
+        return got
+
+    def _nvlink_domain(self, shape: Shape) -> int:
+        got = self._domain.get(shape.option)
+        if got is None:
+            got = self._domain[shape.option] = self.setup(shape.option, self._probe(shape)).nvlink_domain_gpus
         return got
 
     def sync_lb(self, shape: Shape, busy_s: float) -> float:
@@ -265,7 +292,13 @@ class Bounds:
                lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
         got = self._act.get(key)
         if got is None:
-            got = self._act[key] = cm.activations_in_flight_bytes(setup, sl)
+            # one micro-batch's activations do not depend on the schedule, pp, vpp or the micro-batch count
+            pm_key = (shape.option, shape.tp, shape.cp, lay.micro_batch, lay.recompute, lay.sequence_parallel,
+                      sl.dense, sl.moe, sl.first, sl.last)
+            pm = self._act_mb.get(pm_key)
+            if pm is None:
+                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
+            got = self._act[key] = cm.activations_in_flight_bytes(setup, sl, per_microbatch=pm)
         return got
 
     def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
@@ -295,14 +328,29 @@ class Bounds:
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
         sp = self._sp_min(shape, (o[0] for o in options))
-        probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
-        setup = self.setup(shape.option, probe)
+        setup = None  # the probe layout and its setup are built only when an activation total is not cached
         frag = cm.fragmentation_factor()
         best = 0.0
         for sl in self.distinct(shape.pp, vpp):
             states = self._min_states(shape, vpp, sl, options)
-            best = max(best, frag * (states + self._activations(shape, setup, sl)))
-        return _mem_safe(best + self._fixed(probe))
+            key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched, mb, ga, recompute, sp, sl.stage, sl.dense,
+                   sl.moe)  # _activations' key for the probe below
+            act = self._act.get(key)
+            if act is None:
+                if setup is None:
+                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+                    setup = self.setup(shape.option, probe)
+                act = self._activations(shape, setup, sl)
+            best = max(best, frag * (states + act))
+        return _mem_safe(best + self._shape_fixed(shape))
+
+    def _shape_fixed(self, shape: Shape) -> float:
+        """_fixed of any layout of the shape (CUDA context + NCCL buffers per process group: the degrees only)."""
+        key = (shape.tp, shape.pp, shape.cp, shape.ep, shape.dp)
+        got = self._fixed_bytes.get(key)
+        if got is None:
+            got = self._fixed_bytes[key] = self._fixed(self._probe(shape, pp=shape.pp))
+        return got
 
     def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
         setup = self.setup(shape.option, layout)

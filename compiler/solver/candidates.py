@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from compiler import rules
-from compiler.arith import GpuCounts, batch_range, divisors, grad_accum_for
+from compiler.arith import GpuCounts, batch_range, divisors, grad_accums_for
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.solver import feasibility as F
 from compiler.spec.models import MAX_MICRO_BATCH, MAX_PIPELINE_PARALLEL
 from compiler.split import default_split
+from compiler.targets.support import support_key_of
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -94,13 +95,41 @@ class Space:
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sharding: dict[int, tuple[Sharding, ...]] = {}
         self._batch: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._extremes: dict[int, tuple[int, int]] = {}
+        self._classes: dict[int, tuple[tuple[Sharding, int], ...]] = {}
+        self._legal: dict[tuple, bool] = {}
+        self._shardings: dict[tuple, Sharding] = {}
+        assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self.facts = problem.facts
 
     def legal(self, **knobs) -> bool:
         """No structural layout rule (compiler.rules) rejects these knobs (the others still open); what the
         frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
-        return rules.first_violation(self.facts, rules.Knobs(**knobs), codes=F.STRUCTURAL_CODES) is None
+        return rules.first_violation_of(self.facts, rules.rules_reading(frozenset(knobs), F.STRUCTURAL_CODES),
+                                        rules.Knobs.partial(**knobs)) is None
+
+    def _sharding_of(self, zero: int, dp_shard: int, oo: str, op: str) -> Sharding:
+        """One Sharding object per value, shared by every dp it divides (the large spaces build millions)."""
+        key = (zero, dp_shard, oo, op)
+        got = self._shardings.get(key)
+        if got is None:
+            got = self._shardings[key] = Sharding(zero, dp_shard, oo, op)
+        return got
+
+    def _legal_cached(self, key: tuple, **knobs) -> bool:
+        got = self._legal.get(key)
+        if got is None:
+            got = self._legal[key] = self.legal(**knobs)
+        return got
+
+    @staticmethod
+    def _separable() -> bool:
+        """No structural rule reads both the shard group (dp, dp_shard) and the offload knobs, so that a
+        sharding's legality is the conjunction of the two (sharding_choices)."""
+        shard, offload = {"dp", "dp_shard"}, {"offload_optimizer", "offload_params"}
+        return all(not (shard & set(r.knobs) and offload & set(r.knobs))
+                   for r in rules.RULES if r.code in F.STRUCTURAL_CODES)
 
     # ------------------------------------------------------------------ per-axis generators
     def tp_values(self, option: GpuOption) -> tuple[int, ...]:
@@ -182,23 +211,27 @@ class Space:
             if pins.zero_stage is not None and zero != pins.zero_stage:
                 continue
             if zero == 0:
-                cand = [Sharding(0, 1)]
+                shards, offloads = (1,), (("none", "none"),)
             else:
                 opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
                 par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
-                cand = [Sharding(zero, d, oo, op) for d in divisors(dp) for oo in opt for op in par]
-            for c in cand:
-                if (pins.dp_shard is not None and c.dp_shard != pins.dp_shard) \
-                        or (pins.offload_optimizer is not None and c.offload_optimizer != pins.offload_optimizer) \
-                        or (pins.offload_params is not None and c.offload_params != pins.offload_params):
+                shards, offloads = divisors(dp), tuple((oo, op) for oo in opt for op in par)
+            # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two cached questions: no rule
+            # reads both the shard group and the offload knobs (asserted in _separable)
+            offloads = tuple((oo, op) for oo, op in offloads
+                             if (pins.offload_optimizer is None or oo == pins.offload_optimizer)
+                             and (pins.offload_params is None or op == pins.offload_params)
+                             and self._legal_cached(("offload", zero, oo, op), zero_stage=zero, offload_optimizer=oo,
+                                                    offload_params=op))
+            for d in shards:
+                if (pins.dp_shard is not None and d != pins.dp_shard) \
+                        or not self._legal_cached(("shard", zero, d, dp), dp=dp, dp_shard=d, zero_stage=zero):
                     continue
-                if not self.legal(dp=dp, dp_shard=c.dp_shard, zero_stage=c.zero_stage,
-                                  offload_optimizer=c.offload_optimizer, offload_params=c.offload_params):
-                    continue
-                if c.zero_stage > 0 and c.dp_shard == 1 and not (
-                        dp == 1 and (c.offload_optimizer != "none" or c.offload_params != "none")):
-                    continue
-                out.append(c)
+                for oo, op in offloads:
+                    # a zero stage needs a shard group of more than one GPU, except ZeRO-Offload on one rank
+                    if zero > 0 and d == 1 and not (dp == 1 and (oo != "none" or op != "none")):
+                        continue
+                    out.append(self._sharding_of(zero, d, oo, op))
         result = tuple(out)
         self._sharding[dp] = result
         return result
@@ -214,16 +247,45 @@ class Space:
             if b % dp == 0:
                 out = [(mb, b // dp // mb) for mb in divisors(b // dp) if mb <= MAX_MICRO_BATCH]
         else:
-            for mb in range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1):
-                ga = grad_accum_for(b, tol, dp, mb)
-                if ga is not None:
-                    out.append((mb, ga))
+            out = grad_accums_for(b, tol, dp, range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1))
         if self.pins.micro_batch is not None:
             out = [c for c in out if c[0] == self.pins.micro_batch]
-        out = [(mb, ga) for mb, ga in out if self.legal(dp=dp, micro_batch=mb, grad_accum=ga)]
+        checks = rules.rules_reading(frozenset(("dp", "micro_batch", "grad_accum")), F.STRUCTURAL_CODES)
+        partial, facts = rules.Knobs.partial, self.facts  # legal(dp=, micro_batch=, grad_accum=), hoisted
+        out = [(mb, ga) for mb, ga in out
+               if rules.first_violation_of(facts, checks, partial(dp=dp, micro_batch=mb, grad_accum=ga)) is None]
         result = tuple(out)
         self._batch[dp] = result
         return result
+
+    def sharding_class(self, dp: int, sh: Sharding) -> tuple:
+        """What the targets' support rules read of a sharding choice (support_key_of, the shape's own degrees
+        left out): choices of one class are supported alike."""
+        return support_key_of(tp=1, pp=1, cp=1, ep=1, sequence_parallel=False, zero_stage=sh.zero_stage, vpp=1,
+                              schedule="1f1b", dp_replicate=dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                              offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
+
+    def sharding_classes(self, dp: int) -> tuple[tuple[Sharding, int], ...]:
+        """sharding_choices(dp) by sharding_class: (the first choice of each class, how many it stands for)."""
+        got = self._classes.get(dp)
+        if got is None:
+            first: dict[tuple, Sharding] = {}
+            counts: dict[tuple, int] = {}
+            for sh in self.sharding_choices(dp):
+                cls = self.sharding_class(dp, sh)
+                first.setdefault(cls, sh)
+                counts[cls] = counts.get(cls, 0) + 1
+            got = self._classes[dp] = tuple((first[c], counts[c]) for c in first)
+        return got
+
+    def batch_extremes(self, dp: int) -> tuple[int, int]:
+        """(the largest micro_batch, the largest micro_batch x grad_accum) of batch_choices(dp), which is not
+        empty."""
+        got = self._extremes.get(dp)
+        if got is None:
+            batches = self.batch_choices(dp)
+            got = self._extremes[dp] = (max(mb for mb, _ in batches), max(mb * ga for mb, ga in batches))
+        return got
 
     def recompute_choices(self) -> tuple[str, ...]:
         return self._pin(list(RECOMPUTE_MODES), self.pins.recompute)

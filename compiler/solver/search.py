@@ -151,9 +151,11 @@ class _Search:
         self.largest_gpus = 0
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
+        self._num_options: dict[tuple, int] = {}
         self._pipe_classes: dict[int, tuple] = {}
         self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
+        self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
                          for i, o in enumerate(problem.gpu_options)}
 
@@ -203,8 +205,15 @@ class _Search:
         if got is not None:
             return got
         ok: list[tuple[bool, Sharding]] = []
+        verdicts: dict[tuple, bool] = {}  # this call's verdicts by sharding class (what support_key_of reads of it)
         for sp in sps:
             for sh in self.space.sharding_choices(shape.dp):
+                cls = (sp, self.space.sharding_class(shape.dp, sh))
+                supported = verdicts.get(cls)
+                if supported is not None and (supported or F.FRAMEWORK_UNSUPPORTED in self.tally.examples):
+                    if supported:
+                        ok.append((sp, sh))
+                    continue
                 skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
                                       zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
                                       dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
@@ -217,11 +226,38 @@ class _Search:
                         r = F.check_framework(self.problem, layout)
                         assert r is not None
                         self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+                verdicts[cls] = supported
                 if supported:
                     ok.append((sp, sh))
         result = tuple(ok)
         self._options[key] = result
         return result
+
+    def num_options(self, shape: Shape, sched: str, vpp: int) -> int:
+        """len(self.options(shape, sched, vpp)), counted per sharding class (Space.sharding_classes) without
+        listing the choices: the search lists them only for the shapes it explores."""
+        if F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:  # options() picks the example, in its order
+            return len(self.options(shape, sched, vpp))
+        sps = self.space.sp_choices(shape.tp, shape.cp)
+        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
+        got = self._options.get(key)
+        if got is not None:
+            return len(got)
+        n = self._num_options.get(key)
+        if n is None:
+            n = 0
+            for sp in sps:
+                for sh, count in self.space.sharding_classes(shape.dp):
+                    skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
+                                          zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
+                                          dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                                          offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
+                    supported = self._support.get(skey)
+                    if supported is None:
+                        supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
+                    n += count if supported else 0
+            self._num_options[key] = n
+        return n
 
     def pipeline_classes(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
         """The pipeline choices of ``pp`` grouped by what framework support depends on."""
@@ -255,7 +291,7 @@ class _Search:
             batches = space.batch_choices(shape.dp)
             supported = bad_interleave = 0
             for (sched, interleaved), count in self.pipeline_classes(shape.pp):
-                n_opts = len(self.options(shape, sched, 2 if interleaved else 1))
+                n_opts = self.num_options(shape, sched, 2 if interleaved else 1)
                 supported += count * n_opts * len(batches) * rc_n
                 if interleaved:
                     bad_interleave += count * n_opts * rc_n * self.bad_interleave_batches(shape.dp, shape.pp)
@@ -269,8 +305,13 @@ class _Search:
             if supported == 0:
                 continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
-            g = bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp)) * bounds.shape_bubble_factor(
-                shape, space.pipeline_choices(shape.pp), batches)
+            mb_cap, most = space.batch_extremes(shape.dp)
+            bubble = self._bubble.get((shape.pp, shape.dp))
+            if bubble is None:
+                bubble = self._bubble[(shape.pp, shape.dp)] = bounds.shape_bubble_factor(
+                    shape, space.pipeline_choices(shape.pp), batches)
+            g = (bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap) * bubble
+                 + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
@@ -285,10 +326,36 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold):
+            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
+
+    def groups_lb(self, shape: Shape) -> float:
+        """The smallest step-time bound (as an objective key) of the shape's groups: explore's group bounds
+        without recompute (recompute only adds time, tests/unit/solver/test_solver_bounds.py) and with one of
+        GPipe / 1F1B (their bounds are equal), so that a shape none of whose groups can win is skipped
+        without costing every group's memory."""
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        rcs = ("none",) if "none" in space.recompute_choices() else space.recompute_choices()
+        best = float("inf")
+        done: set[int] = set()
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            interleaved = sched == "interleaved_1f1b"
+            if vpp in done or not self.num_options(shape, sched, vpp):
+                continue
+            done.add(vpp)
+            for mb, ga in space.batch_choices(shape.dp):
+                if interleaved and ga % shape.pp:
+                    continue
+                batch = mb * ga * shape.dp
+                for rc in rcs:
+                    fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
+                    step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
+                    best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
+        return best
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds

@@ -393,7 +393,7 @@ def _parse_yaml(text: str, source: SourceMap) -> Any:
         raise _located(source, _mark_location(source, getattr(exc, "problem_mark", None)),
                        f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                        "check the file's syntax") from None
-    except (ValueError, OverflowError) as exc:
+    except (ValueError, OverflowError):
         # ruamel converts scalars with int()/float(): a 5000-digit number exceeds Python's limit.
         found = re.search(r"[-+]?[0-9][0-9_]{99,}", text)
         loc = _offset_location(source, found.start()) if found else Location(source.path, 1)

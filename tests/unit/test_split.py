@@ -130,6 +130,7 @@ def _assert_costed(split, pp: int, vpp: int) -> None:
     assert [(s.first, s.last) for s in costed] == [(r == 0, r == pp - 1) for r in range(pp)]
 
 
+@pytest.mark.slow  # every split of up to 128 layers through megatron-core's own code
 def test_every_default_split_is_what_megatron_builds() -> None:
     """Every layer count up to 128, every pp x vpp up to 128: costed == rendered == megatron-core.
 

@@ -86,9 +86,16 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         step = est.step_time_s
         sps = space.sp_choices(shape.tp, shape.cp)
         # shape: GPU-seconds per token
-        g = bounds.gpu_s_per_token_lb(shape, sps) * bounds.shape_bubble_factor(
-            shape, space.pipeline_choices(shape.pp), space.batch_choices(shape.dp))
+        batches = space.batch_choices(shape.dp)
+        g = (bounds.gpu_s_per_token_lb(shape, sps, max(m for m, _ in batches))
+             * bounds.shape_bubble_factor(shape, space.pipeline_choices(shape.pp), batches)
+             + bounds.step_overhead_per_token_lb(shape, max(m * a for m, a in batches) * shape.dp))
         assert g <= step * layout.world_size / est.tokens_per_step, layout.tag
+        # the micro-batch cap: at the layout's own micro-batch, with no bubble or fixed time, still below
+        assert bounds.gpu_s_per_token_lb(shape, sps, mb) <= step * layout.world_size / est.tokens_per_step
+        # recompute only adds time (the search's groups_lb bounds a shape by its groups without it)
+        fb = {r: sum(bounds.stage_fb(shape, bounds.stages(1, 1)[0], mb, sp, r)) for r in ("none", "selective", "full")}
+        assert fb["none"] <= fb["selective"] <= fb["full"], (layout.tag, fb)
         # group and layout: step time
         fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
         group = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
@@ -131,3 +138,31 @@ def test_pipeline_closed_form_is_below_the_simulation(sched: str) -> None:
                         units = makespan_units(sched, pp, m, v, r, x)
                         closed = pipeline_units_lb(sched, pp, m, v) * (1 + r) + 2 * (pp * v - 1) * x
                         assert closed <= units * (1 + 1e-9)
+
+
+def test_p2p_cache_matches_the_cost_model() -> None:
+    """Bounds.p2p_s shares its cache across the data-parallel degrees on one side of the NVLink domain: for
+    every dp (inside one node and across nodes, GB200's 72-GPU domain too) it equals the cost model's send."""
+    from compiler.costmodel import parts as cm
+    from compiler.solver.candidates import Shape
+
+    checked = 0
+    for gpu, counts in (("h100-sxm", "max_gpus: 512"), ("gb200", "max_gpus: 576")):
+        problem = lower(load_spec_text(textwrap.dedent(f"""
+            name: p2p
+            model: {{preset: llama3-8b}}
+            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
+            cluster: {{gpu: {gpu}, {counts}}}
+            targets: [megatron]
+        """), "spec.yaml"))
+        bounds = Bounds(problem)
+        option = problem.gpu_options[0]
+        for tp, cp, pp in ((1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 8)):
+            for dp in (1, 2, 3, 4, 8, 9, 16, 64):
+                for mb in (1, 4):
+                    shape = Shape(0, option.name, option.gpus_per_node, tp, pp, cp, dp, 1)
+                    probe = bounds._probe(shape, pp=pp, mb=mb)
+                    want = cm.pipeline_send_s(bounds.setup(0, probe))
+                    assert bounds.p2p_s(shape, mb) == want, (gpu, tp, cp, pp, dp, mb)
+                    checked += 1
+    assert checked == 128
