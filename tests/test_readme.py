@@ -1,7 +1,6 @@
 """The README is part of the product: its commands are the ones CI runs, its reference is current."""
 from __future__ import annotations
 
-import pytest
 
 from compiler.spec.reference import END, START, spec_reference_markdown
 from helpers import REPO

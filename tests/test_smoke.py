@@ -219,12 +219,12 @@ def test_smoke_options_are_the_scripts_own_options():
     assert (ds["--tp"], ds["--pp"], ds["--dp-shard"]) == ("1", "1", "2")
     assert (ds["--heads"], ds["--kv-heads"], ds["--ffn"]) == tuple(
         str(v) for v in (s.num_attention_heads, s.num_kv_heads, s.ffn_hidden_size))
-    assert ds["--seq-len"] == str(setup.seq_len) and "--config" not in ds  # the generated ds_config.json
+    assert ds["--seq"] == str(setup.seq_len) and "--config" not in ds  # the generated ds_config.json
     argv = as_argv(ds)
     assert argv[argv.index("--allow-resize") + 1].startswith("--")
     env = as_env(ds)
     assert env["DTC_SMOKE_ALLOW_RESIZE"] == "1" and env["DTC_SMOKE_KV_HEADS"] == str(s.num_kv_heads)
-    assert env["DTC_SMOKE_SEQ_LEN"] == str(setup.seq_len)
+    assert env["DTC_SMOKE_SEQ"] == str(setup.seq_len)
     fsdp = smoke_options(setup, "fsdp")
     assert fsdp["--param-dtype"] == "bf16"  # fp16 cannot run on CPU
     assert fsdp["--seq"] == str(setup.seq_len) and fsdp["--device"] == "cpu" and fsdp["--dp-shard"] == "2"
@@ -359,3 +359,27 @@ def test_preempt_at_resumes_both_torch_targets_exactly(tmp_path):
         assert t["status"] == "passed", t
         assert t["preemption"]["resumed_from_step"] == 3 and t["preemption"]["losses_match"] is True, t
         assert t["preemption"]["compared_steps"] == [4, 5, 6] and t["preemption"]["max_abs_diff"] <= 1e-6
+
+
+@pytest.mark.parametrize("target", ["fsdp", "deepspeed"])
+def test_smoke_options_mean_the_same_on_the_command_line_and_in_the_environment(target, monkeypatch) -> None:
+    """A SLURM smoke passes the options as DTC_SMOKE_<DEST> (the job script's environment); the trainer must
+    read each one as the command line would (a --seq-len spelled DTC_SMOKE_SEQ_LEN was silently ignored: the
+    job trained 1024-token sequences against a 64-token prediction)."""
+    import importlib
+
+    from compiler.smoke.scale import scale_plan
+    from compiler.smoke.targets import as_argv, as_env, smoke_options
+
+    from compiler.plan import Plan
+
+    folder = Path(__file__).resolve().parents[1] / "generated" / "llama2-7b-8xh100"
+    plan = Plan.from_json((folder / "plan.json").read_text())
+    setup = scale_plan(plan, device="cpu", max_ranks=2, steps=3)
+    options = smoke_options(setup, target)
+    module = importlib.import_module({"fsdp": "compiler.runtime.fsdp_train",
+                                      "deepspeed": "compiler.runtime.deepspeed_train"}[target])
+    from_argv = vars(module.parse_args(as_argv(options)))
+    for name, value in as_env(options).items():
+        monkeypatch.setenv(name, value)
+    assert vars(module.parse_args([])) == from_argv

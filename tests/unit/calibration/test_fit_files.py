@@ -58,6 +58,7 @@ def test_residuals_carry_the_regime_features_error_bands_group_by():
     assert all(isinstance(r["error_loso"], float) and isinstance(r["error_in_sample"], float) for r in rows)
 
 
+@pytest.mark.slow  # a refit / solve of several seconds: the full run keeps it, the fast tier does not
 def test_the_fit_is_deterministic_on_a_subset():
     runs, _ = load_runs(ROOT / "benchmarks" / "data" / "published_runs_dev.csv")
     subset = [r for r in runs if r.source_id in ("korthikanti2022", "nemo2_2504", "torchtitan_a100")]

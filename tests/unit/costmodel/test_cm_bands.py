@@ -214,7 +214,7 @@ def test_band_shows_in_estimate_json_and_text(tmp_path) -> None:
     assert b["tokens_per_s_per_gpu"][0] <= out["tokens_per_s_per_gpu"] <= b["tokens_per_s_per_gpu"][1]
     assert {"time_to_train_s", "cost_usd", "memory_high_bytes_per_gpu", "step_time_p80_s", "source"} <= set(b)
     text = run_cli(["estimate", "--plan", str(tmp_path / "plan.json")]).stdout
-    assert f"per step, 80% band " in text and f"from {band['runs']} similar published runs" in text
+    assert "per step, 80% band " in text and f"from {band['runs']} similar published runs" in text
     md = artifacts.files["PLAN.md"]
     assert "step time, 80% band" in md and "upper end of the memory band" in md
 

@@ -20,6 +20,7 @@ import time_to_train  # noqa: E402
 from compiler.estimate import Estimate  # noqa: E402
 
 
+@pytest.mark.slow  # a refit / solve of several seconds: the full run keeps it, the fast tier does not
 def test_accuracy_does_not_collapse():
     report = accuracy.run(accuracy.CALIBRATION_CSV)
     overall = report.overall()

@@ -81,6 +81,7 @@ def test_infeasible_reports_tally_and_closest_misses() -> None:
     accounted(s)
 
 
+@pytest.mark.slow  # a refit / solve of several seconds: the full run keeps it, the fast tier does not
 def test_budget_is_honoured_and_halving_it_changes_the_answer() -> None:
     def run(budget: str):
         return problem(model="{params: 70B}", training="tokens: 2T, sequence_length: 4096, global_batch: 1024",
