@@ -181,13 +181,23 @@ def test_requeue_on_sigusr1_resumes_from_the_checkpoint(cluster, tmp_path):
             if done(info):
                 return info
             time.sleep(0.3)
-        pytest.fail(f"job {job} never {what}: {cluster.job_info(job)}\n{err.read_text()[-3000:] if err.exists() else ''}")
+        pytest.fail(f"job {job} never {what}: {cluster.job_info(job)}\n{err.read_text()[-3000:] if err.exists() else ''}"
+                    f"\n{cluster.logs_tail()}")
 
     # the first job saves, exits and requeues itself: PENDING again, Restarts=1
     wait_for(lambda i: i.get("JobState", "").startswith("PENDING") and i.get("Restarts") == "1", "requeued", 120)
     first_log, first_err = out.read_text(), err.read_text()  # the requeued job's start truncates them
     # SLURM holds a requeued batch job for two minutes (EligibleTime = requeue + 121 s on 22.05, which the
     # RESTART_S allowance of compiler/checkpointing.py covers); the test starts it now
+    # ... once the first run's step is gone from the node (under CI load its teardown can outlast the requeue,
+    # and a relaunch onto a node still allocated fails at once with exit 1 and no output)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        node = cluster.run(["scontrol", "show", "node", (cluster.job_info(job) or {}).get("BatchHost")
+                            or "localhost"]).stdout
+        if re.search(r"\bCPUAlloc=0\b", node) and not re.search(r"State=\S*(COMPLETING|ALLOCATED|MIXED)", node):
+            break
+        time.sleep(0.3)
     cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     info = wait_for(lambda i: i.get("JobState", "").split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
                     "finished", 180)
@@ -196,7 +206,8 @@ def test_requeue_on_sigusr1_resumes_from_the_checkpoint(cluster, tmp_path):
     detail = (f"{info}\n--- first err\n{first_err[-3000:]}\n--- first out\n{first_log[-1500:]}\n"
               f"--- second err\n{err.read_text()[-2000:]}\n--- second out\n{log[-1500:]}")
     print(f"requeue test: job {job} signalled after step {signalled_after}, wall {wall:.1f}s")
-    assert info.get("JobState", "").startswith("COMPLETED") and info.get("Restarts") == "1", detail
+    assert info.get("JobState", "").startswith("COMPLETED") and info.get("Restarts") == "1", (
+        detail + "\n--- slurm logs\n" + cluster.logs_tail())
     assert "forwarding it to the job step" in first_err and "requeueing job" in first_err, detail
     first = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", first_log, re.M)]
     second = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", log, re.M)]
