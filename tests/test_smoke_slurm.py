@@ -189,8 +189,10 @@ def test_requeue_on_sigusr1_resumes_from_the_checkpoint(cluster, tmp_path):
     first_log, first_err = out.read_text(), err.read_text()  # the requeued job's start truncates them
     # SLURM holds a requeued batch job for two minutes (EligibleTime = requeue + 121 s on 22.05, which the
     # RESTART_S allowance of compiler/checkpointing.py covers); the test starts it now
-    # ... once the first run's step is gone from the node (under CI load its teardown can outlast the requeue,
-    # and a relaunch onto a node still allocated fails at once with exit 1 and no output)
+    # ... once the first run's step is gone from the node, and not within the second its credential was revoked:
+    # slurmd compares credential times at one-second resolution, and a relaunch 0.2 s after the requeue was
+    # killed by slurmctld ("Killing non-startable batch JobId=5: Job credential revoked", exit 1, no output)
+    requeued_at = time.monotonic()
     end = time.monotonic() + 60
     while time.monotonic() < end:
         node = cluster.run(["scontrol", "show", "node", (cluster.job_info(job) or {}).get("BatchHost")
@@ -198,6 +200,7 @@ def test_requeue_on_sigusr1_resumes_from_the_checkpoint(cluster, tmp_path):
         if re.search(r"\bCPUAlloc=0\b", node) and not re.search(r"State=\S*(COMPLETING|ALLOCATED|MIXED)", node):
             break
         time.sleep(0.3)
+    time.sleep(max(0.0, requeued_at + 2.5 - time.monotonic()))
     cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     info = wait_for(lambda i: i.get("JobState", "").split()[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
                     "finished", 180)
