@@ -282,7 +282,7 @@ def _swap_in(staged: Path, out_dir: Path) -> None:
         os.rename(staged, out_dir)
         return
     if _rename_exchange(staged, out_dir):
-        _remove(staged)  # staged now holds the old folder
+        _discard(staged)  # staged now holds the old folder
         return
     old = out_dir.parent / f"{_OLD_PREFIX}{out_dir.name}-{os.getpid()}"
     os.rename(out_dir, old)
@@ -352,6 +352,22 @@ def _clean_leftovers(parent: Path, name: str) -> None:
         for path in _leftovers(parent, prefix, name):
             if is_dtc_leftover(path):
                 _remove(path)
+
+
+def _discard(path: Path) -> None:
+    """Delete the replaced folder so that a kill at any moment leaves a leftover the next write recognises:
+    the staging mark goes in first and out last (a folder half-deleted without it, its manifest gone first,
+    would look like someone else's and stay for good)."""
+    try:
+        with open(path / STAGING_MARK, "w", encoding="utf-8") as f:
+            f.write("dtc: the folder this write replaced, being deleted\n")
+    except OSError:
+        _remove(path)
+        return
+    for child in list(path.iterdir()):
+        if child.name != STAGING_MARK:
+            _remove(child)
+    _remove(path)
 
 
 def _remove(path: Path) -> None:
