@@ -97,8 +97,8 @@ def apply_args(cfg: RunConfig, args: argparse.Namespace, parallel_overrides: dic
         par = replace(par, vpp=1)
     if par.pp * par.vpp != cfg.parallel.pp * cfg.parallel.vpp or args.layers is not None:
         par = replace(par, stage_layers=None)  # the plan's split is for the plan's stages and layers
-    if getattr(args, "stage_layers", None):
-        counts = [int(x) for x in str(args.stage_layers).split(",")]
+    if args.stage_layers:  # add_common_args gives both trainers the option
+        counts = [int(x) for x in args.stage_layers.split(",")]
         starts = [sum(counts[:i]) for i in range(len(counts))]
         par = replace(par, stage_layers=tuple(tuple(range(a, a + n)) for a, n in zip(starts, counts)))
     model = cfg.model
