@@ -117,10 +117,6 @@ def test_fsdp_tensor_parallel_sequence_parallel(gen):
     assert_no_leftovers()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cost model gap found by this smoke: FSDP2 + torch.distributed.pipelining 1F1B with full recompute saves "
-    "119 KB on its last stage, the model predicts 387 KB (activations 49 KB, one rematerialised layer 206 KB, fp32 "
-    "logits 131 KB): x0.31, outside the 0.80-1.25 band; open in issue #11's notes"))
 def test_fsdp_pipeline_1f1b(gen):
     folder = make_generated(gen, "pp", pp=2, dp_shard=2, zero_stage=3, micro_batch=1, grad_accum=4,
                             recompute="full", targets="fsdp, slurm")

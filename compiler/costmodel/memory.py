@@ -173,7 +173,13 @@ def inflight_for_stage(setup: Setup, stage: int) -> float:
 def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
     lay = setup.layout
 
+    per_op = recompute_mode(setup, lay.recompute).startswith("selective_per_op")
+
     def one(moe_layer: bool) -> float:
+        if per_op:  # op-level SAC rematerialises every op its policy does not keep: the rest of the layer
+            return setup.memo(("working_set", moe_layer), lambda: max(0.0, (
+                activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute="none")
+                - activation_bytes_per_layer_kind(setup, moe_layer=moe_layer))))
         return setup.memo(("working_set", moe_layer), lambda: act.recompute_working_set_bytes(
             setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
             sequence_parallel=lay.sequence_parallel, recompute=lay.recompute, hidden=setup.shape.hidden_size,
@@ -284,9 +290,14 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         f"{act.PAPER_SOURCE}, generalised per saved tensor ({setup.impl.name}); in-flight count from the simulated "
         "schedule (Narayanan et al. 2021)"))
     if lay.recompute != "none":
-        items.append(LineItem("recompute_working_set", recompute_working_set_bytes(setup, sl),
-                              f"one layer rematerialised during backward ({lay.recompute} recompute)",
-                              act.PAPER_SOURCE))
+        per_op = recompute_mode(setup, lay.recompute).startswith("selective_per_op")
+        items.append(LineItem(
+            "recompute_working_set", recompute_working_set_bytes(setup, sl),
+            "one layer's ops that op-level selective checkpointing does not keep, rematerialised during backward"
+            if per_op else f"one layer rematerialised during backward ({lay.recompute} recompute)",
+            "torch.utils.checkpoint (non-reentrant): a checkpointed block's recomputed tensors live until backward "
+            "consumes them; measured by dtc smoke (compiler/runtime/measure.py count_recomputation)"
+            if per_op else act.PAPER_SOURCE))
     if sl.last:
         saved, transient = logits_bytes(setup, inflight)
         items.append(LineItem(

@@ -27,4 +27,7 @@ def notes(setup: SmokeSetup, summary: dict) -> list[str]:
     if summary.get("sac_cache_counted") is False:
         out.append("selective-checkpoint cache not counted in the saved activations (torch internals differ from "
                    "torch 2.13's)")
+    if summary.get("recompute_counted") is False:
+        out.append("the block rematerialised during backward is not counted in the saved activations (torch "
+                   "internals differ from torch 2.13's)")
     return out
