@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+import weakref
 
 import torch
 
@@ -70,6 +71,13 @@ class SavedActivations:
                 self.peak = max(self.peak, self.live)
         return _Held(t, key, self)
 
+    @staticmethod
+    def drop(held):
+        """Give back ``held``'s bytes now (a handle returned by ``hold``)."""
+        key, held.key = held.key, None
+        if key is not None:
+            held.owner.release(key)
+
     def release(self, key):
         with self._lock:
             entry = self._refs.get(key)
@@ -89,6 +97,51 @@ class SavedActivations:
 
 
 SAVED = SavedActivations()
+
+
+def count_recomputation() -> bool:
+    """Non-reentrant activation checkpointing (torch.utils.checkpoint, FSDP2's checkpoint_wrapper)
+    rematerialises a block during backward under saved-tensor hooks of its own
+    (``torch.utils.checkpoint._recomputation_hook``), which hide what it keeps from ``SAVED``'s: count
+    each rematerialised tensor from the moment it is recomputed until backward consumes it (its
+    handle in the checkpoint frame dies). Reentrant checkpointing (DeepSpeed's) needs nothing: its
+    recomputation is an ordinary forward inside ``SAVED.hooks()``. False where torch's checkpoint
+    internals differ from torch 2.13's (then the rematerialised block goes uncounted)."""
+    import torch.utils.checkpoint as ckpt
+
+    base = getattr(ckpt, "_recomputation_hook", None)
+    if base is None:
+        return False
+    if getattr(base, "dtc_counting", False):
+        return True
+
+    class _CountingRecomputation(base):  # type: ignore[misc, valid-type]
+        dtc_counting = True
+
+        def __init__(self, target_frame_ref, gid):
+            super().__init__(target_frame_ref, gid)
+            pack = self.pack_hook
+
+            def counting_pack(x):
+                try:
+                    return pack(x)
+                finally:  # early stop raises after storing the last tensor it needs
+                    _count_recomputed(target_frame_ref(), gid, x)
+
+            self.pack_hook = counting_pack
+
+    ckpt._recomputation_hook = _CountingRecomputation
+    return True
+
+
+def _count_recomputed(frame, gid, x) -> None:
+    try:
+        holder = frame.weak_holders[frame.recomp_counter[gid] - 1]()
+        handle = holder.handles.get(gid) if holder is not None else None
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return
+    if handle is not None and frame.recomputed[gid].get(handle) is not None:
+        weakref.finalize(handle, SavedActivations.drop, SAVED.hold(frame.recomputed[gid][handle]))
 
 
 class _CachedOutputs(dict):

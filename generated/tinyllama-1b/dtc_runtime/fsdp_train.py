@@ -212,6 +212,7 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
         tied = P.TiedEmbeddings(parts, mesh)
         tied.sync_weights()
     sac_counted = M.count_sac_caches(parts)
+    remat_counted = M.count_recomputation() if par.recompute != "none" else None
     params = [p for part in parts for p in part.parameters()]
     # the gradient norm counts a tied embedding once (Megatron: param_is_not_shared)
     norm_params = [p for p in params if tied is None or tied.embedding is not None or p is not tied.head]
@@ -325,6 +326,7 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
             "device": device.type, "backend": dist.get_backend(), "zero_stage": par.zero_stage,
             "reshard_after_forward": par.zero_stage == 3, "param_dtype": cfg.param_dtype, "offload": par.offload,
             "ac_mode": par.recompute, "sac_cache_counted": None if sac_counted is None else sac_counted(),
+            "recompute_counted": remat_counted,
             "num_params": num_params, "micro_batch": b.micro_batch, "grad_accum": b.grad_accum,
             "seq_len": b.seq_len, "data": "synthetic" if cfg.data.synthetic else "indexed",
             "steps": len(losses), "requested_steps": cfg.train_steps - start_step, "last_step": step,
