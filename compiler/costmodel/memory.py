@@ -63,8 +63,15 @@ def weight_bytes_per_gpu(sp: StageParams, layout: Layout, weight_bytes: int) -> 
     return weight_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 3)
 
 
-def gradient_bytes_per_gpu(sp: StageParams, layout: Layout, grad_bytes: int) -> float:
+def gradient_bytes_per_gpu(sp: StageParams, layout: Layout, grad_bytes: int, *, on_host: bool = False) -> float:
+    """The accumulated gradients a GPU keeps (``on_host``: the target keeps them with its offloaded optimizer)."""
+    if on_host:
+        return 0.0
     return grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
+
+
+def gradients_on_host(setup: Setup, layout: Layout) -> bool:
+    return layout.offload_optimizer != "none" and setup.framework.offload_moves_gradients
 
 
 def master_weight_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int) -> float:
@@ -94,15 +101,16 @@ def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -
     (``sharding``: the layout, or any object with its tp, cp, ep, dp_shard, zero_stage and offload fields)."""
     r = setup.recipe
     return (weight_bytes_per_gpu(sp, sharding, persistent_weight_bytes(setup, sharding))
-            + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes)
+            + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes, on_host=gradients_on_host(setup, sharding))
             + master_weight_bytes_per_gpu(sp, sharding, r.master_bytes)
             + optimizer_state_bytes_per_gpu(sp, sharding, setup.optimizer_state_bytes))
 
 
 def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
-                            weight_bytes: int) -> float:
-    """Host (CPU or NVMe) bytes of one GPU's offloaded shard."""
-    out = 0.0
+                            weight_bytes: int, grad_bytes: int = 0) -> float:
+    """Host (CPU or NVMe) bytes of one GPU's offloaded shard (``grad_bytes``: per parameter, when the target
+    keeps its accumulated gradients there)."""
+    out = grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
     if layout.offload_optimizer != "none":
         out += (master_bytes + state_bytes) * params_after_sharding(sp, layout, layout.zero_stage >= 1)
     if layout.offload_params != "none":
@@ -266,8 +274,9 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         LineItem("weights", weight_bytes_per_gpu(sp, lay, persistent_weight_bytes(setup, lay)),
                  f"{persistent_weight_bytes(setup, lay)} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
                  + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
-        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes),
-                 f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}",
+        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes, on_host=gradients_on_host(setup, lay)),
+                 f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}"
+                 + (" (offloaded with the optimizer)" if gradients_on_host(setup, lay) else ""),
                  r.source if setup.grad_bytes == r.grad_bytes else setup.framework.source),
         LineItem("master_weights", master_weight_bytes_per_gpu(sp, lay, r.master_bytes),
                  f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
@@ -363,7 +372,8 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
     sl = setup.stages[best_stage]
     sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
     host = offloaded_bytes_per_gpu(sp, lay, setup.recipe.master_bytes, setup.optimizer_state_bytes,
-                                   setup.recipe.weight_bytes) * lay.gpus_per_node
+                                   setup.recipe.weight_bytes,
+                                   setup.grad_bytes if gradients_on_host(setup, lay) else 0) * lay.gpus_per_node
     to_nvme = lay.offload_optimizer == "nvme" or lay.offload_params == "nvme"
     return MemoryBreakdown(
         items=tuple(best),

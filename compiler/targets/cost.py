@@ -70,6 +70,13 @@ class CostProfile:
     # parameters are fp32 (DeepSpeed: stage_1_and_2.py single_partition_of_fp32_groups, stage3.py
     # fp32_partitioned_groups_flat): an fp32 run still holds a "master" copy
     zero_fp32_partition_copy: bool = False
+    # with the optimizer offloaded, the accumulated gradient shard lives in host memory beside the optimizer
+    # (DeepSpeed: stage_1_and_2.py initialize_optimizer_states puts single_partition_of_fp32_groups[i].grad on
+    # self.device = 'cpu' under cpu_offload and accumulates into accumulated_grads_in_cpu, keeping on the GPU only
+    # the reduce buckets and one largest-parameter buffer; FSDP2: CPUOffloadPolicy moves the sharded gradients to
+    # CPU). False: the gradient buffer stays on the GPU (Megatron's --optimizer-cpu-offload copies main_grad out
+    # for each step)
+    offload_moves_gradients: bool = False
 
     @property
     def grad_bytes(self) -> int:

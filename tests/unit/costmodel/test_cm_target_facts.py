@@ -93,3 +93,21 @@ def test_torchtitan_op_checkpointing_keeps_every_other_matmul():
     # wq 16384 + wv 2048 + SDPA out 16384 + lse 256 + input and w2 out 32768 + w1 57344 bytes per token
     assert alt == 16384 + 2048 + 16384 + 256 + 32768 + 57344
     assert alt < per_op
+
+
+@pytest.mark.parametrize("target, moved", [("deepspeed", True), ("megatron", False)])
+def test_an_offloaded_optimizer_takes_the_gradient_shard_to_the_host_where_the_target_does(
+        problem_factory, layout_factory, target, moved):
+    """DeepSpeed's ZeRO-Offload accumulates the fp32 gradient partition in host memory (stage_1_and_2.py:
+    single_partition_of_fp32_groups[i].grad on 'cpu'); Megatron's optimizer CPU offload keeps main_grad on the
+    GPU. What leaves the GPU shows up in the host bytes."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    on_gpu = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1), target=target, check_memory=False)
+    off_layout = layout_factory(p, dp_shard=8, zero_stage=1, offload_optimizer="cpu")
+    off = evaluate(p, off_layout, target=target, check_memory=False)
+    grads = _items(on_gpu)["gradients"]
+    assert grads > 0
+    assert _items(off)["gradients"] == (0 if moved else grads)
+    host_optimizer = _items(on_gpu)["master_weights"] + _items(on_gpu)["optimizer_states"]
+    per_gpu = off.memory.cpu_bytes_per_node / off_layout.gpus_per_node
+    assert per_gpu == pytest.approx(host_optimizer + (grads if moved else 0), rel=1e-6)
