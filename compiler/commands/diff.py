@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from compiler.artifacts import ArtifactSet, foreign_entries, read_artifacts
-from compiler.diff import ArtifactDiff, Side, diff_sides, format_diff
+from compiler.review.plans import ArtifactDiff, Side, diff_sides, format_diff
 from compiler.errors import DtcError, ExitCode, SpecError, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -38,7 +38,7 @@ def spec_side(label: str, path: str, data: bytes | None = None, *, strict: bool)
     ``strict`` (the new side): an invalid spec raises (exit 2). Otherwise, and for an
     infeasible spec on either side, the failure is shown in the diff instead.
     """
-    from compiler.diff import spec_inputs
+    from compiler.review.plans import spec_inputs
     from compiler.errors import InfeasibleError
     from compiler.pipeline import compile_loaded
     from compiler.spec.load import load_spec, load_spec_bytes

@@ -1,13 +1,13 @@
 """Render ``ArtifactDiff``s: Terraform-like text, a Markdown pull-request comment, or JSON.
 
-Only formatting lives here; every number and verdict was computed by compiler.diff.
+Only formatting lives here; every number and verdict was computed by compiler.review.plans.
 """
 from __future__ import annotations
 
 import re
 from typing import Sequence
 
-from compiler.diff import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
+from compiler.review.plans import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
 from compiler.report import to_json
 
 FORMATS = ("text", "markdown", "json")
