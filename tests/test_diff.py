@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from compiler.artifacts import MANIFEST, ArtifactSet
-from compiler.review.plans import ArtifactDiff, Side, diff_sides, format_diff
+from compiler.review.format import format_diff
+from compiler.review.plans import ArtifactDiff, Side, diff_sides
 from compiler.review.files import flatten_json, python_keys, shell_keys
 from helpers import REPO, assert_golden, run_cli
 

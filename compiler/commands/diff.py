@@ -19,7 +19,8 @@ from pathlib import Path
 import click
 
 from compiler.artifacts import ArtifactSet, foreign_entries, read_artifacts
-from compiler.review.plans import ArtifactDiff, Side, diff_sides, format_diff
+from compiler.review.format import format_diff
+from compiler.review.plans import ArtifactDiff, Side, diff_sides
 from compiler.errors import DtcError, ExitCode, SpecError, printable
 
 SPEC_SUFFIXES = (".yaml", ".yml")

@@ -15,7 +15,10 @@ _SYMBOL = {"add": "+", "change": "~", "remove": "-", "same": "="}
 _VERB = {"add": "added", "change": "changed", "remove": "removed", "same": "unchanged"}
 
 
-def format_diff(diffs: Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
+def format_diff(diffs: ArtifactDiff | Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
+    """Text (Terraform-like), Markdown (a pull-request comment) or JSON (sorted keys)."""
+    if isinstance(diffs, ArtifactDiff):
+        diffs = [diffs]
     if fmt == "text":
         return format_text(diffs, unified=unified)
     if fmt == "markdown":

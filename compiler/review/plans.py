@@ -13,7 +13,8 @@ its renderers):
    shell flags, ``#SBATCH`` directives and exported variables, Python constants,
    line counts and the unified diff for everything.
 
-``format_diff`` (compiler.review.format) turns diffs into text, Markdown or JSON.
+``format_diff`` (compiler.review.format) turns diffs into text, Markdown or JSON; it imports this
+module, never the other way round.
 """
 from __future__ import annotations
 
@@ -385,15 +386,5 @@ def _near_budget(p: Plan) -> bool:
     return limit is not None and p.estimate.cost_usd >= (1 - BUDGET_MARGIN) * limit
 
 
-# --------------------------------------------------------------------------- formatting (re-exported)
-
-
-def format_diff(diffs: ArtifactDiff | Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
-    """Text (Terraform-like), Markdown (a pull-request comment) or JSON (sorted keys)."""
-    from compiler.review.format import format_diff as _format
-
-    return _format([diffs] if isinstance(diffs, ArtifactDiff) else list(diffs), fmt, unified=unified)
-
-
 __all__ = ["ArtifactDiff", "FileChange", "KeyChange", "Side", "SummaryChange", "compare_file", "diff_sides",
-           "format_diff", "key_changes", "summary_rows", "warnings_for"]
+           "key_changes", "summary_rows", "warnings_for"]
