@@ -27,11 +27,10 @@ from typing import Callable, Mapping, Sequence
 
 from compiler.calibration.runs import PublishedRun
 from compiler.costmodel import evaluate
-from compiler.costmodel.efficiency import FIT_PARAMETERS, Efficiency, prior_efficiency
+from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, Efficiency, prior_efficiency
 from compiler.costmodel.pipeline import linear_p2p_makespans
 from compiler.estimate import Estimate
 
-HUBER_DELTA = 0.15
 RIDGE = 0.02
 STEP = 0.02  # forward-difference step in log space
 MAX_ITERATIONS = 12

@@ -75,7 +75,7 @@ def calibrate_command(runs: tuple[str, ...], output: Path | None, name: str | No
     for bad input.
     """
     from compiler.calibration.measured import load_measured
-    from compiler.calibration.profile import fit_profile
+    from compiler.calibration.profile_fit import fit_profile
     from compiler.costmodel.efficiency import load_efficiency
 
     given_date = _date(date)
