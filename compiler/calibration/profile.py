@@ -159,6 +159,23 @@ def error_summary(errors: Sequence[float]) -> dict[str, float]:
             "median_error": _r4(_percentile(list(errors), 0.5))}
 
 
+def format_profile(profile: ClusterProfile, output: str) -> str:
+    """What `dtc calibrate` prints once ``output`` is written: the constants, the errors, the notes."""
+    lines = [f"cluster profile {profile.name!r} on {len(profile.runs)} runs ({', '.join(profile.gpus)}), "
+             f"date {profile.date or 'not given'}"]
+    for name, c in profile.constants.items():
+        mark = "identified" if c.identified else "kept near the global fit"
+        lines.append(f"  {name:<22} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
+                     f"{mark})")
+    for which, label in (("before", "global constants"), ("after", "this profile"),
+                         ("loo", "leave-one-out")):
+        s = profile.summary(which)
+        lines.append(f"  median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}  ({label})")
+    lines.extend(f"  note: {n}" for n in profile.notes)
+    lines.append(f"Calibrate: wrote {output}.")
+    return "\n".join(lines)
+
+
 # --- reading a profile ------------------------------------------------------------------------------
 
 
