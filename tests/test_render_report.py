@@ -401,7 +401,7 @@ def test_no_absolute_paths_or_timestamps(files: dict[str, str]) -> None:
 
 
 def test_absolute_spec_path_is_reduced() -> None:
-    from compiler.render.report import display_path
+    from compiler.render.common import display_path
 
     assert display_path("/home/me/specs/70b.yaml") == "70b.yaml"
     assert display_path("specs/70b.yaml") == "specs/70b.yaml"
