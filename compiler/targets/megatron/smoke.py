@@ -43,8 +43,8 @@ from compiler.smoke import slurm as S
 from compiler.smoke.report import RankMeasure, TargetResult
 from compiler.smoke.scale import Change, SmokeSetup, smoke_ep
 from compiler.targets import registry
+from compiler.targets.megatron.render import ARGS_FILE
 
-ARGS_FILE = "megatron_args.sh"
 WORKER_MODULE = "compiler.targets.megatron.pretrain"
 PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
 PLAN_WORLD_ENV = "DTC_SMOKE_MEGATRON_PLAN_WORLD"
