@@ -8,18 +8,17 @@ gives the same data.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from compiler import uncertainty, units
 from compiler.costmodel import evaluate_targets
-from compiler.errors import Diagnostic, DtcError, ExitCode, Location
+from compiler.errors import Diagnostic, DtcError, ExitCode
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
 from compiler.pinned import build_layout
-from compiler.plan import Plan, TargetEstimate, as_in_plan, plan_data
+from compiler.plan import TargetEstimate, plan_data
 from compiler.problem import Problem, lower
 from compiler.report import to_json
 from compiler.spec.load import load_spec
@@ -188,30 +187,11 @@ def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_jso
         click.echo(format_estimate_text(problem, layout, result, per_target))
 
 
-def load_plan_file(path: str) -> Plan:
-    """A plan.json, or a DtcError at its path saying what is wrong."""
-    where = Location(path)
-    try:
-        return Plan.from_json(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DtcError(Diagnostic(summary=f"cannot read {path}: {exc.strerror}", location=where,
-                                  hint="pass the plan.json of a compiled folder, e.g. generated/<name>/plan.json"))
-    except ValueError as exc:
-        raise DtcError(Diagnostic(summary=f"not a dtc plan: {exc}", location=where,
-                                  hint="recompile the spec (dtc compile SPEC)")) from None
-
-
 def _estimate_plan(path: str, as_json: bool) -> None:
-    from compiler.recost import recost_targets
+    from compiler.recost import load_plan_file, recost_as_in_plan
 
     plan = load_plan_file(path)
-    problem, targets = recost_targets(plan)
-    result: Estimate | Rejection = targets if isinstance(targets, Rejection) else targets.result
-    per_target = () if isinstance(targets, Rejection) else tuple(as_in_plan(t) for t in targets.summaries())
-    if isinstance(result, Estimate):
-        result = as_in_plan(result)  # rounded as plan.json rounds it
-    same = (isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
-            and per_target == plan.target_estimates)
+    problem, result, per_target, same = recost_as_in_plan(plan)
     _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same}, per_target=per_target)
     if not as_json:
         click.echo("plan.json's estimate: " + ("reproduced exactly." if same else
