@@ -1,8 +1,9 @@
-"""Review: what a change does, for a reviewer (`dtc diff`).
+"""Review: what a change does, for a reviewer (`dtc diff`, and the file lists of `dtc compile` and `dtc check`).
 
 plans.py   two sides (Plan + ArtifactSet) -> ``ArtifactDiff``: the semantic summary and warnings
 files.py   one artifact old -> new: ``FileChange`` with the keys that changed and a unified diff
 format.py  ``ArtifactDiff``s as text, Markdown or JSON
+folder.py  an ``ArtifactSet`` against a folder on disk: which files would be added, changed, removed
 
 Imports run one way: format -> plans -> files. Nothing is re-exported here, so that importing
 one module does not import the others.
