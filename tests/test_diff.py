@@ -348,7 +348,7 @@ def test_golden_cases_are_all_there():
 
 def test_golden_expectations():
     """What each case is about, checked on the data (not only the bytes)."""
-    from compiler.commands.diff import path_side
+    from compiler.review.sides import path_side
 
     def diff(case: str) -> ArtifactDiff:
         folder = CASES / case
