@@ -363,7 +363,7 @@ def test_large_schedule_is_summarised_and_only_idle_is_hatched() -> None:
 def test_many_virtual_stages_read_as_three_phases() -> None:
     """Issue #15: at vpp 10 the picture was 20 near-identical legend colours and a grey band that looked like
     idle time. Now: a legend of four swatches, warm-up (forward), steady state (both), cool-down (backward)."""
-    from compiler.costmodel.pipeline import pipeline_events
+    from compiler.costmodel.pp_schedule import pipeline_events
 
     events = pipeline_events("interleaved_1f1b", 4, 64, 10, 0.01, 0.02, 0.0)
     p = make_test_plan(pp=4, vpp=10, gbs=64, events=tuple(events), alternatives=False)

@@ -17,7 +17,7 @@ from compiler.calibration.profile import ALL_PARAMETERS, PARAMS, PRIOR_RUNS, Clu
     ProfileRun, _r4
 from compiler.calibration.runs import PublishedRun
 from compiler.costmodel.efficiency import Efficiency
-from compiler.costmodel.pipeline import linear_p2p_makespans
+from compiler.costmodel.pp_schedule import linear_p2p_makespans
 from compiler.errors import Diagnostic, DtcError
 
 
