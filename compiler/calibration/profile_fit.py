@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -18,7 +19,7 @@ from compiler.calibration.profile import ALL_PARAMETERS, PARAMS, PRIOR_RUNS, Clu
 from compiler.calibration.runs import PublishedRun
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.pp_schedule import linear_p2p_makespans
-from compiler.errors import Diagnostic, DtcError
+from compiler.errors import Diagnostic, DtcError, Location
 
 
 def global_sha256(base: Efficiency) -> str:
@@ -93,3 +94,30 @@ def _leave_one_out(prob: _Problem, z: list[float], errors: list[float], cols: li
         step = _solve(a, b)
         out.append(prob.clip([zi + si for zi, si in zip(z, step)]))
     return out
+
+
+def calibrate_runs(runs: Sequence[str], output: Path, *, name: str | None = None, date: str | None = None) -> str:
+    """`dtc calibrate RUNS -o OUTPUT`: fit a profile on the measured runs, write it atomically to ``output``, and
+    say what was written (``format_profile``). ``date``: when the runs were measured, if their logs do not say."""
+    from compiler.artifacts import write_text_atomically
+    from compiler.calibration.measured import load_measured
+    from compiler.calibration.profile import format_profile
+    from compiler.costmodel.efficiency import load_efficiency
+
+    measured = load_measured(runs)
+    notes = []
+    if "cpu" in measured.devices:
+        notes.append("some runs were measured on CPU (a test of the machinery): the cost model predicts GPUs, so "
+                     "these constants describe no real cluster")
+    if measured.skipped:
+        notes.append("skipped rows: " + ", ".join(f"{v} {k}" for k, v in sorted(measured.skipped.items())))
+    profile = fit_profile(measured.runs, name=name or output.stem, base=load_efficiency(),
+                          date=date or measured.date,
+                          inputs=[{"path": i.path, "kind": i.kind, "sha256": i.sha256} for i in measured.inputs],
+                          notes=notes)
+    try:
+        write_text_atomically(output, profile.to_yaml())
+    except OSError as exc:
+        raise DtcError(Diagnostic(summary=f"cannot write {output}: {exc.strerror}", location=Location(str(output)),
+                                  hint="choose a writable path")) from None
+    return format_profile(profile, str(output))

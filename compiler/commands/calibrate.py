@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 
-from compiler.artifacts import write_text_atomically
-from compiler.errors import Diagnostic, DtcError, Location
+from compiler.errors import Diagnostic, DtcError
 
 
 def _date(value: str | None) -> str | None:
@@ -45,10 +44,7 @@ def calibrate_command(runs: tuple[str, ...], output: Path | None, name: str | No
     runs say little about it; the profile reports its own leave-one-out error. Exit 0 when written, 2
     for bad input.
     """
-    from compiler.calibration.measured import load_measured
-    from compiler.calibration.profile import format_profile
-    from compiler.calibration.profile_fit import fit_profile
-    from compiler.costmodel.efficiency import load_efficiency
+    from compiler.calibration.profile_fit import calibrate_runs
 
     given_date = _date(date)
     if sweep_dir is not None:
@@ -61,20 +57,4 @@ def calibrate_command(runs: tuple[str, ...], output: Path | None, name: str | No
                                                               "(or --sweep DIR)"))
     if output is None:
         raise DtcError(Diagnostic(summary="no output given", hint="add -o profiles/NAME.yaml"))
-    measured = load_measured(runs)
-    notes = []
-    if "cpu" in measured.devices:
-        notes.append("some runs were measured on CPU (a test of the machinery): the cost model predicts GPUs, so "
-                     "these constants describe no real cluster")
-    if measured.skipped:
-        notes.append("skipped rows: " + ", ".join(f"{v} {k}" for k, v in sorted(measured.skipped.items())))
-    profile = fit_profile(measured.runs, name=name or output.stem, base=load_efficiency(),
-                          date=given_date or measured.date,
-                          inputs=[{"path": i.path, "kind": i.kind, "sha256": i.sha256} for i in measured.inputs],
-                          notes=notes)
-    try:
-        write_text_atomically(output, profile.to_yaml())
-    except OSError as exc:
-        raise DtcError(Diagnostic(summary=f"cannot write {output}: {exc.strerror}", location=Location(str(output)),
-                                  hint="choose a writable path")) from None
-    click.echo(format_profile(profile, str(output)))
+    click.echo(calibrate_runs(runs, output, name=name, date=given_date))
