@@ -5,7 +5,7 @@
 
 For each (source, GPU) group of the calibration set (default benchmarks/data/published_runs_dev.csv)
 with --min-runs or more modellable runs: the runs sorted by row id, every other run (1st, 3rd, ...)
-calibrates a profile (compiler/calibration/profile.py fit_profile: the same fit `dtc calibrate`
+calibrates a profile (compiler/calibration/profile_fit.py fit_profile: the same fit `dtc calibrate`
 runs, shrunk towards the global fit, each constant in its physical range) and the other half is
 predicted with it. Prints, per group and overall (the held-out runs of every group together), the
 median |error| of tokens/s per GPU on the held-out half before (the global constants of
@@ -28,7 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from compiler.calibration.fit import predict  # noqa: E402
-from compiler.calibration.profile import PRIOR_RUNS, fit_values  # noqa: E402
+from compiler.calibration.profile import PRIOR_RUNS  # noqa: E402
+from compiler.calibration.profile_fit import fit_values  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
 from compiler.costmodel.efficiency import load_efficiency  # noqa: E402
 

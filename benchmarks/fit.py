@@ -35,9 +35,9 @@ if str(ROOT) not in sys.path:
 
 from ruamel.yaml import YAML  # noqa: E402
 
-from compiler.calibration.fit import HUBER_DELTA, RIDGE, fit_with_loso, predict  # noqa: E402
+from compiler.calibration.fit import RIDGE, fit_with_loso, predict  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
-from compiler.costmodel.efficiency import FIT_PARAMETERS, prior_efficiency  # noqa: E402
+from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, prior_efficiency  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 PHYSICS = ROOT / "compiler" / "data" / "physics.yaml"

@@ -190,6 +190,19 @@ def write_artifacts(artifacts: ArtifactSet, out_dir: Path, *, force: bool = Fals
             hint=f"check free space and permissions; {out_dir} was left as it was")) from None
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """One file (a cluster profile, a sweep's PLAN.md): written beside ``path`` and renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _write(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None:
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,13 @@ hint), rendered in the compiler style::
       hint: use one of 1, 2, 4, 8
 
 ``assert`` is used only for internal invariants; anything else the user can
-cause raises a ``DtcError`` subclass. Bugs surface as ``InternalError``.
+cause raises a ``DtcError`` subclass. A bug (any other exception) is reported by compiler/cli.py as
+INTERNAL ERROR with exit code 3 (``ExitCode.INTERNAL_ERROR``).
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from pathlib import Path
 
 
 class ExitCode(enum.IntEnum):
@@ -145,21 +145,6 @@ def _window(text: str, column: int | None, end_column: int | None) -> tuple[str,
     return prefix + excerpt + suffix, column, width
 
 
-def source_line_of(path: str | Path, line: int | None, text: str | None = None) -> str | None:
-    """The 1-based ``line`` of a file (or of ``text``), for showing under a diagnostic."""
-    if line is None:
-        return None
-    try:
-        if text is None:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    rows = text.splitlines()
-    if 1 <= line <= len(rows):
-        return rows[line - 1][:300]
-    return None
-
-
 class DtcError(Exception):
     """Base of every user-facing error; exits with ``exit_code``."""
 
@@ -206,9 +191,3 @@ class ArtifactError(DtcError):
 
 class SmokeError(DtcError):
     """A smoke run that could not be set up."""
-
-
-class InternalError(DtcError):
-    """A bug in dtc."""
-
-    exit_code = ExitCode.INTERNAL_ERROR

@@ -8,7 +8,6 @@ not enter the world size.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -17,15 +16,6 @@ from compiler.split import PipelineSplit
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 Offload = Literal["none", "cpu", "nvme"]
-
-
-class ParallelAxis(str, enum.Enum):
-    TP = "tp"
-    PP = "pp"
-    CP = "cp"
-    EP = "ep"
-    DP_REPLICATE = "dp_replicate"
-    DP_SHARD = "dp_shard"
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,15 @@ difference means the cost model or the catalog changed since the plan was writte
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compiler import rules
 from compiler.catalog import Catalog, load_catalog
-from compiler.errors import Diagnostic, DtcError
+from compiler.errors import Diagnostic, DtcError, Location
 from compiler.estimate import Estimate, Rejection
 from compiler.model import count_params
-from compiler.plan import Plan
+from compiler.plan import Plan, TargetEstimate, as_in_plan, plan_data
 from compiler.problem import GpuOption, Hyper, Pins, Problem
 
 if TYPE_CHECKING:
@@ -67,3 +68,29 @@ def recost(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Problem, Esti
     rule or memory refuses it)."""
     problem, result = recost_targets(plan, catalog=catalog)
     return problem, result if isinstance(result, Rejection) else result.result
+
+
+def recost_as_in_plan(plan: Plan) -> tuple[Problem, Estimate | Rejection, tuple[TargetEstimate, ...], bool]:
+    """``recost_targets`` rounded as plan.json rounds it: (problem, the binding target's result, each target's
+    estimate, whether that reproduces the plan's estimate sections exactly)."""
+    problem, targets = recost_targets(plan)
+    result: Estimate | Rejection = targets if isinstance(targets, Rejection) else targets.result
+    per_target = () if isinstance(targets, Rejection) else tuple(as_in_plan(t) for t in targets.summaries())
+    if isinstance(result, Estimate):
+        result = as_in_plan(result)  # rounded as plan.json rounds it
+    same = (isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
+            and per_target == plan.target_estimates)
+    return problem, result, per_target, same
+
+
+def load_plan_file(path: str) -> Plan:
+    """A plan.json, or a DtcError at its path saying what is wrong."""
+    where = Location(path)
+    try:
+        return Plan.from_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DtcError(Diagnostic(summary=f"cannot read {path}: {exc.strerror}", location=where,
+                                  hint="pass the plan.json of a compiled folder, e.g. generated/<name>/plan.json"))
+    except ValueError as exc:
+        raise DtcError(Diagnostic(summary=f"not a dtc plan: {exc}", location=where,
+                                  hint="recompile the spec (dtc compile SPEC)")) from None

@@ -179,7 +179,7 @@ def render_runtime_target(plan: Any, *, target: str, config_file: str, entry_fil
             hint="use the megatron target for it, or change the model")) from None
     files = runtime_files()
     files[config_file] = dump(config)
-    from compiler.render.report import provenance_header
+    from compiler.render.common import provenance_header
 
     files[entry_file] = entry_script(module, doc, config_file, header=provenance_header(plan))
     return files

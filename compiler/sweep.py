@@ -245,9 +245,10 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
                  date: str | None = None, name: str | None = None) -> str:
     from compiler.calibration.logs import parse_log
     from compiler.calibration.measured import load_measured, run_of_log, run_of_setup, _load_plan
-    from compiler.calibration.profile import fit_profile
+    from compiler.calibration.profile_fit import fit_profile
     from compiler.costmodel.efficiency import load_efficiency
-    from compiler.commands.calibrate import format_profile, write_text_atomically
+    from compiler.artifacts import write_text_atomically
+    from compiler.calibration.profile import format_profile
 
     data = _manifest(sweep_dir)
     measured = load_measured(extra_runs) if extra_runs else None

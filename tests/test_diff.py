@@ -1,4 +1,4 @@
-"""`dtc diff` and compiler.diff: the semantic summary, per-artifact key changes, the three formats.
+"""`dtc diff` and compiler.review: the semantic summary, per-artifact key changes, the three formats.
 
 - unit tests on hand-made plans and artifacts (no solver, no renderers);
 - golden cases in tests/cases/diff/<case>/ (old.yaml, new.yaml -> expected.txt, expected.md),
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from compiler.artifacts import MANIFEST, ArtifactSet
-from compiler.diff import ArtifactDiff, Side, diff_sides, format_diff
-from compiler.diff_files import flatten_json, python_keys, shell_keys
+from compiler.review.format import format_diff
+from compiler.review.plans import ArtifactDiff, Side, diff_sides
+from compiler.review.files import flatten_json, python_keys, shell_keys
 from helpers import REPO, assert_golden, run_cli
 
 CASES = REPO / "tests" / "cases" / "diff"
@@ -291,7 +292,7 @@ def test_markdown_tables_and_details():
 
 
 def test_markdown_escapes_cells():
-    from compiler.diff_format import md_code, md_escape
+    from compiler.review.format import md_code, md_escape
 
     assert md_code("a|b") == "`a\\|b`"
     assert md_code("x`y") == "``x`y``"
@@ -347,7 +348,7 @@ def test_golden_cases_are_all_there():
 
 def test_golden_expectations():
     """What each case is about, checked on the data (not only the bytes)."""
-    from compiler.commands.diff import path_side
+    from compiler.review.sides import path_side
 
     def diff(case: str) -> ArtifactDiff:
         folder = CASES / case

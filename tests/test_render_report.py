@@ -363,7 +363,7 @@ def test_large_schedule_is_summarised_and_only_idle_is_hatched() -> None:
 def test_many_virtual_stages_read_as_three_phases() -> None:
     """Issue #15: at vpp 10 the picture was 20 near-identical legend colours and a grey band that looked like
     idle time. Now: a legend of four swatches, warm-up (forward), steady state (both), cool-down (backward)."""
-    from compiler.costmodel.pipeline import pipeline_events
+    from compiler.costmodel.pp_schedule import pipeline_events
 
     events = pipeline_events("interleaved_1f1b", 4, 64, 10, 0.01, 0.02, 0.0)
     p = make_test_plan(pp=4, vpp=10, gbs=64, events=tuple(events), alternatives=False)
@@ -401,7 +401,7 @@ def test_no_absolute_paths_or_timestamps(files: dict[str, str]) -> None:
 
 
 def test_absolute_spec_path_is_reduced() -> None:
-    from compiler.render.report import display_path
+    from compiler.render.common import display_path
 
     assert display_path("/home/me/specs/70b.yaml") == "70b.yaml"
     assert display_path("specs/70b.yaml") == "specs/70b.yaml"

@@ -16,7 +16,7 @@ the same data and physics give the same constants to the last digit. Leave-one-s
 start from the full fit and drop one source's rows.
 
 The predictions inside the fit use the linear-in-p2p pipeline makespan
-(compiler/costmodel/pipeline.py linear_p2p_makespans), equal to the simulated one for p2p small
+(compiler/costmodel/pp_schedule.py linear_p2p_makespans), equal to the simulated one for p2p small
 against a forward; reported accuracy always re-costs with the exact simulation.
 """
 from __future__ import annotations
@@ -27,11 +27,10 @@ from typing import Callable, Mapping, Sequence
 
 from compiler.calibration.runs import PublishedRun
 from compiler.costmodel import evaluate
-from compiler.costmodel.efficiency import FIT_PARAMETERS, Efficiency, prior_efficiency
-from compiler.costmodel.pipeline import linear_p2p_makespans
+from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, Efficiency, prior_efficiency
+from compiler.costmodel.pp_schedule import linear_p2p_makespans
 from compiler.estimate import Estimate
 
-HUBER_DELTA = 0.15
 RIDGE = 0.02
 STEP = 0.02  # forward-difference step in log space
 MAX_ITERATIONS = 12

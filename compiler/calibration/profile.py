@@ -1,8 +1,11 @@
 """Cluster profiles: the fitted constants refitted on one cluster's measured runs, with provenance.
 
-    fit_profile(runs, name=..., base=load_efficiency()) -> ClusterProfile
+    fit_profile(runs, name=..., base=load_efficiency()) -> ClusterProfile (compiler/calibration/profile_fit.py)
     ClusterProfile.to_yaml() / load_profile(path) -> ClusterProfile (errors with file:line:column)
     profile.efficiency(base) -> Efficiency (the shipped physics with the profile's constants)
+
+This module is the profile and its file; the fit lives in profile_fit.py, so that reading a spec's
+cluster.profile (compiler/problem.py) does not import the cost model it calibrates.
 
 What is fitted: the constants of compiler/costmodel/efficiency.py FIT_PARAMETERS (sustained
 GEMM/attention fraction, memory-bound traffic, kernel launch time, exposed tensor-parallel
@@ -37,11 +40,7 @@ from typing import Any, Mapping, Sequence
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
-from compiler.calibration.fit import HUBER_DELTA, _huber_weight, _levenberg_marquardt, _Problem, _round, _solve, \
-    jacobian, predict
-from compiler.calibration.runs import PublishedRun
-from compiler.costmodel.efficiency import FIT_PARAMETERS, PROFILE_PARAMETERS, Efficiency
-from compiler.costmodel.pipeline import linear_p2p_makespans
+from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, PROFILE_PARAMETERS, Efficiency
 from compiler.errors import Diagnostic, DtcError, Location
 
 PROFILE_SCHEMA_VERSION = 1
@@ -160,78 +159,21 @@ def error_summary(errors: Sequence[float]) -> dict[str, float]:
             "median_error": _r4(_percentile(list(errors), 0.5))}
 
 
-def global_sha256(base: Efficiency) -> str:
-    text = ",".join(f"{p.name}={global_value(base, p.name)!r}" for p in ALL_PARAMETERS)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _problem(runs: Sequence[PublishedRun], base: Efficiency, prior_runs: float) -> _Problem:
-    return _Problem(runs, base, [1.0] * len(runs), names=tuple(PARAMS),
-                    lo=tuple(math.log(p.lower) for p in ALL_PARAMETERS),
-                    hi=tuple(math.log(p.upper) for p in ALL_PARAMETERS),
-                    z0=tuple(math.log(global_value(base, p.name)) for p in ALL_PARAMETERS), ridge=prior_runs)
-
-
-def global_value(base: Efficiency, name: str) -> float:
-    """The global fit's value of a constant (a profile-only multiplier: 1, the physics)."""
-    return base.fitted[name] if name in base.fitted else base.profile_scale(name)
-
-
-def fit_values(runs: Sequence[PublishedRun], base: Efficiency, *, prior_runs: float = PRIOR_RUNS) -> dict[str, float]:
-    """The profile's constants for ``runs`` (MAP towards ``base``'s fitted constants), rounded as the global fit."""
-    prob = _problem(runs, base, prior_runs)
-    with linear_p2p_makespans():
-        z = _levenberg_marquardt(prob, prob.clip(list(prob.z0)))
-    return {n: _round(math.exp(v)) for n, v in zip(prob.names, z)}
-
-
-def fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, date: str | None = None,
-                inputs: Sequence[Mapping[str, str]] = (), notes: Sequence[str] = (),
-                prior_runs: float = PRIOR_RUNS) -> ClusterProfile:
-    if not runs:
-        raise DtcError(Diagnostic(summary="no measured run to calibrate on",
-                                  hint="give runs: a CSV, LOG:PLAN pairs, folders, or dtc smoke --json reports"))
-    values = fit_values(runs, base, prior_runs=prior_runs)
-    prob = _problem(runs, base, prior_runs)
-    z = [math.log(values[n]) for n in prob.names]
-    with linear_p2p_makespans():
-        errors = prob.errors(z)
-        cols = jacobian(prob, z, errors)
-        loo_z = _leave_one_out(prob, z, errors, cols)
-    h = [_huber_weight(e) for e in errors]
-    k = len(z)
-    info = [sum(h[i] * cols[j][i] ** 2 for i in range(len(runs))) for j in range(k)]
-    constants = {n: ProfileConstant(values[n], global_value(base, n), info[j] / (info[j] + prior_runs))
-                 for j, n in enumerate(prob.names)}
-    eff = base.with_fitted(values)
-    out = []
-    for i, r in enumerate(runs):
-        before = predict(r, base).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
-        after = predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
-        loo = predict(r, prob.eff(loo_z[i])).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
-        out.append(ProfileRun(id=r.row_id, source=r.source_id, model=r.model, gpu=r.gpu.name,
-                              num_gpus=r.layout.world_size, layout=r.layout.describe(), framework=r.framework.name,
-                              measured_tokens_per_s_per_gpu=_r4(r.measured_tokens_per_s_per_gpu),
-                              error_before=_r4(before), error_after=_r4(after), error_loo=_r4(loo)))
-    gpus = tuple(sorted({r.gpu.name for r in runs}))
-    return ClusterProfile(name=name, date=date, gpus=gpus, constants=MappingProxyType(constants), runs=tuple(out),
-                          inputs=tuple(inputs), global_sha256=global_sha256(base), notes=tuple(notes))
-
-
-def _leave_one_out(prob: _Problem, z: list[float], errors: list[float], cols: list[list[float]]) -> list[list[float]]:
-    """Per run, the constants refitted without it: one Gauss-Newton step from ``z`` on the other runs."""
-    k, n = len(z), len(errors)
-    h = [w * _huber_weight(e) for w, e in zip(prob.weights, errors)]
-    jtj = [[sum(h[i] * cols[a][i] * cols[b][i] for i in range(n)) for b in range(k)] for a in range(k)]
-    jtr = [sum(h[i] * cols[a][i] * errors[i] for i in range(n)) for a in range(k)]
-    out = []
-    for i in range(n):
-        a = [[jtj[r][c] - h[i] * cols[r][i] * cols[c][i] + (prob.ridge if r == c else 0.0) for c in range(k)]
-             for r in range(k)]
-        b = [-(jtr[r] - h[i] * cols[r][i] * errors[i] + prob.ridge * (z[r] - prob.z0[r])) for r in range(k)]
-        step = _solve(a, b)
-        out.append(prob.clip([zi + si for zi, si in zip(z, step)]))
-    return out
+def format_profile(profile: ClusterProfile, output: str) -> str:
+    """What `dtc calibrate` prints once ``output`` is written: the constants, the errors, the notes."""
+    lines = [f"cluster profile {profile.name!r} on {len(profile.runs)} runs ({', '.join(profile.gpus)}), "
+             f"date {profile.date or 'not given'}"]
+    for name, c in profile.constants.items():
+        mark = "identified" if c.identified else "kept near the global fit"
+        lines.append(f"  {name:<22} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
+                     f"{mark})")
+    for which, label in (("before", "global constants"), ("after", "this profile"),
+                         ("loo", "leave-one-out")):
+        s = profile.summary(which)
+        lines.append(f"  median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}  ({label})")
+    lines.extend(f"  note: {n}" for n in profile.notes)
+    lines.append(f"Calibrate: wrote {output}.")
+    return "\n".join(lines)
 
 
 # --- reading a profile ------------------------------------------------------------------------------

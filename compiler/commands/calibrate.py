@@ -6,25 +6,11 @@ array instead (compiler/sweep.py). Exit 0 when the profile was written, 2 for ba
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
-from compiler.errors import Diagnostic, DtcError, Location
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from compiler.errors import Diagnostic, DtcError
 
 
 def _date(value: str | None) -> str | None:
@@ -36,22 +22,6 @@ def _date(value: str | None) -> str | None:
         return datetime.date.fromisoformat(value).isoformat()
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a date (YYYY-MM-DD)") from None
-
-
-def format_profile(profile, output: str) -> str:
-    lines = [f"cluster profile {profile.name!r} on {len(profile.runs)} runs ({', '.join(profile.gpus)}), "
-             f"date {profile.date or 'not given'}"]
-    for name, c in profile.constants.items():
-        mark = "identified" if c.identified else "kept near the global fit"
-        lines.append(f"  {name:<22} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
-                     f"{mark})")
-    for which, label in (("before", "global constants"), ("after", "this profile"),
-                         ("loo", "leave-one-out")):
-        s = profile.summary(which)
-        lines.append(f"  median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}  ({label})")
-    lines.extend(f"  note: {n}" for n in profile.notes)
-    lines.append(f"Calibrate: wrote {output}.")
-    return "\n".join(lines)
 
 
 @click.command("calibrate")
@@ -74,9 +44,7 @@ def calibrate_command(runs: tuple[str, ...], output: Path | None, name: str | No
     runs say little about it; the profile reports its own leave-one-out error. Exit 0 when written, 2
     for bad input.
     """
-    from compiler.calibration.measured import load_measured
-    from compiler.calibration.profile import fit_profile
-    from compiler.costmodel.efficiency import load_efficiency
+    from compiler.calibration.profile_fit import calibrate_runs
 
     given_date = _date(date)
     if sweep_dir is not None:
@@ -89,20 +57,4 @@ def calibrate_command(runs: tuple[str, ...], output: Path | None, name: str | No
                                                               "(or --sweep DIR)"))
     if output is None:
         raise DtcError(Diagnostic(summary="no output given", hint="add -o profiles/NAME.yaml"))
-    measured = load_measured(runs)
-    notes = []
-    if "cpu" in measured.devices:
-        notes.append("some runs were measured on CPU (a test of the machinery): the cost model predicts GPUs, so "
-                     "these constants describe no real cluster")
-    if measured.skipped:
-        notes.append("skipped rows: " + ", ".join(f"{v} {k}" for k, v in sorted(measured.skipped.items())))
-    profile = fit_profile(measured.runs, name=name or output.stem, base=load_efficiency(),
-                          date=given_date or measured.date,
-                          inputs=[{"path": i.path, "kind": i.kind, "sha256": i.sha256} for i in measured.inputs],
-                          notes=notes)
-    try:
-        write_text_atomically(output, profile.to_yaml())
-    except OSError as exc:
-        raise DtcError(Diagnostic(summary=f"cannot write {output}: {exc.strerror}", location=Location(str(output)),
-                                  hint="choose a writable path")) from None
-    click.echo(format_profile(profile, str(output)))
+    click.echo(calibrate_runs(runs, output, name=name, date=given_date))

@@ -8,26 +8,11 @@ from pathlib import Path
 
 import click
 
-from compiler.artifacts import MANIFEST, ArtifactSet, read_artifacts, write_artifacts
+from compiler.artifacts import write_artifacts
 from compiler.errors import DtcError, ExitCode
 from compiler.report import to_json
+from compiler.review.folder import file_actions
 from compiler import units
-
-
-def file_actions(new: ArtifactSet, out_dir: Path) -> list[tuple[str, str]]:
-    """[(symbol, path)]: + add, ~ change, - remove, = same (manifest excluded)."""
-    old = read_artifacts(out_dir)
-    rows = []
-    for rel in sorted(set(new.files) | set(old.files)):
-        if rel == MANIFEST:
-            continue
-        if rel not in old:
-            rows.append(("+", rel))
-        elif rel not in new:
-            rows.append(("-", rel))
-        else:
-            rows.append(("=" if old[rel] == new[rel] else "~", rel))
-    return rows
 
 
 def plan_lines(plan) -> list[str]:

@@ -1,103 +1,27 @@
 """`dtc estimate SPEC`: cost one fully pinned layout and explain it line by line.
 
 The layout comes from the spec's ``layout:`` pins, overridden by the command-line
-options. Knobs that have an obvious default may be left out (cp=1, ep=1, vpp=1, the
-1F1B schedule, no recompute, no sequence parallelism, no offload, Megatron's most balanced
-split; dp = num_gpus / (tp x pp x cp); dp_shard = dp when ZeRO shards; grad_accum = global
-batch / (micro-batch x dp), the nearest within the batch tolerance); tp, pp, zero_stage and
-the micro-batch must be given. The layout rules (compiler.rules) judge it exactly as
-`dtc validate` and `dtc plan` do, with the same codes and messages. Prints the memory per GPU and the
+options and completed with the obvious defaults (compiler/pinned.py ``build_layout``, judged by
+the layout rules exactly as `dtc validate` and `dtc plan` judge it). Prints the memory per GPU and the
 step time as line items (formula and source of each), then the outputs; ``--json``
 gives the same data.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
-from compiler import rules, uncertainty, units
-from compiler.arith import grad_accum_for
-from compiler.costmodel import evaluate_targets, find_gpu_option
-from compiler.errors import Diagnostic, DtcError, ExitCode, Location, SpecError
+from compiler import uncertainty, units
+from compiler.costmodel import evaluate_targets
+from compiler.errors import Diagnostic, DtcError, ExitCode
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout
-from compiler.plan import Plan, TargetEstimate, as_in_plan, plan_data
-from compiler.problem import GpuOption, Problem, lower
+from compiler.pinned import build_layout
+from compiler.plan import TargetEstimate, plan_data
+from compiler.problem import Problem, lower
 from compiler.report import to_json
 from compiler.spec.load import load_spec
-from compiler.split import default_split
-
-REQUIRED_KNOBS = (("tp", "tensor_parallel", "--tp"), ("pp", "pipeline_parallel", "--pp"),
-                  ("zero_stage", "zero_stage", "--zero"), ("micro_batch", "micro_batch_size", "--micro-batch"))
-
-
-def _pick_gpu(problem: Problem, name: str | None) -> GpuOption:
-    if name is None:
-        if len(problem.gpu_options) == 1:
-            return problem.gpu_options[0]
-        names = ", ".join(o.name for o in problem.gpu_options)
-        raise SpecError(f"the spec lists several GPUs ({names}); choose one, got none", hint="add --gpu NAME")
-    option = find_gpu_option(problem, name)
-    if option is None:
-        names = ", ".join(o.name for o in problem.gpu_options)
-        raise SpecError(f"--gpu must be one of the spec's GPUs ({names}), got {name!r}",
-                        hint="add the GPU to cluster.gpu in the spec")
-    return option
-
-
-def rule_error(rejections: list[Rejection], context: str = "") -> DtcError:
-    """The layout rules ``rejections`` broke, one diagnostic each, with their codes (compiler.rules)."""
-    return DtcError([Diagnostic(summary=r.message + context, hint=r.fix, code=r.code) for r in rejections])
-
-
-def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
-    """The layout pinned by the spec and ``overrides`` (None: keep the pin), with the obvious defaults;
-    SpecError when incomplete, DtcError (with the rules' codes) when a layout rule rejects it."""
-    pins = problem.pins
-    knobs = {k: getattr(pins, k) for k in ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage",
-                                           "micro_batch", "recompute", "sequence_parallel", "offload_optimizer",
-                                           "offload_params", "split")}
-    knobs.update({k: v for k, v in overrides.items() if v is not None and k != "gpu"})
-    missing = [f"{spec_key} ({flag})" for key, spec_key, flag in REQUIRED_KNOBS if knobs[key] is None]
-    num_gpus = problem.num_gpus
-    if num_gpus is None and knobs["dp"] is None:
-        missing.append("data_parallel (--dp) or cluster.num_gpus")
-    if missing:
-        raise SpecError(f"dtc estimate needs a fully pinned layout; missing {', '.join(missing)}",
-                        hint="pin them under layout: in the spec or pass them as options, or let `dtc plan` solve")
-    option = _pick_gpu(problem, overrides.get("gpu"))
-    tp, pp, cp, ep, vpp, zero = (knobs["tp"], knobs["pp"], knobs["cp"] or 1, knobs["ep"] or 1, knobs["vpp"] or 1,
-                                 knobs["zero_stage"])
-    dp = knobs["dp"]
-    if dp is None and num_gpus is not None and num_gpus % (tp * pp * cp) == 0:
-        dp = num_gpus // (tp * pp * cp)
-    dp_shard = knobs["dp_shard"] or ((dp or 1) if zero > 0 else 1)
-    mb = knobs["micro_batch"]
-    grad_accum = grad_accum_for(problem.global_batch, problem.global_batch_tolerance, dp, mb) if dp else None
-    schedule = knobs["schedule"] or ("interleaved_1f1b" if vpp > 1 else "1f1b")
-    sp = bool(knobs["sequence_parallel"]) if knobs["sequence_parallel"] is not None else False
-    full = rules.Knobs(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
-                       cp=cp, ep=ep, dp=dp, dp_shard=dp_shard if dp else None, zero_stage=zero, micro_batch=mb,
-                       grad_accum=grad_accum, recompute=knobs["recompute"] or "none", sequence_parallel=sp,
-                       offload_optimizer=knobs["offload_optimizer"] or "none",
-                       offload_params=knobs["offload_params"] or "none", split=knobs["split"])
-    bad = rules.violations(problem.facts, full)
-    if not bad and dp is None:
-        bad = [rules.reject(rules.GPU_COUNT_NOT_ALLOWED, "dp", f"tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp} "
-                            f"must divide num_gpus ({num_gpus}) so that dp can be derived",
-                            "choose tp, pp and cp whose product divides num_gpus, or pass --dp")]
-    if bad:
-        raise rule_error(bad)
-    assert dp is not None and grad_accum is not None  # the GPU count and batch rules passed
-    split = full.split or default_split(problem.shape.num_layers, pp, vpp)
-    return Layout(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep,
-                  dp_replicate=dp // dp_shard, dp_shard=dp_shard, zero_stage=zero, micro_batch=mb,
-                  grad_accum=grad_accum, vpp=vpp, schedule=schedule, recompute=full.recompute,  # type: ignore[arg-type]
-                  sequence_parallel=sp, offload_optimizer=full.offload_optimizer,  # type: ignore[arg-type]
-                  offload_params=full.offload_params, split=split)  # type: ignore[arg-type]
-
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The cost model on one layout (the GPU is the spec's option named by layout.gpu), for each framework
@@ -263,30 +187,11 @@ def _show(problem: Problem, layout: Layout, result: Estimate | Rejection, as_jso
         click.echo(format_estimate_text(problem, layout, result, per_target))
 
 
-def load_plan_file(path: str) -> Plan:
-    """A plan.json, or a DtcError at its path saying what is wrong."""
-    where = Location(path)
-    try:
-        return Plan.from_json(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DtcError(Diagnostic(summary=f"cannot read {path}: {exc.strerror}", location=where,
-                                  hint="pass the plan.json of a compiled folder, e.g. generated/<name>/plan.json"))
-    except ValueError as exc:
-        raise DtcError(Diagnostic(summary=f"not a dtc plan: {exc}", location=where,
-                                  hint="recompile the spec (dtc compile SPEC)")) from None
-
-
 def _estimate_plan(path: str, as_json: bool) -> None:
-    from compiler.recost import recost_targets
+    from compiler.recost import load_plan_file, recost_as_in_plan
 
     plan = load_plan_file(path)
-    problem, targets = recost_targets(plan)
-    result: Estimate | Rejection = targets if isinstance(targets, Rejection) else targets.result
-    per_target = () if isinstance(targets, Rejection) else tuple(as_in_plan(t) for t in targets.summaries())
-    if isinstance(result, Estimate):
-        result = as_in_plan(result)  # rounded as plan.json rounds it
-    same = (isinstance(result, Estimate) and plan_data(result) == plan_data(plan.estimate)
-            and per_target == plan.target_estimates)
+    problem, result, per_target, same = recost_as_in_plan(plan)
     _show(problem, plan.layout, result, as_json, {"plan": path, "reproduces_plan": same}, per_target=per_target)
     if not as_json:
         click.echo("plan.json's estimate: " + ("reproduced exactly." if same else

@@ -9,7 +9,7 @@ Modules (each small, each quantity a named function with its unit in the name):
 * ``memory``       model states under ZeRO/FSDP, activations in flight, buffers, allowances
 * ``compute``      the FLOP convention and compute time at size-dependent efficiency
 * ``comm``         collectives, groups and the links they cross
-* ``pipeline``     schedule simulation (GPipe, 1F1B, interleaved 1F1B), bubble, in-flight
+* ``pp_schedule``  pipeline-parallel schedule simulation (GPipe, 1F1B, interleaved 1F1B), bubble, in-flight
 * ``stages``       which layers and parameters each pipeline stage holds
 * ``step``         composition into the time breakdown and the Estimate
 * ``context``      the per-(problem, layout, GPU) inputs, precision recipes, memoised per-layer costs

@@ -13,7 +13,7 @@ Every term is "bytes per token" of one layer for one micro-batch, tagged with
 whether tensor parallelism shards it (the paper's 24/t part) or not (the 10 part,
 which only sequence parallelism shards). ``activation_bytes_per_layer`` applies tp,
 sp and the recompute mode; the pipeline schedule decides how many micro-batches
-are in flight (compiler/costmodel/pipeline.py).
+are in flight (compiler/costmodel/pp_schedule.py).
 
 Which tensors are saved depends on the implementation; an ``ActivationImpl`` names
 the differences (the same formulas, different switches):

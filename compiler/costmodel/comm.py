@@ -69,21 +69,6 @@ def reduce_scatter_time_s(nbytes: float, n: int, link: GroupLink) -> float:
     return all_gather_time_s(nbytes, n, link)
 
 
-def all_to_all_time_s(nbytes_per_gpu: float, n: int, link: GroupLink, setup: Setup) -> float:
-    """Each rank sends (n-1)/n of its buffer; off-domain parts leave through its own NIC."""
-    if n <= 1 or nbytes_per_gpu <= 0:
-        return 0.0
-    eff = setup.eff
-    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTRA]
-    if link.link == INTRA:
-        return (n - 1) / n * nbytes_per_gpu / intra_bw + link.latency_s
-    g = link.members_per_domain
-    off = (n - g) / n * nbytes_per_gpu / (setup.gpu.inter_node_bandwidth_bytes_per_s * eff.busbw_fraction[INTER]
-                                                  * eff.profile_scale(INTER_SCALE))
-    on = (g - 1) / n * nbytes_per_gpu / intra_bw
-    return max(off, on) + link.latency_s
-
-
 def p2p_time_s(nbytes: float, link: GroupLink, setup: Setup) -> float:
     """One GPU to one GPU: NVLink inside the domain, that GPU's NIC across it."""
     if nbytes <= 0:
@@ -132,11 +117,6 @@ def replicate_link(setup: Setup) -> GroupLink:
 def expert_dp_size(setup: Setup) -> int:
     lay = setup.layout
     return max(1, lay.dp * lay.cp // lay.ep)
-
-
-def expert_dp_link(setup: Setup) -> GroupLink:
-    lay = setup.layout
-    return group_link(setup, lay.tp * lay.ep, expert_dp_size(setup))
 
 
 def pp_link(setup: Setup) -> GroupLink:

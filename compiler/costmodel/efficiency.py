@@ -64,6 +64,9 @@ FIT_PARAMETERS: tuple[FitParameter, ...] = (
                  "ranks, ~ cv x sqrt(2 ln N) longer (expected maximum of N normal variables)"),
 )
 FIT_PARAMETER_NAMES = tuple(p.name for p in FIT_PARAMETERS)
+# The fits' robust loss: Huber on log(predicted / measured) with this delta, so that one badly transcribed run
+# cannot drag a constant (the global fit, compiler/calibration/fit.py, and a cluster profile's, profile_fit.py).
+HUBER_DELTA = 0.15
 
 # Fitted only by a cluster profile (dtc calibrate, compiler/calibration/profile.py): multipliers on sourced physics
 # that differ from one cluster to the next; the global fit leaves them at 1 (the physics as measured by the

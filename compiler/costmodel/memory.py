@@ -17,7 +17,7 @@ import functools
 
 from compiler.costmodel import activations as act
 from compiler.costmodel.context import OPTIMIZER_SOURCE, Setup
-from compiler.costmodel.pipeline import inflight_microbatches
+from compiler.costmodel.pp_schedule import inflight_microbatches
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import LineItem, MemoryBreakdown
 from compiler.layout import Layout

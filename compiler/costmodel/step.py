@@ -7,7 +7,7 @@ One step = grad_accum micro-batches through the pipeline, then the optimizer.
    not hidden behind the forward); backward = 2x GEMMs + the rest + gradient-buffer traffic +
    recompute + exposed communication.
 2. The slowest stage paces the pipeline: its forward/backward times feed the schedule
-   simulation (pipeline.py); makespan = simulated units x forward time. The bubble and the
+   simulation (pp_schedule.py); makespan = simulated units x forward time. The bubble and the
    p2p transfers on the critical path are what the makespan adds over m x (forward + backward).
 3. Then the data-parallel gradient reduction (hidden behind the last backward except what
    does not fit and the last bucket), the parameter all-gather of ZeRO 1/2 (hidden behind the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.costmodel import comm, compute, pipeline
+from compiler.costmodel import comm, compute, pp_schedule
 from compiler.costmodel.bands import band_for
 from compiler.costmodel.context import Setup
 from compiler.costmodel.efficiency import Efficiency
@@ -200,11 +200,11 @@ def _pipeline_makespan_s(setup: Setup, fwd: float, bwd: float, p2p: float) -> tu
     lay, m = setup.layout, setup.num_microbatches
     if lay.pp == 1:
         return m * (fwd + bwd), m * (fwd + bwd)
-    r = pipeline.round_ratio(bwd / fwd)
-    x = pipeline.round_ratio(p2p / fwd)
-    with_p2p = pipeline.makespan_units(lay.schedule, lay.pp, m, lay.vpp, r, x) * fwd
-    # without p2p the simulation equals the textbook closed form (tests/unit/costmodel/test_cm_pipeline.py)
-    without = pipeline.textbook_makespan_units(lay.schedule, lay.pp, m, lay.vpp, r) * fwd
+    r = pp_schedule.round_ratio(bwd / fwd)
+    x = pp_schedule.round_ratio(p2p / fwd)
+    with_p2p = pp_schedule.makespan_units(lay.schedule, lay.pp, m, lay.vpp, r, x) * fwd
+    # without p2p the simulation equals the textbook closed form (tests/unit/costmodel/test_cm_pp_schedule.py)
+    without = pp_schedule.textbook_makespan_units(lay.schedule, lay.pp, m, lay.vpp, r) * fwd
     return with_p2p, without
 
 
@@ -290,7 +290,7 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
         items.append(LineItem("pp_bubble", makespan_no_p2p - busy,
                               f"simulated {lay.schedule} makespan {format_seconds(makespan_no_p2p)} - {m} x "
                               f"{format_seconds(st.forward_s + st.backward_s)} busy (pp={lay.pp}, vpp={lay.vpp})",
-                              "discrete-event simulation of the schedule (compiler/costmodel/pipeline.py)"))
+                              "discrete-event simulation of the schedule (compiler/costmodel/pp_schedule.py)"))
         items.append(LineItem("pp_p2p", makespan - makespan_no_p2p,
                               f"p2p {format_seconds(p2p)} per transfer on the critical path",
                               "Narayanan et al. 2021, sec. 4.1 (scatter/gather p2p)"))
@@ -362,7 +362,7 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
     num_steps = math.ceil(problem.tokens / tokens_per_step)
     time_to_train = num_steps * t
     gpu_hours = n * time_to_train / 3600.0
-    events = pipeline.pipeline_events(lay.schedule, lay.pp, lay.grad_accum, lay.vpp, step.forward_s,
+    events = pp_schedule.pipeline_events(lay.schedule, lay.pp, lay.grad_accum, lay.vpp, step.forward_s,
                                       step.backward_s, step.p2p_s) if with_events else ()
     return Estimate(
         memory=memory, time=step.time, comm=step.comm, pipeline=events, step_time_s=t,

@@ -99,20 +99,6 @@ class PipelinePicture:
         return self.num_drawn < self.num_events
 
 
-def microbatches_to_draw(events: Sequence[PipelineEvent], cap: int = MAX_PIPELINE_BOXES) -> int:
-    """The largest n such that events of microbatches < n are at most ``cap`` boxes."""
-    per_mb: dict[int, int] = {}
-    for e in events:
-        per_mb[e.microbatch] = per_mb.get(e.microbatch, 0) + 1
-    n, drawn = 0, 0
-    for mb in sorted(per_mb):
-        if drawn + per_mb[mb] > cap:
-            break
-        drawn += per_mb[mb]
-        n = mb + 1
-    return n
-
-
 def idle_intervals(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
     """Gaps in [t0, t1] not covered by ``intervals``."""
     gaps, cursor = [], t0
@@ -331,4 +317,3 @@ def _memory_legend(items: Sequence[LineItem], top: float) -> list[str]:
         out.append(_rect(cx, cy - 10, 12, 12, PALETTE[n % len(PALETTE)]))
         out.append(_text(cx + 16, cy, f"{item.name} {format_bytes(item.value)}"))
     return out
-

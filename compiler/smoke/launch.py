@@ -414,8 +414,3 @@ def clear_stale_locks(ext_dir: Path, *, min_age_s: float = 30.0) -> list[Path]:
         except OSError:
             continue
     return removed
-
-
-def built_ops(ext_dir: Path) -> list[str]:
-    """Ops already JIT-built (a loadable .so) in the cache."""
-    return sorted(p.parent.name for p in ext_dir.glob("**/*.so")) if ext_dir.is_dir() else []

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import sys
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -272,100 +271,3 @@ def _read_lines(path: Path) -> list[str]:
         return path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-
-
-
-# ------------------------------------------------------------------------------------------- megatron
-_MEGATRON_DIR_LINE = re.compile(r"^MEGATRON_DIR=.*$", re.M)
-_NTASKS_PER_NODE = re.compile(r"^#SBATCH --ntasks-per-node=\d+$", re.M)
-STAND_IN = '''\
-# dtc smoke: Megatron-LM's pretrain_gpt.py for this job is the smoke worker (the same providers,
-# megatron.training.pretrain from the installed megatron-core; compiler/targets/megatron/pretrain.py).
-import runpy
-
-runpy.run_module("compiler.targets.megatron.pretrain", run_name="__main__", alter_sys=True)
-'''
-
-
-def megatron_job_files(ctx, run, job_dir: Path) -> tuple[Path, Path]:
-    """(the artifact folder the job sources, the MEGATRON_DIR it runs pretrain_gpt.py from): the
-    smoke's arguments as a megatron_args.sh of the same form, and the worker as pretrain_gpt.py."""
-    from compiler.targets.megatron.smoke import ARGS_FILE
-
-    artifacts, megatron_dir = job_dir / "artifacts", job_dir / "megatron-lm"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    megatron_dir.mkdir(parents=True, exist_ok=True)
-    value = run.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
-    connections = (f"export CUDA_DEVICE_MAX_CONNECTIONS={shlex.quote(value)}" if value is not None
-                   else "unset CUDA_DEVICE_MAX_CONNECTIONS")
-    lines = ["# dtc smoke: the generated megatron_args.sh, scaled for this job (see the smoke report)",
-             "# shellcheck shell=bash disable=SC2034", connections, "MEGATRON_ARGS=("]
-    lines += [f"  {shlex.quote(a)}" for a in run.args] + [")", ""]
-    (artifacts / ARGS_FILE).write_text("\n".join(lines))
-    (megatron_dir / "pretrain_gpt.py").write_text(STAND_IN)
-    return artifacts, megatron_dir
-
-
-def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
-    """Submit train_megatron.sbatch: its #SBATCH lines fitted to the local node (one task per rank,
-    overcommitted onto the node's cores), MEGATRON_DIR pointed at the smoke worker, sourcing the
-    smoke's megatron_args.sh; reported from Megatron's own log lines like a local launch."""
-    from compiler.targets.megatron import smoke as M
-    from compiler.smoke import targets as T
-
-    setup: SmokeSetup = ctx.setup
-    script = ctx.generated_dir / registry.get("megatron").slurm.script
-    if not script.is_file():
-        return TargetResult("megatron", "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
-    out_dir = ctx.workdir / "slurm"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    artifacts, megatron_dir = megatron_job_files(ctx, run, out_dir)
-    text = rewrite_sbatch(script.read_text(), partition=os.environ.get("SLURM_SMOKE_PARTITION") or "debug",
-                          cpus_per_task=1, time_limit_s=ctx.timeout_s, output_dir=out_dir)
-    text = _NTASKS_PER_NODE.sub(f"#SBATCH --ntasks-per-node={setup.world_size}\n#SBATCH --overcommit", text, 1)
-    text, found = _MEGATRON_DIR_LINE.subn(f"MEGATRON_DIR={shlex.quote(str(megatron_dir))}", text, 1)
-    result = TargetResult("megatron", "failed", launched=True, steps_requested=setup.steps)
-    if not found:
-        result.reason = f"{script.name} sets no MEGATRON_DIR= line to point at the smoke worker"
-        return result
-    job_script = out_dir / script.name
-    job_script.write_text(text)
-    result.command = f"sbatch {job_script}"
-    run_id = uuid.uuid4().hex
-    env = smoke_env(setup, artifacts, T.rank_env(ctx, "megatron"), "megatron")
-    env = {k: v for k, v in env.items() if not k.startswith("DTC_SMOKE_")}
-    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # megatron_args.sh sets or unsets it
-    env.update(worker_env)
-    env[L.RUN_ID_ENV] = run_id
-    start = time.monotonic()
-    r = _run(["sbatch", "--parsable", str(job_script)], env, cwd=ctx.generated_dir)
-    m = re.match(r"\s*(\d+)", r.stdout)
-    if r.returncode != 0 or not m:
-        result.reason = f"sbatch refused the job: {(r.stderr or r.stdout).strip()}"
-        result.slurm = {"state": "NOT_SUBMITTED", "script": text}
-        return result
-    job_id = int(m.group(1))
-    info = wait_job(job_id, env, ctx.timeout_s, run_id)
-    result.wall_s = time.monotonic() - start
-    L.end_processes(None, run_id)  # a task's process still exiting when SLURM reports the job done
-    state = info.get("JobState", "?").split()[0]
-    code, _, sig = info.get("ExitCode", "0:0").partition(":")
-    out_path = Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out")
-    err_path = Path(info.get("StdErr") or out_dir / f"{_job_name(text)}-{job_id}.err")
-    M.fill_result(result, _read_lines(out_path) + _read_lines(err_path), setup)
-    result.slurm = {"job_id": job_id, "state": state, "exit_code": int(code or 0), "signal": int(sig or 0),
-                    "log_tail": "\n".join(x for x in (_tail(out_path, 15), _tail(err_path, 30)) if x)}
-    result.notes.append(f"{script.name}: MEGATRON_DIR -> {megatron_dir} (its pretrain_gpt.py runs the smoke "
-                        f"worker), DTC_ARTIFACT_DIR -> {artifacts} (the scaled megatron_args.sh); one task per "
-                        f"rank, --overcommit onto the local node")
-    if state != "COMPLETED":
-        why = "cancelled after the smoke timeout" if info.get("dtc_timeout") else f"ended {state}"
-        result.reason = f"SLURM job {job_id} {why} (exit {code}:{sig})"
-        result.error, result.error_tail = L.own_error(_tail(err_path, 200) + "\n" + _tail(out_path, 50))
-    elif result.steps_done < setup.steps:
-        result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
-    elif not result.loss_fell:
-        result.reason = "the loss did not fall on the learnable synthetic task"
-    else:
-        result.status = "passed"
-    return result

@@ -145,10 +145,6 @@ def summary_line(lines: list[str], key: str) -> dict[str, Any] | None:
     return None
 
 
-def fsdp_summary(lines: list[str]) -> dict[str, Any] | None:
-    return summary_line(lines, hooks("fsdp").summary_key or "")
-
-
 def rank_measures(summary_ranks: list[dict[str, Any]], world: int, device: str) -> list[RankMeasure]:
     """RankMeasures from a summary's per-rank records (fsdp_train.py and ds_train.py use the same
     keys; ds_train.py adds master_bytes, the fp32 copies DeepSpeed steps, counted with the states)."""

@@ -11,16 +11,6 @@ from compiler.spec.models import Spec
 START, END = "<!-- spec-reference:start -->", "<!-- spec-reference:end -->"
 
 
-def _type_name(annotation: typing.Any) -> str:
-    text = str(annotation).replace("typing.", "").replace("compiler.spec.models.", "")
-    text = text.replace("<class '", "").replace("'>", "")
-    for model in ("ModelSpec", "TrainingSpec", "ClusterSpec", "BudgetSpec", "LayoutSpec", "SearchSpec",
-                  "SlurmSpec", "MoESpec", "NetworkSpec", "CustomGpuSpec"):
-        text = text.replace(model, "mapping")
-    text = text.replace("Annotated[", "").replace("NoneType", "null")
-    return text.split(", Field")[0].split(", BeforeValidator")[0][:60]
-
-
 def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, type[BaseModel] | None, list[str]]]:
     out = []
     for name, field in model.model_fields.items():

@@ -28,9 +28,8 @@ from compiler.errors import RenderError
 from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
-from compiler.render.common import lr_schedule_steps
+from compiler.render.common import lr_schedule_steps, provenance_header
 from compiler.render.environment import render_template
-from compiler.render.report import provenance_header
 from compiler.split import LayerSplit, PipelineSplit
 from compiler.targets.megatron.cost import COST
 

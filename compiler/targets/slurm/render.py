@@ -45,7 +45,7 @@ from typing import Any
 from compiler.errors import Diagnostic, RenderError
 from compiler.plan import Plan
 from compiler.render.environment import render_template
-from compiler.render.report import provenance_header
+from compiler.render.common import provenance_header
 from compiler.targets import registry
 from compiler.targets.base import Target, load
 from compiler.spec.models import IMAGE_RE, MODULE_RE, NAME_RE, PATH_RE, SLURM_NAME_RE, env_name_problem

@@ -18,8 +18,8 @@ import pytest
 from compiler.calibration import logs as L
 from compiler.calibration.fit import predict
 from compiler.calibration.measured import load_measured, run_of_log
-from compiler.calibration.profile import (ALL_PARAMETERS, PARAMS, PRIOR_RUNS, fit_profile, load_profile,
-                                          parse_profile)
+from compiler.calibration.profile import ALL_PARAMETERS, PARAMS, PRIOR_RUNS, load_profile, parse_profile
+from compiler.calibration.profile_fit import fit_profile
 from compiler.calibration.runs import load_runs
 from compiler.costmodel.efficiency import load_efficiency
 from compiler.errors import DtcError

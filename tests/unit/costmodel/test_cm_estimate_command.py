@@ -7,7 +7,8 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from compiler.commands.estimate import build_layout, estimate_command, estimate_layout, format_estimate_text
+from compiler.commands.estimate import estimate_command, estimate_layout, format_estimate_text
+from compiler.pinned import build_layout
 from compiler.errors import DtcError, SpecError
 
 from cm_helpers import make_problem

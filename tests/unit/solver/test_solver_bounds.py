@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from compiler.costmodel import evaluate
-from compiler.costmodel.pipeline import makespan_units
+from compiler.costmodel.pp_schedule import makespan_units
 from compiler.estimate import Estimate
 from compiler.problem import lower
 from compiler.solver.bounds import Bounds, pipeline_units_lb

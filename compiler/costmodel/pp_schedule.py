@@ -12,7 +12,7 @@ an interleaved stage 1/v), its backward ``backward_ratio`` units, and a p2p tran
 thousands of calls simulate each distinct schedule once; the step time in
 compiler/costmodel/step.py is this simulated makespan times the forward time.
 
-Textbook checks (tests/unit/costmodel/test_cm_pipeline.py): with no p2p cost the
+Textbook checks (tests/unit/costmodel/test_cm_pp_schedule.py): with no p2p cost the
 bubble fraction is (p-1)/(m+p-1) for GPipe and 1F1B (Narayanan et al. 2021, sec. 2.2),
 and interleaving with v chunks divides the bubble time by v: (p-1)/(v*m) of the ideal time.
 
@@ -28,7 +28,7 @@ and gradient accumulation can make m a million. No function here costs more with
   the makespan is simulated at ``window_sizes`` (m's residue modulo pp, one period apart),
   the cycle c found where the differences repeat (``steady_cycle``), and extrapolated within
   m's residue class modulo c periods. Exact once the schedule is periodic inside the window:
-  1F1B always was in tests/unit/costmodel/test_cm_pipeline.py; interleaved 1F1B within 1%.
+  1F1B always was in tests/unit/costmodel/test_cm_pp_schedule.py; interleaved 1F1B within 1%.
   The work is at most MAX_SIMULATED_OPS operations (plus pp**2 * v for pipelines too deep
   for that, at most MAX_PIPELINE_PARALLEL stages: a linear fit over two sizes).
 - the in-flight micro-batches (activation memory) are the closed form of the warm-up.
@@ -248,7 +248,7 @@ _LINEAR_P2P = {"on": False}
 def linear_p2p_makespans():
     """Within this context the makespan is the textbook closed form + c x p2p, c the critical path's p2p
     count of the schedule, simulated once per (schedule, pp, m, v) at a small p2p. The simulated makespan
-    is exactly that for p2p small against a forward (tests/unit/costmodel/test_cm_pipeline.py): the fit
+    is exactly that for p2p small against a forward (tests/unit/costmodel/test_cm_pp_schedule.py): the fit
     (compiler/calibration/fit.py) re-costs every published run dozens of times and uses it so that it does
     not re-simulate long interleaved schedules for every trial constant."""
     before = _LINEAR_P2P["on"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.costmodel.pipeline import (inflight_microbatches, peak_inflight_chunks, round_ratio, simulate,
+from compiler.costmodel.pp_schedule import (inflight_microbatches, peak_inflight_chunks, round_ratio, simulate,
                                          textbook_bubble_fraction)
 
 
@@ -85,7 +85,7 @@ def test_round_ratio_is_three_significant_digits():
 
 # --- cost bounded by construction (issue #16, item 2) -------------------------------------------
 
-from compiler.costmodel import pipeline as P  # noqa: E402
+from compiler.costmodel import pp_schedule as P  # noqa: E402
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8, 16])

@@ -9,11 +9,12 @@ its renderers):
    time, MFU, time to train, GPU-hours and cost, each old -> new with the delta,
    and the warnings a reviewer needs (memory now within 3% of usable HBM, cost up
    20% or more, a target dropped, the new spec infeasible, ...);
-2. one ``FileChange`` per artifact (compiler.diff_files): JSON key paths old -> new,
+2. one ``FileChange`` per artifact (compiler.review.files): JSON key paths old -> new,
    shell flags, ``#SBATCH`` directives and exported variables, Python constants,
    line counts and the unified diff for everything.
 
-``format_diff`` (compiler.diff_format) turns diffs into text, Markdown or JSON.
+``format_diff`` (compiler.review.format) turns diffs into text, Markdown or JSON; it imports this
+module, never the other way round.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from compiler.artifacts import MANIFEST, ArtifactSet
-from compiler.diff_files import FileChange, KeyChange, compare_file, explain_plan_json, file_changes, key_changes
+from compiler.review.files import FileChange, KeyChange, compare_file, explain_plan_json, file_changes, key_changes
 from compiler.plan import BudgetSection, Plan
 from compiler import uncertainty
 from compiler.units import format_bytes, format_count, format_money, format_seconds, format_seconds_range
@@ -385,15 +386,5 @@ def _near_budget(p: Plan) -> bool:
     return limit is not None and p.estimate.cost_usd >= (1 - BUDGET_MARGIN) * limit
 
 
-# --------------------------------------------------------------------------- formatting (re-exported)
-
-
-def format_diff(diffs: ArtifactDiff | Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
-    """Text (Terraform-like), Markdown (a pull-request comment) or JSON (sorted keys)."""
-    from compiler.diff_format import format_diff as _format
-
-    return _format([diffs] if isinstance(diffs, ArtifactDiff) else list(diffs), fmt, unified=unified)
-
-
 __all__ = ["ArtifactDiff", "FileChange", "KeyChange", "Side", "SummaryChange", "compare_file", "diff_sides",
-           "format_diff", "key_changes", "summary_rows", "warnings_for"]
+           "key_changes", "summary_rows", "warnings_for"]

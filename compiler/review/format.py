@@ -1,13 +1,13 @@
 """Render ``ArtifactDiff``s: Terraform-like text, a Markdown pull-request comment, or JSON.
 
-Only formatting lives here; every number and verdict was computed by compiler.diff.
+Only formatting lives here; every number and verdict was computed by compiler.review.plans.
 """
 from __future__ import annotations
 
 import re
 from typing import Sequence
 
-from compiler.diff import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
+from compiler.review.plans import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
 from compiler.report import to_json
 
 FORMATS = ("text", "markdown", "json")
@@ -15,7 +15,10 @@ _SYMBOL = {"add": "+", "change": "~", "remove": "-", "same": "="}
 _VERB = {"add": "added", "change": "changed", "remove": "removed", "same": "unchanged"}
 
 
-def format_diff(diffs: Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
+def format_diff(diffs: ArtifactDiff | Sequence[ArtifactDiff], fmt: str = "text", *, unified: bool = False) -> str:
+    """Text (Terraform-like), Markdown (a pull-request comment) or JSON (sorted keys)."""
+    if isinstance(diffs, ArtifactDiff):
+        diffs = [diffs]
     if fmt == "text":
         return format_text(diffs, unified=unified)
     if fmt == "markdown":
