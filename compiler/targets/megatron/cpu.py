@@ -249,7 +249,7 @@ def _bridge_megatron() -> None:
             p.sequence_parallel = sp  # torch_norm.py:50; apex FusedLayerNorm tags its weights the same way
         return norm
 
-    torch_norm.WrappedTorchNorm.__new__ = norm_new  # type: ignore[method-assign]
+    torch_norm.WrappedTorchNorm.__new__ = norm_new
 
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
