@@ -314,7 +314,9 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     from compiler.smoke import targets as T
 
     setup: SmokeSetup = ctx.setup
-    script = ctx.generated_dir / registry.get("megatron").slurm.script
+    launch = registry.get("megatron").slurm
+    assert launch is not None, "megatron is a framework target: the slurm target launches it"
+    script = ctx.generated_dir / launch.script
     if not script.is_file():
         return TargetResult("megatron", "skipped", reason=f"{script.name} not generated (add slurm to the targets)")
     out_dir = ctx.workdir / "slurm"

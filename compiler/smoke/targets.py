@@ -297,6 +297,5 @@ def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,
     spec = L.LaunchSpec(argv=argv, env=env, cwd=ctx.generated_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
                         setup_timeout_s=min(ctx.timeout_s, L.LaunchSpec.setup_timeout_s),
                         stall_timeout_s=min(ctx.timeout_s, L.LaunchSpec.stall_timeout_s))
-    prefix = f"[{target}] "
-    return L.run_launch(spec, on_line=(lambda line: ctx.on_line(prefix + line)) if ctx.on_line else None,
-                        watch=watch)
+    prefix, on_line = f"[{target}] ", ctx.on_line
+    return L.run_launch(spec, on_line=(lambda line: on_line(prefix + line)) if on_line else None, watch=watch)
