@@ -95,7 +95,9 @@ def smoke_options(setup: SmokeSetup, target: str) -> dict[str, str | None]:
     """The entry point's options for the smoke run (None: a flag), in command-line order (the target's own
     Target.smoke.options); the one source for the local command line (``as_argv``) and the SLURM job's
     environment (``as_env``)."""
-    return load(hooks(target).options)(setup)  # type: ignore[arg-type]
+    options = hooks(target).options
+    assert options is not None, f"{target} has no smoke options hook (a torchrun entry's target has one)"
+    return load(options)(setup)
 
 
 def model_options(setup: SmokeSetup, target: str, *, seq_flag: str) -> dict[str, str | None]:
