@@ -73,6 +73,7 @@ def python_shims() -> None:
     if not hasattr(typing, "override"):
         import typing_extensions
 
+        # typeshed's 3.11 typing has no override: the very gap this back-port fills
         typing.override = typing_extensions.override  # type: ignore[attr-defined]
 
 
