@@ -166,7 +166,8 @@ def _short_help_from_source(module: str, attr: str) -> str | None:
             doc = ast.get_docstring(node)
             if not doc:
                 return None
-            return click.utils.make_default_short_help(doc.split("\f", 1)[0], 1000)
+            # click's own shortening, through its public API (click.utils.make_default_short_help is deprecated)
+            return click.Command(attr, help=doc.split("\f", 1)[0]).get_short_help_str(limit=1000)
     return None
 
 

@@ -293,7 +293,7 @@ def _exact_section(where: str) -> bool:
 def _from_data(tp: Any, data: Any, where: str) -> Any:
     """``data`` as a value of type ``tp``, checked; ``where`` is its path in plan.json (for the error)."""
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"plan.json: {where} must be an object, got {data!r}"[:300])
         missing = [name for name, _, required in _field_types(tp) if required and name not in data]
@@ -316,10 +316,10 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
         inner = args[0] if args else Any
         return tuple(_from_data(inner, v, f"{where}[{i}]") for i, v in enumerate(data))
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
         if data is None:
             return None
-        return _from_data(args[0], data, where) if len(args) == 1 else data
+        return _from_data(members[0], data, where) if len(members) == 1 else data
     if origin is typing.Literal:
         if data not in typing.get_args(tp):
             raise ValueError(f"plan.json: {where} must be one of {', '.join(map(str, typing.get_args(tp)))}, "

@@ -255,9 +255,9 @@ def _precision(f: Facts, k: Knobs) -> "Rejection | None":
 
 def _gpu_count(f: Facts, k: Knobs) -> "Rejection | None":
     g = f.gpus.get(k.gpu) if k.gpu is not None else None
-    if g is None or g.counts is None or None in (k.tp, k.pp, k.cp, k.dp):
+    if g is None or g.counts is None or k.tp is None or k.pp is None or k.cp is None or k.dp is None:
         return None
-    n = k.tp * k.pp * k.cp * k.dp  # type: ignore[operator]
+    n = k.tp * k.pp * k.cp * k.dp
     if n in g.counts:
         return None
     return reject(GPU_COUNT_NOT_ALLOWED, "dp", f"tp x pp x cp x dp must be an allowed GPU count "

@@ -26,10 +26,13 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from compiler.errors import Diagnostic, DtcError, Location
 from compiler.layout import Layout
+
+if TYPE_CHECKING:
+    from compiler.calibration.runs import PublishedRun
 
 SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
@@ -109,7 +112,9 @@ def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus:
     task at a time so that the timings do not share the CPUs)."""
     from compiler.targets import registry
 
-    launcher = registry.get(target).slurm.script
+    launch = registry.get(target).slurm
+    assert launch is not None, f"{target} is not launched by the slurm target (sweep_target picks one that is)"
+    launcher = launch.script
     head = ["#!/bin/bash", f"#SBATCH --job-name={name}-sweep",
             f"#SBATCH --array=0-{n - 1}" + ("%1" if local_cpu else ""),
             "#SBATCH --output=logs/slurm-%A_%a.out", "#SBATCH --no-requeue"]
@@ -252,7 +257,8 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
 
     data = _manifest(sweep_dir)
     measured = load_measured(extra_runs) if extra_runs else None
-    runs, rows, missing, dates = [], [], [], [date] if date else []
+    runs, missing, dates = [], [], [date] if date else []
+    rows: list[tuple[Any, PublishedRun | None, str]] = []  # (candidate, its run, status)
     for c in data["candidates"]:
         cid = c["id"]
         status_path, log_path = sweep_dir / "logs" / f"{cid}.status", sweep_dir / "logs" / f"{cid}.log"

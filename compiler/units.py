@@ -68,7 +68,7 @@ def _number(value: object, expected: str) -> float | None:
         try:
             number = float(value)
         except OverflowError:  # an int beyond float range (YAML allows any number of digits)
-            raise UnitError(f"number too large (about 10^{int(value.bit_length() * 0.30103)})", expected) from None
+            raise UnitError(f"number too large (about 10^{int(int(value).bit_length() * 0.30103)})", expected) from None
         return _finite(number, value, expected)
     if not isinstance(value, str):
         raise UnitError(f"expected a number or a string, got {type(value).__name__}", expected)

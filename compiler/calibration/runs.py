@@ -43,7 +43,7 @@ from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features
 from compiler.layout import Layout
-from compiler.model import ModelShape, MoEShape, count_params
+from compiler.model import MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
 from compiler.targets.cost import CostProfile
 
@@ -126,7 +126,7 @@ def framework_of(row: dict) -> CostProfile:
 # --- model shape --------------------------------------------------------------------------------------
 
 
-def mlp_kind(row: dict) -> str:
+def mlp_kind(row: dict) -> MlpKind:
     """'swiglu' or 'gelu' (two-matrix MLPs: GELU and squared ReLU have the same parameters and FLOPs)."""
     notes = _text(row, "notes")
     if re.search(r"squared[- ]relu|relu2|relu\^2|not gated|non-gated", notes) or re.search(r"\bgelu\b", notes):
@@ -486,9 +486,10 @@ def read_rows(path: str | Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def load_runs(path: str | Path, *, catalog: Catalog | None = None) -> tuple[list[PublishedRun], Counter]:
+def load_runs(path: str | Path, *, catalog: Catalog | None = None) -> tuple[list[PublishedRun], Counter[str]]:
     """Every modellable run of a CSV (recompute resolved) and the reasons the others were skipped."""
-    runs, skipped = [], Counter()
+    runs: list[PublishedRun] = []
+    skipped: Counter[str] = Counter()  # why a row was skipped -> rows
     for row in read_rows(path):
         try:
             runs.append(resolve(parse_row(row, catalog)))

@@ -355,7 +355,7 @@ def layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
 def _layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
     gemms = layer_gemms(setup, moe_layer)
     fw = setup.framework
-    ops = fw.ops_per_dense_layer
+    ops: float = fw.ops_per_dense_layer
     if moe_layer:
         m = setup.shape.moe
         assert m is not None

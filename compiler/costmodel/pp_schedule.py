@@ -189,9 +189,9 @@ def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_
     for s, order in enumerate(orders):
         plan = []
         for kind, chunk, mb in order:
-            dep = _dependency(kind, chunk, mb, s, pp, v)
-            dep_slot = -1 if dep is None else slot(dep[0], dep[2] * pp + dep[1], dep[3])
-            plan.append((slot(kind, chunk * pp + s, mb), dep_slot, dep is not None and dep[1] != s,
+            need = _dependency(kind, chunk, mb, s, pp, v)
+            dep_slot = -1 if need is None else slot(need[0], need[2] * pp + need[1], need[3])
+            plan.append((slot(kind, chunk * pp + s, mb), dep_slot, need is not None and need[1] != s,
                          f_len if kind == "F" else b_len, chunk, mb, kind))
         plans.append(plan)
     finish: list[float | None] = [None] * (2 * n_virtual * m)

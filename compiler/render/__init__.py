@@ -22,7 +22,10 @@ def render(plan: Plan, *, targets: Sequence[str] | None = None) -> ArtifactSet:
     wanted = tuple(targets) if targets is not None else tuple(plan.targets)
     by_target = {t.name: t.render(plan) for t in registry.targets() if t.name in wanted}
     seen: set[str] = set()  # a file two targets ship (dtc_runtime/ for fsdp and deepspeed) is listed once
-    rendered = [(t, name) for t, out in by_target.items() for name in out if not (name in seen or seen.add(name))]
+    rendered: list[tuple[str, str]] = []
+    for t, out in by_target.items():
+        rendered += [(t, name) for name in out if name not in seen]
+        seen.update(out)
     files: dict[str, str] = {"plan.json": plan.to_json()}
     files.update(render_report(plan, rendered=rendered))
     for out in by_target.values():

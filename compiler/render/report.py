@@ -386,7 +386,9 @@ def target_files(plan: Plan, rendered: Sequence[tuple[str, str]] | None = None) 
     seen: set[str] = set()  # a file two targets ship (dtc_runtime/) is listed once, under the first
     for target in registry.targets():
         if target.name in plan.targets:
-            out += [(target.name, name) for name in target.render(plan) if not (name in seen or seen.add(name))]
+            names = target.render(plan)
+            out += [(target.name, name) for name in names if name not in seen]
+            seen.update(names)
     return out
 
 

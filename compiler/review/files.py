@@ -78,7 +78,7 @@ def compare_file(path: str, old: str | None, new: str | None, *, context: int = 
     removed = sum(1 for line in diff[2:] if line.startswith("-"))
     unified = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff)
     keys: tuple[KeyChange, ...] = ()
-    if action == "change":
+    if old is not None and new is not None:  # action == "change"
         try:
             if kind == "plan":
                 keys = key_changes(_plan_settings(old), _plan_settings(new))
@@ -352,7 +352,8 @@ def _statement_keys(tokens: list[str], out: dict[str, str], seen: dict[str, int]
             name, _, value = tok.partition("=")
             _add(out, name, value)
         return
-    prog, args = None, []
+    prog: str | None = None
+    args: list[str] = []
 
     def flush() -> None:
         if prog is not None:

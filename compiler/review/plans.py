@@ -349,9 +349,10 @@ def warnings_for(old: Side, new: Side, summary: Sequence[SummaryChange]) -> list
         if near and not was_near:
             out.append(f"memory is {'now ' if a is not None else ''}within {HBM_MARGIN:.0%} of usable HBM "
                        f"({total / 2**30:.1f} of {usable / 2**30:.1f} GiB per GPU)")
-        if _near_budget(b) and not (a is not None and _near_budget(a)):
+        limit = b.budget.max_cost_usd
+        if limit is not None and _near_budget(b) and not (a is not None and _near_budget(a)):
             out.append(f"cost is {'now ' if a is not None else ''}within {BUDGET_MARGIN:.0%} of the budget "
-                       f"({format_money(b.estimate.cost_usd)} of {format_money(b.budget.max_cost_usd)})")
+                       f"({format_money(b.estimate.cost_usd)} of {format_money(limit)})")
     if a is None or b is None:
         return out
     ea, eb = a.estimate, b.estimate

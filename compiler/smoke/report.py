@@ -235,11 +235,12 @@ def format_target(t: TargetResult) -> list[str]:
         lines.append("  memory   per rank: " + "; ".join(
             f"r{r.rank} params {_b(r.param_bytes)} grads {_b(r.grad_bytes)} optim {_b(r.optimizer_bytes)} "
             f"act {_b(r.activation_bytes)}" for r in t.ranks[:4]) + (" ..." if len(t.ranks) > 4 else ""))
-    for c in t.comparisons:
-        ratio = "-" if c.ratio is None else f"x{c.ratio:.2f}"
-        band = "" if c.band is None else f"  band {c.band[0]:.2f}-{c.band[1]:.2f}" + (" OUT" if c.out_of_band else "")
-        fmt = _s if c.name == "step_time" else _b
-        lines.append(f"  {c.name:<16} measured {fmt(c.measured_bytes):>10}  predicted {fmt(c.predicted_bytes):>10}"
+    for cmp in t.comparisons:
+        ratio = "-" if cmp.ratio is None else f"x{cmp.ratio:.2f}"
+        band = "" if cmp.band is None else f"  band {cmp.band[0]:.2f}-{cmp.band[1]:.2f}" + (
+            " OUT" if cmp.out_of_band else "")
+        fmt = _s if cmp.name == "step_time" else _b
+        lines.append(f"  {cmp.name:<16} measured {fmt(cmp.measured_bytes):>10}  predicted {fmt(cmp.predicted_bytes):>10}"
                      f"  ratio {ratio}{band}")
     if t.preemption is not None:
         pre = t.preemption

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from compiler.layout import Layout
+from compiler.layout import Layout, Schedule
 from compiler.model import MLAShape, ModelShape, MoEShape
 from compiler.plan import Plan
 from compiler.split import default_split
@@ -366,7 +366,7 @@ def scale_plan(plan: Plan, *, device: str, max_ranks: int, steps: int = DEFAULT_
         changes=tuple(changes), kept=tuple(kept))
 
 
-def _schedule(lay: Layout, degrees: SmokeDegrees) -> str:
+def _schedule(lay: Layout, degrees: SmokeDegrees) -> Schedule:
     if degrees.pp == 1:
         return "1f1b"
     if degrees.vpp > 1:

@@ -95,7 +95,9 @@ def smoke_options(setup: SmokeSetup, target: str) -> dict[str, str | None]:
     """The entry point's options for the smoke run (None: a flag), in command-line order (the target's own
     Target.smoke.options); the one source for the local command line (``as_argv``) and the SLURM job's
     environment (``as_env``)."""
-    return load(hooks(target).options)(setup)  # type: ignore[arg-type]
+    options = hooks(target).options
+    assert options is not None, f"{target} has no smoke options hook (a torchrun entry's target has one)"
+    return load(options)(setup)
 
 
 def model_options(setup: SmokeSetup, target: str, *, seq_flag: str) -> dict[str, str | None]:
@@ -293,6 +295,5 @@ def run_launch(ctx: RunContext, target: str, argv: list[str], log_dir: Path,
     spec = L.LaunchSpec(argv=argv, env=env, cwd=ctx.generated_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
                         setup_timeout_s=min(ctx.timeout_s, L.LaunchSpec.setup_timeout_s),
                         stall_timeout_s=min(ctx.timeout_s, L.LaunchSpec.stall_timeout_s))
-    prefix = f"[{target}] "
-    return L.run_launch(spec, on_line=(lambda line: ctx.on_line(prefix + line)) if ctx.on_line else None,
-                        watch=watch)
+    prefix, on_line = f"[{target}] ", ctx.on_line
+    return L.run_launch(spec, on_line=(lambda line: on_line(prefix + line)) if on_line else None, watch=watch)

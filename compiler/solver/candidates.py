@@ -207,6 +207,8 @@ class Space:
             return got
         pins = self.pins
         out: list[Sharding] = []
+        shards: tuple[int, ...]
+        offloads: tuple[tuple[str, str], ...]  # (offload_optimizer, offload_params)
         for zero in (0, 1, 2, 3):
             if pins.zero_stage is not None and zero != pins.zero_stage:
                 continue

@@ -73,9 +73,11 @@ class SearchResult:
 
 def search(problem: Problem, *, top_k: int | None = None, evaluator: Evaluator | None = None) -> SearchResult:
     """``solve``, plus an example message for each rejection code."""
-    final: Evaluator | FinalEvaluator | None = evaluator
+    final: Evaluator | FinalEvaluator
     if evaluator is None:
         evaluator, final = _search_evaluate, _plan_evaluate
+    else:
+        final = evaluator
     k = problem.top_k if top_k is None else top_k
     s = _Search(problem, max(0, k), evaluator)
     s.run()

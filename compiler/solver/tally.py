@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from compiler import units
 from compiler.estimate import Estimate, Rejection
@@ -97,7 +97,7 @@ class Tally:
             self.examples[code] = message
 
     def closest_misses(self, evaluate: Callable[[Problem, Layout], "Estimate | Rejection"]
-                       ) -> tuple[dict[str, Any], ...]:
+                       ) -> tuple[ClosestMiss, ...]:
         """The nearest misses as data; a miss proven by a bound is costed now, for the cost model's words."""
         out, seen = [], set()
         for miss in self.misses:

@@ -17,7 +17,7 @@ import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
@@ -579,9 +579,9 @@ def _show(value: Any) -> str:
 
 
 def validation_diagnostics(exc: ValidationError, data: dict, source: SourceMap) -> list[Diagnostic]:
-    grouped: dict[Path_, list[dict]] = {}
-    for err in exc.errors(include_url=False):
-        grouped.setdefault(_normalise(err["loc"], data), []).append(err)
+    grouped: dict[Path_, list[Mapping[str, Any]]] = {}
+    for detail in exc.errors(include_url=False):
+        grouped.setdefault(_normalise(detail["loc"], data), []).append(detail)
     diags: list[Diagnostic] = []
     seen: set[tuple[Path_, str]] = set()
     parents = {other[:cut] for other in grouped for cut in range(len(other))}
@@ -609,7 +609,7 @@ def validation_diagnostics(exc: ValidationError, data: dict, source: SourceMap) 
     return diags
 
 
-def _diagnostic_for(err: dict, loc: Path_, source: SourceMap) -> Diagnostic:
+def _diagnostic_for(err: Mapping[str, Any], loc: Path_, source: SourceMap) -> Diagnostic:
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     name = _dotted(loc)
     if kind == "extra_forbidden":

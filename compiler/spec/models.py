@@ -560,6 +560,7 @@ class SlurmSpec(_Strict):
 
 
 ALL_TARGETS: tuple[str, ...] = target_registry.names()  # compiler/targets/registry.py
+# a Literal built at run time from the registry (one home for the names): pydantic reads it, mypy cannot
 TargetName = Literal[ALL_TARGETS]  # type: ignore[valid-type]
 
 

@@ -16,7 +16,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, type[BaseModel
     for name, field in model.model_fields.items():
         default = field.default
         if field.default_factory is not None:
-            made = field.default_factory()
+            made = field.get_default(call_default_factory=True)
             shown = "optional" if isinstance(made, BaseModel) else f"`{made}`"
         elif default is PydanticUndefined:
             shown = "required"

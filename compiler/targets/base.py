@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeGuard
 
 if TYPE_CHECKING:
     from compiler.layout import Layout
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SupportRule = Callable[["Knobs", str], "tuple[str, str] | None"]  # (knobs, precision) -> (field, reason) | None
 
 
-def gt1(value: int | None) -> bool:
+def gt1(value: int | None) -> TypeGuard[int]:
     """A degree that is known and more than 1 (support rules say nothing about unknown knobs)."""
     return value is not None and value > 1
 

@@ -73,6 +73,7 @@ def python_shims() -> None:
     if not hasattr(typing, "override"):
         import typing_extensions
 
+        # typeshed's 3.11 typing has no override: the very gap this back-port fills
         typing.override = typing_extensions.override  # type: ignore[attr-defined]
 
 
@@ -249,7 +250,7 @@ def _bridge_megatron() -> None:
             p.sequence_parallel = sp  # torch_norm.py:50; apex FusedLayerNorm tags its weights the same way
         return norm
 
-    torch_norm.WrappedTorchNorm.__new__ = norm_new  # type: ignore[method-assign]
+    torch_norm.WrappedTorchNorm.__new__ = norm_new
 
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 

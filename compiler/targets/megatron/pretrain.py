@@ -229,6 +229,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     return built
 
 
+# megatron's pretrain() reads this flag off the function; mypy types no attributes on functions
 train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
 
 

@@ -491,7 +491,10 @@ def check_artifacts(c: Any, files: dict[str, str]) -> None:
     text = files[ARGS_FILE]
     lay = c.plan.layout
     f = megatron_flags(text)
-    as_int = lambda key, default: int(f.get(key, default))  # noqa: E731
+
+    def as_int(key: str, default: int) -> int:
+        return int(f.get(key, default))
+
     c.expect("megatron_args.sh", "--tensor-model-parallel-size", as_int("--tensor-model-parallel-size", 1), lay.tp)
     c.expect("megatron_args.sh", "--pipeline-model-parallel-size", as_int("--pipeline-model-parallel-size", 1), lay.pp)
     c.expect("megatron_args.sh", "--context-parallel-size", as_int("--context-parallel-size", 1), lay.cp)

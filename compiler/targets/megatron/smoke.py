@@ -462,8 +462,9 @@ def describe(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None
                       for c in run.changes]
     result.changes += [{"what": "skipped part: " + c.what, "plan": c.plan, "smoke": c.smoke, "why": c.why}
                        for c in run.skipped]
-    if run.layout is not None and run.layout.ep > 1:
-        result.notes.append(f"experts run for real: ep={run.layout.ep}, {setup.shape.moe.num_experts} experts "
+    moe = setup.shape.moe
+    if run.layout is not None and run.layout.ep > 1 and moe is not None:
+        result.notes.append(f"experts run for real: ep={run.layout.ep}, {moe.num_experts} experts "
                             f"(the setup's ep -> 1 is the dense fsdp/deepspeed reference models')")
     if setup.device == "cpu":
         result.notes.append("CPU: megatron-core runs through compiler/targets/megatron/cpu.py (the CUDA-to-CPU "

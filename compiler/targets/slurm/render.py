@@ -244,11 +244,11 @@ def primary_target(plan: Plan) -> str:
     launcher = plan.slurm.launcher
     if launcher is None:
         return next(t for t in plan.targets if t in present)
-    ranked = sorted((t.slurm.launchers[launcher], t.name) for t in launched(plan)  # type: ignore[union-attr]
-                    if launcher in t.slurm.launchers)  # type: ignore[union-attr]
+    ranked = sorted((t.slurm.launchers[launcher], t.name) for t in launched(plan)
+                    if t.slurm is not None and launcher in t.slurm.launchers)
     if ranked:
         return ranked[0][1]
-    means = {}
+    means: dict[str, list[str]] = {}
     for t in registry.targets():
         for name in (t.slurm.launchers if t.slurm else {}):
             means.setdefault(name, []).append(t.name)

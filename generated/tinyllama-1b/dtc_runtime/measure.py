@@ -130,7 +130,7 @@ def count_recomputation() -> bool:
 
             self.pack_hook = counting_pack
 
-    ckpt._recomputation_hook = _CountingRecomputation
+    setattr(ckpt, "_recomputation_hook", _CountingRecomputation)  # torch looks it up here at each recompute
     return True
 
 
