@@ -236,7 +236,7 @@ def test_profile_shrinks_towards_the_global_fit(small_runs):
     # a constant the runs cannot see (straggler spread on these few nodes) stays at the global value
     assert not many.constants["straggler_cv"].identified
     assert many.summary("after")["median_abs_error"] < many.summary("before")["median_abs_error"]
-    assert PRIOR_RUNS == 3.0
+    assert PRIOR_RUNS == 0.5
 
 
 def test_profile_yaml_round_trip_and_determinism(small_runs, tmp_path):
