@@ -48,6 +48,7 @@ from compiler.calibration.runs import PublishedRun
 from compiler.costmodel.efficiency import FIT_PARAMETERS, PROFILE_PARAMETERS, Efficiency
 from compiler.costmodel.pipeline import linear_p2p_makespans
 from compiler.errors import Diagnostic, DtcError, Location
+from compiler.profile_ref import ProfileRef
 
 PROFILE_SCHEMA_VERSION = 2  # 2: all_to_all_scale and long_sequence_attention_scale
 PROFILE_KIND = "dtc-cluster-profile"
@@ -104,6 +105,17 @@ class ClusterProfile:
         from dataclasses import replace
 
         return replace(base.with_fitted(self.values), loso=MappingProxyType({}))
+
+    def loo_log_errors(self) -> tuple[float, ...]:
+        """Each run's leave-one-out residual as an error band reads it: log(predicted / measured tokens/s), i.e.
+        log(measured / predicted step time)."""
+        return tuple(_r4(math.log1p(r.error_loo)) for r in self.runs if r.error_loo > -1.0)
+
+    def ref(self, path: str, sha256: str) -> ProfileRef:
+        """What a spec's plan keeps of this profile (cluster.profile): name, path, sha256, constants and the
+        leave-one-out residuals its error bands come from."""
+        return ProfileRef(name=self.name, path=path, sha256=sha256, constants=self.values,
+                          loo_log_errors=self.loo_log_errors())
 
     def summary(self, which: str) -> dict[str, float]:
         errors = [getattr(r, f"error_{which}") for r in self.runs]
