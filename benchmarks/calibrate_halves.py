@@ -31,8 +31,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from compiler.calibration.fit import predict  # noqa: E402
-from compiler.calibration.profile import PRIOR_RUNS, PROFILE_HUBER_DELTA, fit_profile, fit_values  # noqa: E402
+from compiler.calibration.profile import PRIOR_RUNS, PROFILE_HUBER_DELTA, fit_profile  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
+from compiler.costmodel.bands import default_table, profile_band  # noqa: E402
 from compiler.costmodel.efficiency import load_efficiency  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
@@ -61,10 +62,25 @@ def _abs_errors(runs, eff) -> list[float]:
 
 def halves(groups, base, *, swap: bool, quiet: bool) -> tuple[list[dict], dict]:
     rows, all_before, all_after = [], [], []
+    inside = banded = 0
+    widths: list[float] = []
+    global_widths: list[float] = []  # the published runs' bands of the same held-out runs
     for (source, gpu), members in groups:
         fit_half, test_half = (members[1::2], members[0::2]) if swap else (members[0::2], members[1::2])
-        values = fit_values(fit_half, base)
-        before, after = _abs_errors(test_half, base), _abs_errors(test_half, base.with_fitted(values))
+        profile = fit_profile(fit_half, name=f"{source}-{gpu}", base=base)
+        values = profile.values
+        eff = base.with_fitted(values)
+        before, after = _abs_errors(test_half, base), _abs_errors(test_half, eff)
+        # the band a spec using this profile gets (its own leave-one-out residuals), checked on the held-out half
+        band = profile_band(profile.ref("", ""))
+        if band is not None:
+            for r in test_half:
+                inside += band.contains(math.log(predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu))
+                banded += 1
+            widths.append(band.high / band.low)
+            for r in test_half:
+                g = default_table().band_of(r.features)
+                global_widths.append(g.high / g.low)
         all_before += before
         all_after += after
         rows.append({"source": source, "gpu": gpu, "runs": len(members), "calibrated_on": len(fit_half),
@@ -77,7 +93,10 @@ def halves(groups, base, *, swap: bool, quiet: bool) -> tuple[list[dict], dict]:
                   f"{_percentile(after, 0.9):6.1%}", flush=True)
     overall = {"groups": len(rows), "predicted": len(all_before), "median_abs_error_before": _median(all_before),
                "median_abs_error_after": _median(all_after), "p90_abs_error_before": _percentile(all_before, 0.9),
-               "p90_abs_error_after": _percentile(all_after, 0.9)}
+               "p90_abs_error_after": _percentile(all_after, 0.9),
+               "profile_band_coverage": inside / banded if banded else math.nan, "profile_banded_runs": banded,
+               "profile_band_median_width": _median(widths),
+               "published_band_median_width": _median(global_widths)}
     return rows, overall
 
 
@@ -106,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{overall['median_abs_error_before']:.1%} before -> {overall['median_abs_error_after']:.1%} after, "
                   f"p90 {overall['p90_abs_error_before']:.1%} -> {overall['p90_abs_error_after']:.1%} (goal <= 5% "
                   f"median; prior strength {PRIOR_RUNS:g} runs, Huber delta {PROFILE_HUBER_DELTA:g})", flush=True)
+            print(f"profile bands (from the calibration half's leave-one-out residuals): "
+                  f"{overall['profile_band_coverage']:.1%} of {overall['profile_banded_runs']} held-out runs inside "
+                  f"the 80% band; median band width x{overall['profile_band_median_width']:.3f} "
+                  f"(high / low step time; the published runs' bands of the same runs x"
+                  f"{overall['published_band_median_width']:.3f})", flush=True)
     if args.loo:
         loo_rows, all_loo = [], []
         for (source, gpu), members in groups:
