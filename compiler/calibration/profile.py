@@ -6,9 +6,18 @@
 
 What is fitted: the constants of compiler/costmodel/efficiency.py FIT_PARAMETERS (sustained
 GEMM/attention fraction, memory-bound traffic, kernel launch time, exposed tensor-parallel
-communication, per-step overhead, straggler spread), each clipped to the physical range named
-there with its source. A profile describes one cluster, so its GPU's GEMM and attention
-efficiency is its ``compute_scale``.
+communication, per-step overhead, straggler spread) and PROFILE_PARAMETERS (this cluster's fp8
+and grouped-GEMM rates, attention rate and its scaling with sequence length, MoE token-dispatch
+rate, inter-node bandwidth), each clipped to the physical range named there with its source. A
+profile describes one cluster, so its GPU's GEMM and attention efficiency is its
+``compute_scale``. What stays unexplained within one (source, GPU) group of the calibration set
+after a profile (benchmarks/calibrate_halves.py): software releases (NeMo 25.09 .. 26.08 run the
+same Qwen3-30B layout 1.75x apart) and llm-foundry's FSDP runs of 30B+ models on a few nodes
+(10-25% slower than the model); no cluster constant expresses either.
+
+A profile's own leave-one-out residuals (``loo_log_errors``, kept in the spec's plan with the
+profile reference) give the 80% band of every estimate costed with it
+(compiler/costmodel/bands.py ``profile_band``).
 
 Not over-fitting a handful of runs:
 
