@@ -11,7 +11,8 @@ predicted with it. Prints, per group and overall (the held-out runs of every gro
 median and 90th-percentile |error| of tokens/s per GPU on the held-out half before (the global
 constants of compiler/data/efficiency.yaml) and after (the profile's). Goal after: <= 5% median.
 Then the same with the halves swapped (calibrate on the 2nd, 4th, ... run), a check that the
-figure is not one split's luck, and with --loo each group's profile fitted on all its runs with
+figure is not one split's luck; then as for an unseen source (the profile shrunk towards, and
+"before" measured with, the global constants refitted without the group's source), and with --loo each group's profile fitted on all its runs with
 its own leave-one-out error (what `dtc calibrate` reports and a calibrated band is made of).
 
 Note: the global constants were fitted on this same set, so "before" is in-sample for them; the
@@ -60,12 +61,15 @@ def _abs_errors(runs, eff) -> list[float]:
     return [abs(predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1) for r in runs]
 
 
-def halves(groups, base, *, swap: bool, quiet: bool) -> tuple[list[dict], dict]:
+def halves(groups, shipped, *, swap: bool, quiet: bool, unseen: bool = False) -> tuple[list[dict], dict]:
     rows, all_before, all_after = [], [], []
     inside = banded = 0
     widths: list[float] = []
     global_widths: list[float] = []  # the published runs' bands of the same held-out runs
     for (source, gpu), members in groups:
+        # unseen: the global constants refitted without this source (compiler/data/efficiency.yaml's
+        # leave-one-source-out refit), as for a cluster dtc was never fitted on
+        base = shipped.left_out(source) if unseen else shipped
         fit_half, test_half = (members[1::2], members[0::2]) if swap else (members[0::2], members[1::2])
         profile = fit_profile(fit_half, name=f"{source}-{gpu}", base=base)
         values = profile.values
@@ -115,11 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         by[(r.source_id, r.gpu.name)].append(r)
     groups = [(k, sorted(v, key=lambda r: _key(r.row_id))) for k, v in sorted(by.items()) if len(v) >= args.min_runs]
     out: dict = {"prior_strength_runs": PRIOR_RUNS, "huber_delta": PROFILE_HUBER_DELTA}
-    for swap in (False, True):
+    for mode in ("halves", "swapped", "unseen"):
+        swap, unseen = mode == "swapped", mode == "unseen"
         if not args.json:
-            print("calibrate on the " + ("2nd, 4th, ... run (swapped halves)" if swap else "1st, 3rd, ... run"))
-        rows, overall = halves(groups, base, swap=swap, quiet=args.json)
-        out["swapped" if swap else "halves"] = {"groups": rows, "overall": overall}
+            print({"halves": "calibrate on the 1st, 3rd, ... run",
+                   "swapped": "calibrate on the 2nd, 4th, ... run (swapped halves)",
+                   "unseen": "calibrate on the 1st, 3rd, ... run, the global constants fitted without the group's "
+                             "source (an unseen source)"}[mode])
+        rows, overall = halves(groups, base, swap=swap, unseen=unseen, quiet=args.json)
+        out[mode] = {"groups": rows, "overall": overall}
         if not args.json:
             print(f"overall: {overall['groups']} groups, {overall['predicted']} held-out runs, median |error| "
                   f"{overall['median_abs_error_before']:.1%} before -> {overall['median_abs_error_after']:.1%} after, "
