@@ -43,12 +43,21 @@ def format_profile(profile, output: str) -> str:
              f"date {profile.date or 'not given'}"]
     for name, c in profile.constants.items():
         mark = "identified" if c.identified else "kept near the global fit"
-        lines.append(f"  {name:<22} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
+        lines.append(f"  {name:<30} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
                      f"{mark})")
     for which, label in (("before", "global constants"), ("after", "this profile"),
                          ("loo", "leave-one-out")):
         s = profile.summary(which)
         lines.append(f"  median |error| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}  ({label})")
+    from compiler.costmodel.bands import PROFILE_MIN_RUNS, profile_band
+
+    band = profile_band(profile.ref(output, ""))
+    if band is not None:
+        lines.append(f"  80% band of every estimate a spec costs with it: x{band.low:.3f}-x{band.high:.3f} the predicted "
+                     f"step time (its {band.runs} leave-one-out errors)")
+    else:
+        lines.append(f"  {len(profile.runs)} runs, fewer than {PROFILE_MIN_RUNS}: specs using it keep the published "
+                     f"runs' 80% bands")
     lines.extend(f"  note: {n}" for n in profile.notes)
     lines.append(f"Calibrate: wrote {output}.")
     return "\n".join(lines)

@@ -289,6 +289,7 @@ def test_calibrate_command_and_spec_use(small_runs, tmp_path):
     r = dtc("calibrate", str(path), "-o", str(out), "--date", "2026-11-30")
     assert r.returncode == 0, r.stderr
     assert "Calibrate: wrote" in r.stdout and "leave-one-out" in r.stdout
+    assert "fewer than 8: specs using it keep the published runs' 80% bands" in r.stdout  # 6 runs
     profile, sha = load_profile(out)
     assert profile.date == "2026-11-30" and profile.inputs[0]["kind"] == "csv"
     spec = (ROOT / "specs" / "1b-fsdp.yaml").read_text().replace("gpu: a100-80gb", "gpu: h100-sxm")
