@@ -109,9 +109,7 @@ def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus:
     task at a time so that the timings do not share the CPUs)."""
     from compiler.targets import registry
 
-    slurm = registry.get(target).slurm
-    assert slurm is not None, f"{target} has no SLURM launcher (render_sweep checks it)"
-    launcher = slurm.script
+    launcher = registry.get(target).slurm.script
     head = ["#!/bin/bash", f"#SBATCH --job-name={name}-sweep",
             f"#SBATCH --array=0-{n - 1}" + ("%1" if local_cpu else ""),
             "#SBATCH --output=logs/slurm-%A_%a.out", "#SBATCH --no-requeue"]
@@ -253,10 +251,7 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
 
     data = _manifest(sweep_dir)
     measured = load_measured(extra_runs) if extra_runs else None
-    runs: list[Any] = []
-    rows: list[tuple[Any, Any, str]] = []
-    missing: list[str] = []
-    dates = [date] if date else []
+    runs, rows, missing, dates = [], [], [], [date] if date else []
     for c in data["candidates"]:
         cid = c["id"]
         status_path, log_path = sweep_dir / "logs" / f"{cid}.status", sweep_dir / "logs" / f"{cid}.log"

@@ -37,7 +37,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.frameworks import published_profile
@@ -126,7 +126,7 @@ def framework_of(row: dict) -> CostProfile:
 # --- model shape --------------------------------------------------------------------------------------
 
 
-def mlp_kind(row: dict) -> Literal["swiglu", "gelu"]:
+def mlp_kind(row: dict) -> str:
     """'swiglu' or 'gelu' (two-matrix MLPs: GELU and squared ReLU have the same parameters and FLOPs)."""
     notes = _text(row, "notes")
     if re.search(r"squared[- ]relu|relu2|relu\^2|not gated|non-gated", notes) or re.search(r"\bgelu\b", notes):
@@ -488,8 +488,7 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def load_runs(path: str | Path, *, catalog: Catalog | None = None) -> tuple[list[PublishedRun], Counter]:
     """Every modellable run of a CSV (recompute resolved) and the reasons the others were skipped."""
-    runs: list[PublishedRun] = []
-    skipped: Counter[str] = Counter()
+    runs, skipped = [], Counter()
     for row in read_rows(path):
         try:
             runs.append(resolve(parse_row(row, catalog)))

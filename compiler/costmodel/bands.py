@@ -199,7 +199,7 @@ class BandTable:
         self._wide = (min(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_LOW)),
                       max(0.0, UNCALIBRATED_WIDENING * percentile(errors, 0.8)),
                       max(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_HIGH)))
-        self.band = functools.lru_cache(maxsize=4096)(self._band)
+        self.band = functools.lru_cache(maxsize=4096)(self._band)  # type: ignore[method-assign]
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], *, exclude_source: str | None = None) -> "BandTable":
@@ -320,8 +320,7 @@ def coverage(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int, dict[str, tup
     the other sources' residuals only. (inside, rows, {level: (inside, rows)}) with level 'uncalibrated'
     or the number of runs bucket."""
     tables: dict[str, BandTable] = {}
-    inside = 0
-    by: dict[str, tuple[int, int]] = {}
+    inside, by = 0, {}
     for r in rows:
         src = r["features"]["source"]
         table = tables.get(src) or tables.setdefault(src, BandTable.from_rows(rows, exclude_source=src))
