@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from compiler.calibration.fit import predict  # noqa: E402
-from compiler.calibration.profile import PRIOR_RUNS, PROFILE_HUBER_DELTA, fit_profile  # noqa: E402
+from compiler.calibration.profile import PRIOR_CHOICES, PROFILE_HUBER_DELTA, fit_profile  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
 from compiler.costmodel.bands import default_table, profile_band  # noqa: E402
 from compiler.costmodel.efficiency import load_efficiency  # noqa: E402
@@ -88,13 +88,14 @@ def halves(groups, shipped, *, swap: bool, quiet: bool, unseen: bool = False) ->
         all_before += before
         all_after += after
         rows.append({"source": source, "gpu": gpu, "runs": len(members), "calibrated_on": len(fit_half),
+                     "prior_strength_runs": profile.prior_runs,
                      "predicted": len(test_half), "median_abs_error_before": _median(before),
                      "median_abs_error_after": _median(after), "p90_abs_error_before": _percentile(before, 0.9),
                      "p90_abs_error_after": _percentile(after, 0.9), "constants": values})
         if not quiet:
             print(f"{source:<22} {gpu:<10} {len(fit_half):>3} fit / {len(test_half):>3} held out: median |error| "
                   f"{_median(before):6.1%} -> {_median(after):6.1%}, p90 {_percentile(before, 0.9):6.1%} -> "
-                  f"{_percentile(after, 0.9):6.1%}", flush=True)
+                  f"{_percentile(after, 0.9):6.1%} (prior {profile.prior_runs:g} runs)", flush=True)
     overall = {"groups": len(rows), "predicted": len(all_before), "median_abs_error_before": _median(all_before),
                "median_abs_error_after": _median(all_after), "p90_abs_error_before": _percentile(all_before, 0.9),
                "p90_abs_error_after": _percentile(all_after, 0.9),
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         by[(r.source_id, r.gpu.name)].append(r)
     groups = [(k, sorted(v, key=lambda r: _key(r.row_id))) for k, v in sorted(by.items()) if len(v) >= args.min_runs]
-    out: dict = {"prior_strength_runs": PRIOR_RUNS, "huber_delta": PROFILE_HUBER_DELTA}
+    out: dict = {"prior_strength_choices": list(PRIOR_CHOICES), "huber_delta": PROFILE_HUBER_DELTA}
     for mode in ("halves", "swapped", "unseen"):
         swap, unseen = mode == "swapped", mode == "unseen"
         if not args.json:
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"overall: {overall['groups']} groups, {overall['predicted']} held-out runs, median |error| "
                   f"{overall['median_abs_error_before']:.1%} before -> {overall['median_abs_error_after']:.1%} after, "
                   f"p90 {overall['p90_abs_error_before']:.1%} -> {overall['p90_abs_error_after']:.1%} (goal <= 5% "
-                  f"median; prior strength {PRIOR_RUNS:g} runs, Huber delta {PROFILE_HUBER_DELTA:g})", flush=True)
+                  f"median; prior strength chosen by each profile's leave-one-out, Huber delta {PROFILE_HUBER_DELTA:g})",
+                  flush=True)
             print(f"profile bands (from the calibration half's leave-one-out residuals): "
                   f"{overall['profile_band_coverage']:.1%} of {overall['profile_banded_runs']} held-out runs inside "
                   f"the 80% band; median band width x{overall['profile_band_median_width']:.3f} "

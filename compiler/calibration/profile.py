@@ -25,12 +25,15 @@ Not over-fitting a handful of runs:
   PRIOR_RUNS * sum_k (log c_k - log g_k)^2, where g is the global fit
   (compiler/data/efficiency.yaml). With PRIOR_RUNS = 0.5 the global fit weighs as much as half a
   run whose throughput moves one-for-one with the constant: a constant the runs barely move stays
-  at the global value, one that n runs pin moves n/(n+0.5) of the way to what they say. The loss is
+  at the global value, one that n runs pin moves n/(n+0.5) of the way to what they say. With 4+
+  runs the strength is the one of PRIOR_CHOICES (3, 1, 0.5, 0.25 runs) whose leave-one-out median
+  |error| on those runs is lowest (strongest first, so a tie keeps the stronger pull): the runs
+  themselves say how far the cluster is from the global fit, no held-out data chooses. The loss is
   near-L1 beyond 5% (PROFILE_HUBER_DELTA = 0.05): one cluster's runs mix software releases (the
   calibration set's NeMo 25.09 .. 26.08 containers run the same Qwen3-30B layout 1.75x apart) and a
   profile should follow its typical run, not be dragged by the release that differs. Both were
-  chosen on benchmarks/calibrate_halves.py (prior 3 / delta 0.15 held out 6.7%, 0.5 / 0.05 5.4%)
-  and checked on the swapped halves;
+  chosen on benchmarks/calibrate_halves.py (prior 3 / delta 0.15 held out 6.7%, 0.5 / 0.05 5.4%,
+  the leave-one-out choice of the prior 5.2%; swapped halves 5.2%, unseen source 5.8%);
 * ``data_weight`` per constant = I_k / (I_k + PRIOR_RUNS), I_k = sum_i h_i J_ik^2 the runs'
   information about it (J: d log pred / d log c at the fit, h: the Huber weight); a constant is
   ``identified`` when the runs outweigh the prior (data_weight >= 0.5);
@@ -62,6 +65,8 @@ from compiler.profile_ref import ProfileRef
 PROFILE_SCHEMA_VERSION = 2  # 2: all_to_all_scale and long_sequence_attention_scale
 PROFILE_KIND = "dtc-cluster-profile"
 PRIOR_RUNS = 0.5  # the global fit weighs as much as this many runs (see the module docstring)
+PRIOR_CHOICES = (3.0, 1.0, 0.5, 0.25)  # the strengths a profile chooses from by its own leave-one-out error
+MIN_RUNS_TO_CHOOSE = 4  # fewer runs: PRIOR_RUNS (a leave-one-out median of 1-3 runs chooses nothing)
 PROFILE_HUBER_DELTA = 0.05  # |log error| beyond which one run's pull on a profile stops growing (module docstring)
 IDENTIFIED = 0.5  # data_weight at or above which a constant counts as identified by the runs
 ALL_PARAMETERS = FIT_PARAMETERS + PROFILE_PARAMETERS
@@ -104,6 +109,7 @@ class ClusterProfile:
     inputs: tuple[Mapping[str, str], ...] = ()
     global_sha256: str = ""  # the global fit (compiler/data/efficiency.yaml fitted) it was shrunk towards
     notes: tuple[str, ...] = ()
+    prior_runs: float = PRIOR_RUNS  # the prior strength the fit used (PRIOR_CHOICES: chosen by leave-one-out)
 
     @property
     def values(self) -> dict[str, float]:
@@ -140,7 +146,10 @@ class ClusterProfile:
             "constants": {k: {"value": c.value, "global": c.global_value, "lower": PARAMS[k].lower,
                               "upper": PARAMS[k].upper, "data_weight": _r4(c.data_weight),
                               "identified": c.identified} for k, c in self.constants.items()},
-            "fit": {"prior": "the global fit, compiler/data/efficiency.yaml", "prior_strength_runs": PRIOR_RUNS,
+            "fit": {"prior": "the global fit, compiler/data/efficiency.yaml", "prior_strength_runs": self.prior_runs,
+                    "prior_strength_choice": f"of {', '.join(f'{c:g}' for c in PRIOR_CHOICES)} runs, the one whose "
+                                             f"leave-one-out median |error| is lowest ({MIN_RUNS_TO_CHOOSE}+ runs; "
+                                             f"else {PRIOR_RUNS:g})",
                     "huber_delta": PROFILE_HUBER_DELTA,
                     "objective": "sum_i huber(log(pred_i/measured_i)) + 0.5 x prior_strength_runs x "
                                  "sum_k (log(c_k/global_k))^2; each constant clipped to [lower, upper] "
@@ -215,10 +224,28 @@ def fit_values(runs: Sequence[PublishedRun], base: Efficiency, *, prior_runs: fl
 
 def fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, date: str | None = None,
                 inputs: Sequence[Mapping[str, str]] = (), notes: Sequence[str] = (),
-                prior_runs: float = PRIOR_RUNS) -> ClusterProfile:
+                prior_runs: float | None = None) -> ClusterProfile:
+    """The profile of ``runs``; ``prior_runs`` None: the strength of PRIOR_CHOICES whose leave-one-out median
+    |error| is lowest (strongest first, so a tie keeps the stronger pull), PRIOR_RUNS under MIN_RUNS_TO_CHOOSE
+    runs."""
     if not runs:
         raise DtcError(Diagnostic(summary="no measured run to calibrate on",
                                   hint="give runs: a CSV, LOG:PLAN pairs, folders, or dtc smoke --json reports"))
+    if prior_runs is not None:
+        return _fit_profile(runs, name=name, base=base, date=date, inputs=inputs, notes=notes, prior_runs=prior_runs)
+    if len(runs) < MIN_RUNS_TO_CHOOSE:
+        return _fit_profile(runs, name=name, base=base, date=date, inputs=inputs, notes=notes, prior_runs=PRIOR_RUNS)
+    best: ClusterProfile | None = None
+    for strength in PRIOR_CHOICES:
+        p = _fit_profile(runs, name=name, base=base, date=date, inputs=inputs, notes=notes, prior_runs=strength)
+        if best is None or p.summary("loo")["median_abs_error"] < best.summary("loo")["median_abs_error"]:
+            best = p
+    assert best is not None
+    return best
+
+
+def _fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, date: str | None,
+                 inputs: Sequence[Mapping[str, str]], notes: Sequence[str], prior_runs: float) -> ClusterProfile:
     values = fit_values(runs, base, prior_runs=prior_runs)
     prob = _problem(runs, base, prior_runs)
     z = [math.log(values[n]) for n in prob.names]
@@ -243,7 +270,8 @@ def fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, da
                               error_before=_r4(before), error_after=_r4(after), error_loo=_r4(loo)))
     gpus = tuple(sorted({r.gpu.name for r in runs}))
     return ClusterProfile(name=name, date=date, gpus=gpus, constants=MappingProxyType(constants), runs=tuple(out),
-                          inputs=tuple(inputs), global_sha256=global_sha256(base), notes=tuple(notes))
+                          inputs=tuple(inputs), global_sha256=global_sha256(base), notes=tuple(notes),
+                          prior_runs=prior_runs)
 
 
 def _leave_one_out(prob: _Problem, z: list[float], errors: list[float], cols: list[list[float]]) -> list[list[float]]:
@@ -342,7 +370,13 @@ def parse_profile(text: str, path: str) -> ClusterProfile:
                           gpus=tuple(str(g) for g in data.get("gpus") or ()), constants=MappingProxyType(out),
                           runs=tuple(runs), inputs=tuple(dict(i) for i in prov.get("inputs") or ()),
                           global_sha256=str(prov.get("global_fit_sha256", "")),
+                          prior_runs=_prior_of(data.get("fit")),
                           notes=tuple(str(n) for n in prov.get("notes") or ()))
+
+
+def _prior_of(fit: Any) -> float:
+    value = fit.get("prior_strength_runs") if isinstance(fit, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else PRIOR_RUNS
 
 
 def load_profile(path: str | Path) -> tuple[ClusterProfile, str]:

@@ -40,7 +40,7 @@ def _date(value: str | None) -> str | None:
 
 def format_profile(profile, output: str) -> str:
     lines = [f"cluster profile {profile.name!r} on {len(profile.runs)} runs ({', '.join(profile.gpus)}), "
-             f"date {profile.date or 'not given'}"]
+             f"date {profile.date or 'not given'}; the global fit weighs as much as {profile.prior_runs:g} runs"]
     for name, c in profile.constants.items():
         mark = "identified" if c.identified else "kept near the global fit"
         lines.append(f"  {name:<30} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
