@@ -81,6 +81,10 @@ class ErrorBand:
     calibrated: bool  # False: no regime near enough had runs; the band is a wide stated default
     thin: bool  # uncalibrated, or few runs behind it (PLAN.md names a well-calibrated alternative)
     memory_high: float  # upper end of the memory band: predicted peak x this
+    # the cluster profile (cluster.profile) whose own leave-one-out residuals gave this band; None: published runs
+    profile: str | None = field(default=None, metadata={"omit_if_none": True})
+    # a profile the spec uses but whose runs are too few for its own band: why the band is the published runs' one
+    profile_fallback: str | None = field(default=None, metadata={"omit_if_none": True})
 
     def time_factor(self, confidence: str) -> float:
         """The step-time factor of a quantile the solver ranks by: 'expected' (1), 'p80' or 'p90'."""
@@ -92,10 +96,15 @@ class ErrorBand:
 
     def describe(self) -> str:
         """'from 37 similar published runs (megatron, hopper, bf16, PP)' or the uncalibrated note."""
-        if not self.calibrated:
-            return f"uncalibrated: no published runs near this regime ({self.regime}), a wide default band"
         few = " (few)" if self.thin else ""
-        return f"from {self.runs} similar published runs{few} ({self.regime})"
+        if self.profile is not None:
+            return (f"from the leave-one-out errors of the {self.runs} runs{few} of the cluster profile "
+                    f"'{self.profile}'")
+        if not self.calibrated:
+            text = f"uncalibrated: no published runs near this regime ({self.regime}), a wide default band"
+        else:
+            text = f"from {self.runs} similar published runs{few} ({self.regime})"
+        return text if self.profile_fallback is None else f"{text}; {self.profile_fallback}"
 
 
 @dataclass(frozen=True)

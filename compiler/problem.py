@@ -237,7 +237,7 @@ def _load_profile(spec: Spec, src: SourceMap, diags: list[Diagnostic], options: 
                                     f"spec's {', '.join(names)}",
                                     "a profile describes one cluster: calibrate one on this cluster's GPUs"))
         return None
-    return ProfileRef(name=profile.name, path=given, sha256=sha, constants=profile.values)
+    return profile.ref(given, sha)
 
 
 def problem_from_data(data: dict[str, Any], *, path: str = "<data>", catalog: Catalog | None = None) -> Problem:

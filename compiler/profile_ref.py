@@ -16,6 +16,9 @@ class ProfileRef:
     path: str
     sha256: str
     constants: Mapping[str, float]
+    # the profile's own leave-one-out residuals, log(measured / predicted step time) per run: a calibrated profile's
+    # estimates take their 80% band from these (compiler/costmodel/bands.py profile_band)
+    loo_log_errors: tuple[float, ...] = ()
 
     def __hash__(self) -> int:
-        return hash((self.name, self.path, self.sha256, tuple(sorted(self.constants.items()))))
+        return hash((self.name, self.path, self.sha256, tuple(sorted(self.constants.items())), self.loo_log_errors))

@@ -253,7 +253,7 @@ def ingest_sweep(sweep_dir: Path, *, extra_runs: Sequence[str] = (), output: Pat
     from compiler.calibration.profile_fit import fit_profile
     from compiler.costmodel.efficiency import load_efficiency
     from compiler.artifacts import write_text_atomically
-    from compiler.calibration.profile import format_profile
+    from compiler.calibration.profile_fit import format_profile
 
     data = _manifest(sweep_dir)
     measured = load_measured(extra_runs) if extra_runs else None
@@ -317,14 +317,12 @@ def _resolve_with(data: dict[str, Any], profile_path: Path, profile) -> tuple[st
     import hashlib
 
     from compiler.problem import lower
-    from compiler.profile_ref import ProfileRef
     from compiler.render.report import render_report
     from compiler.solver import solve
     from compiler.spec.load import load_spec
 
     problem = lower(load_spec(data["spec"]))
-    ref = ProfileRef(name=profile.name, path=str(profile_path), sha256=hashlib.sha256(profile_path.read_bytes())
-                     .hexdigest(), constants=profile.values)
+    ref = profile.ref(str(profile_path), hashlib.sha256(profile_path.read_bytes()).hexdigest())
     plan = solve(dataclasses.replace(problem, profile=ref))
     text = render_report(plan)["PLAN.md"]
     return text, f"{plan.layout.describe()}, step {plan.estimate.step_time_s:.4g} s"

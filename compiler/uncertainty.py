@@ -69,5 +69,6 @@ def band_data(est: Estimate) -> dict[str, Any] | None:
         "memory_high_bytes_per_gpu": est.memory_high_bytes_per_gpu,
         "factors": {"low": b.low, "p80": b.p80, "high": b.high, "memory_high": b.memory_high},
         "runs": b.runs, "sources": b.sources, "regime": b.regime, "calibrated": b.calibrated, "thin": b.thin,
-        "source": band_source(est),
+        "basis": "cluster_profile" if b.profile is not None else "published_runs", "profile": b.profile,
+        "profile_fallback": b.profile_fallback, "source": band_source(est),
     }

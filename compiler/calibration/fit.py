@@ -56,8 +56,8 @@ def source_weights(runs: Sequence[PublishedRun]) -> list[float]:
     return [1.0 / math.sqrt(counts[r.source_id]) for r in runs]
 
 
-def _huber_weight(e: float) -> float:
-    return 1.0 if abs(e) <= HUBER_DELTA else HUBER_DELTA / abs(e)
+def _huber_weight(e: float, delta: float = HUBER_DELTA) -> float:
+    return 1.0 if abs(e) <= delta else delta / abs(e)
 
 
 def _round(x: float) -> float:
@@ -94,6 +94,7 @@ class _Problem:
     hi: tuple[float, ...] = tuple(math.log(p.upper) for p in FIT_PARAMETERS)
     z0: tuple[float, ...] = tuple(math.log(p.prior) for p in FIT_PARAMETERS)
     ridge: float = RIDGE  # weight of 0.5 x sum (z - z0)^2: the pull towards z0 (a cluster profile: its prior fit)
+    huber_delta: float = HUBER_DELTA  # |log error| beyond which a run's pull stops growing
 
     def eff(self, z: Sequence[float]) -> Efficiency:
         return self.base.with_fitted({n: math.exp(v) for n, v in zip(self.names, z)})
@@ -104,10 +105,10 @@ class _Problem:
 
     def objective(self, z: Sequence[float], errors: list[float] | None = None) -> float:
         errors = errors if errors is not None else self.errors(z)
-        data = 0.0
+        data, d = 0.0, self.huber_delta
         for w, e in zip(self.weights, errors):
             a = abs(e)
-            data += w * (0.5 * e * e if a <= HUBER_DELTA else HUBER_DELTA * (a - 0.5 * HUBER_DELTA))
+            data += w * (0.5 * e * e if a <= d else d * (a - 0.5 * d))
         return data + 0.5 * self.ridge * sum((zi - z0) ** 2 for zi, z0 in zip(z, self.z0))
 
     def clip(self, z: Sequence[float]) -> list[float]:
@@ -135,7 +136,7 @@ def _levenberg_marquardt(prob: _Problem, z: list[float], progress: Callable[[str
     k = len(z)
     for it in range(MAX_ITERATIONS):
         # Jacobian of the weighted residuals r_i = sqrt(w_i h_i) e_i (IRLS weights h_i of the Huber loss)
-        scale = [math.sqrt(w * _huber_weight(e)) for w, e in zip(prob.weights, errors)]
+        scale = [math.sqrt(w * _huber_weight(e, prob.huber_delta)) for w, e in zip(prob.weights, errors)]
         cols = jacobian(prob, z, errors)
         jtj = [[sum(s * s * cols[a][i] * cols[b][i] for i, s in enumerate(scale)) for b in range(k)] for a in range(k)]
         jtr = [sum(s * s * cols[a][i] * errors[i] for i, s in enumerate(scale)) for a in range(k)]

@@ -36,6 +36,16 @@ The rule (the numbers below are its only parameters; benchmarks/accuracy.py chec
 * **Thin.** Uncalibrated, or fewer than ``THIN_RUNS`` runs behind the band: PLAN.md says so and
   names the best layout with a well-calibrated band.
 
+A calibrated cluster (``cluster.profile``, written by ``dtc calibrate``): the profile's own
+leave-one-out residuals (each of its runs predicted with the profile refitted without it:
+compiler/calibration/profile.py) are that cluster's errors, so its estimates take their band from
+them on the same rule (10th/90th percentiles widened by sqrt(1 + 1/n), stretched to include the
+point estimate; p80 the 80th percentile, not floored by the published runs' spread: the cluster's
+own runs say how sure the model is there), with the number of runs behind it. A profile with fewer
+than ``PROFILE_MIN_RUNS`` runs keeps the published runs' band and says so (``profile_fallback``).
+The profile's band applies to every layout the spec costs (its runs are the only evidence about
+that cluster; a layout far from them is still better told by them than by other clusters' runs).
+
 Memory (the upper end only; feasibility uses it): the calibration set publishes no peak memory per
 GPU (benchmarks/accuracy.py counts the rows that do: 0 of the modelled rows), so the only
 measurements are the reduced-model smoke runs of ``dtc smoke`` (benchmarks/smoke_memory.py,
@@ -51,7 +61,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -60,6 +70,7 @@ from compiler.costmodel.frameworks import profile_of
 from compiler.estimate import ErrorBand
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
+from compiler.profile_ref import ProfileRef
 
 RESIDUALS = Path(__file__).resolve().parents[1] / "data" / "residuals.json"
 
@@ -69,6 +80,7 @@ MIN_RUNS = 8  # runs a level needs to give a band
 MIN_SOURCES = 2  # ... from this many sources
 THIN_RUNS = 20  # fewer runs than this behind a band: PLAN.md names the best well-calibrated alternative
 UNCALIBRATED_WIDENING = 2.0  # an uncalibrated band: every run's 10th/90th percentile, doubled in log space
+PROFILE_MIN_RUNS = MIN_RUNS  # runs a cluster profile needs for a band of its own (as a published regime does)
 MEMORY_MARGIN = 0.07  # upper end of the memory band: predicted total x (1 + margin); see the module docstring
 MEMORY_MARGIN_SOURCE = ("no published run of the calibration set gives its peak memory; the dtc smoke runs "
                         "(benchmarks/smoke_memory.py, issue #6) measured model states at 0.89-1.07x the prediction: "
@@ -201,15 +213,9 @@ class BandTable:
             match = [r for r in self.residuals if all(r.regime[i] == key[i] for i in idx)]
             sources = len({r.source for r in match})
             if len(match) >= MIN_RUNS and sources >= MIN_SOURCES:
-                e = [r.log_error for r in match]
-                med, widen = percentile(e, 0.5), math.sqrt(1 + 1 / len(e))
-
-                def q(p: float) -> float:
-                    return med + (percentile(e, p) - med) * widen
-
-                p80 = max(self._p80_floor[key[REGIME_KEYS.index("family")]], q(0.8))
-                return ErrorBand(low=math.exp(min(0.0, q(Q_LOW))), p80=math.exp(p80),
-                                 high=math.exp(max(p80, q(Q_HIGH))), runs=len(match), sources=sources,
+                low, p80, high = residual_band([r.log_error for r in match],
+                                               p80_floor=self._p80_floor[key[REGIME_KEYS.index("family")]])
+                return ErrorBand(low=low, p80=p80, high=high, runs=len(match), sources=sources,
                                  regime=describe_regime(key, level), calibrated=True,
                                  thin=len(match) < THIN_RUNS, memory_high=1.0 + MEMORY_MARGIN)
         lo, p80, hi = self._wide
@@ -228,11 +234,52 @@ def default_table() -> BandTable:
     return BandTable.from_rows(rows)
 
 
-def band_for(*, framework: str, gpu_generation: str, precision: str, fp8_recipe: str, layout: Layout) -> ErrorBand:
-    """The 80% band of a layout costed for ``framework`` (a cost profile's name) on a GPU generation."""
-    return default_table().band(regime_of(regime_features(
+def residual_band(errors: Sequence[float], *, p80_floor: float = 0.0) -> tuple[float, float, float]:
+    """(low, p80, high) step-time factors of a set of residuals log(measured / predicted step time): the module
+    docstring's rule (percentiles widened about the median by sqrt(1 + 1/n), the band stretched to include the
+    point estimate, p80 at least ``p80_floor`` in log space and the upper end at least p80)."""
+    med, widen = percentile(errors, 0.5), math.sqrt(1 + 1 / len(errors))
+
+    def q(p: float) -> float:
+        return med + (percentile(errors, p) - med) * widen
+
+    p80 = max(p80_floor, q(0.8))
+    return math.exp(min(0.0, q(Q_LOW))), math.exp(p80), math.exp(max(p80, q(Q_HIGH)))
+
+
+@functools.lru_cache(maxsize=64)
+def profile_band(profile: ProfileRef) -> ErrorBand | None:
+    """The band of every estimate costed with a cluster profile: from the profile's own leave-one-out residuals;
+    None when it has fewer than PROFILE_MIN_RUNS runs."""
+    errors = profile.loo_log_errors
+    if len(errors) < PROFILE_MIN_RUNS:
+        return None
+    low, p80, high = residual_band(errors)
+    return ErrorBand(low=low, p80=p80, high=high, runs=len(errors), sources=1,
+                     regime=f"cluster profile {profile.name}", calibrated=True, thin=len(errors) < THIN_RUNS,
+                     memory_high=1.0 + MEMORY_MARGIN, profile=profile.name)
+
+
+def with_profile(band: ErrorBand, profile: ProfileRef | None) -> ErrorBand:
+    """``band`` (the published runs') for an estimate costed with ``profile``: the profile's own band when it has
+    the runs for one, else ``band`` saying why the profile's runs were not enough."""
+    if profile is None:
+        return band
+    own = profile_band(profile)
+    if own is not None:
+        return own
+    n = len(profile.loo_log_errors)
+    return replace(band, profile_fallback=f"the cluster profile '{profile.name}' has {n} run{'s' if n != 1 else ''}, "
+                                          f"fewer than {PROFILE_MIN_RUNS} for a band of its own")
+
+
+def band_for(*, framework: str, gpu_generation: str, precision: str, fp8_recipe: str, layout: Layout,
+             profile: ProfileRef | None = None) -> ErrorBand:
+    """The 80% band of a layout costed for ``framework`` (a cost profile's name) on a GPU generation, with the
+    constants of ``profile`` when the spec uses one (``with_profile``)."""
+    return with_profile(default_table().band(regime_of(regime_features(
         framework=framework, gpu_generation=gpu_generation, precision=precision, fp8_recipe=fp8_recipe,
-        layout=layout)))
+        layout=layout))), profile)
 
 
 def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -> ErrorBand:
@@ -240,7 +287,7 @@ def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -
     solver's bounds multiply by it)."""
     framework = profile_of(target)
     return band_for(framework=framework.name, gpu_generation=gpu.spec.kernel_family, precision=problem.precision,
-                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout)
+                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout, profile=problem.profile)
 
 
 def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
@@ -250,6 +297,9 @@ def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp:
     shape's or a group's lower bound by it."""
     if QUANTILES[confidence] is None:
         return 1.0
+    own = profile_band(problem.profile) if problem.profile is not None else None
+    if own is not None:  # every layout costed with this profile carries its band
+        return own.time_factor(confidence)
     out = math.inf
     for target in targets:
         framework = profile_of(target)

@@ -187,7 +187,8 @@ def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setu
     ep = setup.layout.ep
     link = ep_link(setup)
     a2a = setup.eff.physics.all_to_all_fraction
-    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * a2a[INTRA]
+    dispatch = setup.eff.profile_scale("all_to_all_scale")
+    intra_bw = setup.gpu.intra_node_bandwidth_bytes_per_s * a2a[INTRA] * dispatch
     g = link.members_per_domain if link.link == INTER else ep
     local_copies = top_k * (g - 1) / ep  # copies to other GPUs of the own domain
     remote_copies = top_k * (ep - g) / ep if link.link == INTER else 0.0
@@ -199,7 +200,7 @@ def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setu
     else:
         on = tokens * bytes_per_copy * local_copies / intra_bw
         remote = remote_copies
-    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * a2a[INTER] * setup.eff.profile_scale(INTER_SCALE)
+    nic = setup.gpu.inter_node_bandwidth_bytes_per_s * a2a[INTER] * setup.eff.profile_scale(INTER_SCALE) * dispatch
     return max(on, tokens * bytes_per_copy * remote / nic) + link.latency_s
 
 

@@ -40,6 +40,7 @@ Time of one micro-batch on one GPU, per part (each with its source in physics.ya
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from compiler.costmodel.activations import attention_widths
@@ -271,12 +272,22 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
     scale = (ref.peak_flops_for("bf16") / setup.peak_flops_per_s(dt)) if ref is not None else 1.0
     scale /= setup.eff.fit("compute_scale") * setup.power_factor * setup.eff.profile_scale("attention_scale")
     seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
+    scale /= long_sequence_attention_factor(seq, setup.eff.profile_scale("long_sequence_attention_scale"))
     flops = attention_core_flops_forward_per_layer(setup)
     total = flops * curve.seconds_per_forward_flop(seq) * scale
     if curve.fwd:
         fwd = flops / (curve._at(curve.fwd, seq) * 1e12) * scale
         return fwd, total - fwd
     return total / 3.5, total * 2.5 / 3.5
+
+
+def long_sequence_attention_factor(seq: float, scale_at_32k: float) -> float:
+    """A cluster profile's attention-rate multiplier at ``seq`` tokens: 1 at 4k, ``scale_at_32k`` at 32k, log-linear
+    in between and beyond (clamped to 512 .. 32k tokens); 1 without a profile."""
+    if scale_at_32k == 1.0:
+        return 1.0
+    x = min(max(math.log(seq / 4096.0) / math.log(8.0), -1.0), 1.0)
+    return float(scale_at_32k ** x)
 
 
 def elementwise_bytes_per_token(setup: Setup, moe_layer: bool, eager: bool) -> float:

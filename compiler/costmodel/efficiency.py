@@ -85,6 +85,15 @@ PROFILE_PARAMETERS: tuple[FitParameter, ...] = (
                  "achieved inter-node bus bandwidth over physics.yaml comm.busbw_fraction x the catalog's link: "
                  "down to 1/4 for an oversubscribed or rail-unaware fabric, up to 1.2 for nccl-tests results "
                  "above the typical fraction"),
+    FitParameter("all_to_all_scale", 1.0, 0.4, 1.25,
+                 "this cluster's MoE token-dispatch (all-to-all) rate over physics.yaml comm.all_to_all_fraction "
+                 "(DeepEP's kernels): down to 0.4 for a plain NCCL all-to-all dispatcher or an unbalanced router, up "
+                 "to 1.25, where DeepEP's measured 153 GB/s on a 160 GB/s NVLink (0.96) sits over the 0.78 taken"),
+    FitParameter("long_sequence_attention_scale", 1.0, 0.8, 1.25,
+                 "this cluster's attention-kernel rate at 32k tokens relative to 4k, over the ratio of physics.yaml's "
+                 "FlashAttention curves (another FlashAttention version or head layout scales differently with "
+                 "sequence length: FlashAttention-2 vs -3 differ by up to ~1.2x between 2k and 16k, Shah et al. "
+                 "2024, arXiv:2407.08608 fig. 5); applied as scale^(log(seq/4k)/log(8)), clamped to [4k/8, 32k]"),
 )
 PROFILE_PARAMETER_NAMES = tuple(p.name for p in PROFILE_PARAMETERS)
 

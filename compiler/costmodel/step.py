@@ -377,5 +377,5 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
         band=band_for(framework=setup.framework.name, gpu_generation=setup.gpu.spec.kernel_family,
-                      precision=problem.precision, fp8_recipe=setup.fp8_recipe, layout=lay),
+                      precision=problem.precision, fp8_recipe=setup.fp8_recipe, layout=lay, profile=problem.profile),
     )
