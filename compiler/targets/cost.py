@@ -70,6 +70,14 @@ class CostProfile:
     # parameters are fp32 (DeepSpeed: stage_1_and_2.py single_partition_of_fp32_groups, stage3.py
     # fp32_partitioned_groups_flat): an fp32 run still holds a "master" copy
     zero_fp32_partition_copy: bool = False
+    # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
+    # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
+    # threshold stay gathered), so a layer costs one collective per weight matrix
+    zero3_gathers_per_layer: int = 1
+    # the gathers (and the gradient reduce-scatters) block the computation instead of running beside it:
+    # DeepSpeed ZeRO-3 before its prefetching coordinator synchronised every fetch (stage3.py fetch_sub_module
+    # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default)
+    zero3_blocking: bool = False
 
     @property
     def grad_bytes(self) -> int:
