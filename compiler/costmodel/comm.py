@@ -329,7 +329,11 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
         if z in (1, 2):
             out.append(_collective(f"{part}_param_all_gather", "dp", "all_gather", weights, n, link, 1, "step_param"))
         else:
-            for name, phase in (("fwd", "forward"), ("bwd", "backward")):
+            gathers = [("fwd", "forward"), ("bwd", "backward")]
+            if setup.framework.zero3_blocking and lay.recompute == "full":
+                # the recomputed forward runs each submodule's forward hooks again: fetched again, released again
+                gathers.append(("recompute", "backward"))
+            for name, phase in gathers:
                 c = _collective(f"{part}_param_all_gather_{name}", "dp", "all_gather", weights, n, link, m, phase)
                 out.append(_per_unit(c, units, link))
         if lay.dp_replicate > 1:

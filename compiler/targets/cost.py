@@ -76,7 +76,8 @@ class CostProfile:
     zero3_gathers_per_layer: int = 1
     # the gathers (and the gradient reduce-scatters) block the computation instead of running beside it:
     # DeepSpeed ZeRO-3 before its prefetching coordinator synchronised every fetch (stage3.py fetch_sub_module
-    # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default)
+    # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default), and
+    # a fetch is tied to a submodule's forward hooks, so full recompute fetches every parameter a third time
     zero3_blocking: bool = False
 
     @property
