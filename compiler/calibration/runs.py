@@ -97,8 +97,17 @@ def framework_of(row: dict) -> CostProfile:
     if "deepspeed" in _text(row, "zero_fsdp"):
         base = published_profile("deepspeed_defaults")
         if year and int(year.group(1)) <= 2022:  # DeepSpeed on Megatron's GPT before FlashAttention
+            # DeepSpeed 0.3-0.4 ZeRO-3 (2021): fetch_sub_module all-gathers a submodule's partitioned parameters and
+            # synchronises before the submodule runs ('This call is blocking'; overlap_comm False by default;
+            # deepspeed/runtime/zero/stage3.py), and parameters under param_persistence_threshold (1e5 elements:
+            # biases, norms) stay gathered: a Megatron GPT layer gathers its 4 weight matrices (fused QKV, attention
+            # out, h-to-4h, 4h-to-h) one collective each, on the critical path
             base = replace(base, name="deepspeed+megatron_gpt_2021", attention="unfused",
-                           activations=published_profile("megatron_lm_2021").activations)
+                           activations=published_profile("megatron_lm_2021").activations,
+                           zero3_gathers_per_layer=4, zero3_blocking=True,
+                           source=base.source + "; DeepSpeed 0.3-0.4 ZeRO-3 (2021, deepspeed/runtime/zero/stage3.py): "
+                           "blocking per-submodule fetches, one all-gather per weight matrix (parameters under "
+                           "param_persistence_threshold 1e5 stay gathered), overlap_comm False by default")
     elif "torchtitan" in text:
         base = published_profile("torchtitan")
     elif "llm-foundry" in text or "composer" in text or "mosaic" in version:

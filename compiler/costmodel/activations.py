@@ -77,6 +77,14 @@ DEEPSEEK_V3 = replace(
            "up-projections during back-propagation', the input of the Linear after attention cached in E5M6, SwiGLU "
            "inputs cached in FP8, tokens dispatched in FP8")
 DEFAULT_IMPL = MEGATRON_TE
+
+
+def fused_counterpart(impl: ActivationImpl) -> ActivationImpl:
+    """What the same block saves when its norms, activation and attention run as fused kernels: no fp32 copies
+    of a composite RMSNorm, only [gate, up] of SwiGLU, no expanded GQA K/V, 1-byte dropout masks, no second copy
+    of the attention output (the tensors an eager block adds on top are its elementwise implementation's own)."""
+    return replace(impl, rmsnorm_fp32_copies=0, swiglu_saved_widths=2, gqa_expanded_kv=False,
+                   attention_output_copy=False, dropout_mask_act_dtype=False)
 # the activation profiles a cost profile (compiler/targets/cost.py) names
 IMPLS = {impl.name: impl for impl in (PAPER, MEGATRON_TE, TORCH_EAGER, TORCH_EAGER_CPU, DEEPSEEK_V3)}
 

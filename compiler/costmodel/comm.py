@@ -282,9 +282,12 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
     * HSDP (dp_replicate > 1): the sharded gradient is also all-reduced across replicas once per step.
     Experts use their own group: dp x cp / ep ranks at stride tp x ep.
     ZeRO-3 gathers and reduces one unit (a decoder layer, or the embedding) at a time: ``units``
-    collectives per pass, each paying the ring's latency (NCCL all-gather / reduce-scatter are rings).
+    collectives per pass, each paying the ring's latency (NCCL all-gather / reduce-scatter are rings); a
+    framework that gathers per weight matrix (its cost profile's zero3_gathers_per_layer) pays that many per
+    unit.
     """
     lay, r, m = setup.layout, setup.recipe, setup.num_microbatches
+    units *= setup.framework.zero3_gathers_per_layer
     out: list[Collective | None] = []
     parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp)]
     if sp.expert:
@@ -307,7 +310,11 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
         if z in (1, 2):
             out.append(_collective(f"{part}_param_all_gather", "dp", "all_gather", weights, n, link, 1, "step_param"))
         else:
-            for name, phase in (("fwd", "forward"), ("bwd", "backward")):
+            gathers = [("fwd", "forward"), ("bwd", "backward")]
+            if setup.framework.zero3_blocking and lay.recompute == "full":
+                # the recomputed forward runs each submodule's forward hooks again: fetched again, released again
+                gathers.append(("recompute", "backward"))
+            for name, phase in gathers:
                 c = _collective(f"{part}_param_all_gather_{name}", "dp", "all_gather", weights, n, link, m, phase)
                 out.append(_per_unit(c, units, link))
         if lay.dp_replicate > 1:

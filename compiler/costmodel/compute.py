@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel.activations import attention_widths
 from compiler.costmodel.context import Setup
-from compiler.costmodel.memory import activation_bytes_per_layer_kind
+from compiler.costmodel.memory import activation_bytes_per_layer_kind, fused_activation_bytes_per_layer
 from compiler.costmodel.stages import StageLayers, stage_params
 from compiler.model import ModelShape, ParamCount
 
@@ -320,8 +320,13 @@ def elementwise_traffic_ratio(setup: Setup, moe_layer: bool) -> float:
 
 def memory_bound_time_per_layer_s(setup: Setup, moe_layer: bool) -> float:
     """Elementwise work of one layer (forward + backward): fitted traffic x saved bytes x the framework's
-    elementwise traffic ratio / HBM rate."""
-    saved = activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute="none")  # memoised
+    elementwise traffic ratio / HBM rate. For eager blocks the saved bytes are the fused block's: the extra
+    tensors an eager block keeps (fp32 norm copies, silu(gate)) are its elementwise kernels' extra traffic,
+    which the ratio (physics.yaml bytes_per_element, counted per kernel) already holds."""
+    if setup.framework.elementwise == "eager":
+        saved = fused_activation_bytes_per_layer(setup, moe_layer=moe_layer)
+    else:
+        saved = activation_bytes_per_layer_kind(setup, moe_layer=moe_layer, recompute="none")  # memoised
     traffic = setup.eff.fit("memory_bound_traffic") * elementwise_traffic_ratio(setup, moe_layer)
     return traffic * saved / setup.hbm_rate()
 

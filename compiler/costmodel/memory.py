@@ -128,11 +128,21 @@ def layer_terms_cached(shape: ModelShape, moe_layer: bool, seq_kv: int, act_byte
                            gemm_bytes=gemm_bytes)
 
 
-def setup_layer_terms(setup: Setup, moe_layer: bool) -> tuple[act.Term, ...]:
+def setup_layer_terms(setup: Setup, moe_layer: bool, impl: act.ActivationImpl | None = None) -> tuple[act.Term, ...]:
     r = setup.recipe
     gemm_bytes = act.FP8_GEMM_INPUT_BYTES if r.gemm_dtype == "fp8" else r.activation_bytes
     return layer_terms_cached(setup.shape, moe_layer, setup.seq_len // setup.layout.cp, r.activation_bytes,
-                              setup.impl, gemm_bytes)
+                              impl or setup.impl, gemm_bytes)
+
+
+def fused_activation_bytes_per_layer(setup: Setup, *, moe_layer: bool) -> float:
+    """One layer's saved activations (no recompute) as a fused implementation of the same block keeps them
+    (activations.fused_counterpart): the tensors its elementwise steps read and write."""
+    lay = setup.layout
+    return setup.memo(("fused_activation_bytes", moe_layer), lambda: act.activation_bytes_per_layer(
+        setup_layer_terms(setup, moe_layer, act.fused_counterpart(setup.impl)), tokens=setup.tokens_per_microbatch,
+        tp=lay.tp, sequence_parallel=lay.sequence_parallel, recompute="none", hidden=setup.shape.hidden_size,
+        act_bytes=setup.recipe.activation_bytes))
 
 
 def recompute_mode(setup: Setup, recompute: str) -> str:

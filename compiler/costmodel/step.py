@@ -258,6 +258,8 @@ def zero_exposed_s(setup: Setup, st: StageTime, makespan_s: float) -> float:
     fwd, bwd = st.dp_s
     if fwd + bwd <= 0:
         return 0.0
+    if setup.framework.zero3_blocking:  # every fetch waits for its all-gather (the target's cost profile)
+        return setup.num_microbatches * (fwd + bwd)
     units = max(1, setup.stages[st.stage].layers)
     return _exposed(setup.num_microbatches * (fwd + bwd), makespan_s, (fwd + bwd) / units, setup)
 

@@ -77,6 +77,15 @@ class CostProfile:
     # CPU). False: the gradient buffer stays on the GPU (Megatron's --optimizer-cpu-offload copies main_grad out
     # for each step)
     offload_moves_gradients: bool = False
+    # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
+    # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
+    # threshold stay gathered), so a layer costs one collective per weight matrix
+    zero3_gathers_per_layer: int = 1
+    # the gathers (and the gradient reduce-scatters) block the computation instead of running beside it:
+    # DeepSpeed ZeRO-3 before its prefetching coordinator synchronised every fetch (stage3.py fetch_sub_module
+    # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default), and
+    # a fetch is tied to a submodule's forward hooks, so full recompute fetches every parameter a third time
+    zero3_blocking: bool = False
 
     @property
     def grad_bytes(self) -> int:

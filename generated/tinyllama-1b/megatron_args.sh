@@ -70,7 +70,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2797
+  --save-interval 2802
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -159,3 +159,14 @@ def test_accuracy_benchmark_reads_any_csv_with_the_columns(tmp_path):
     text = accuracy.format_report(report)
     assert text.splitlines()[-1].startswith("overall: ")
     assert "do not fit in HBM" in text
+
+
+def test_deepspeed_zero3_of_2021_gathers_per_weight_matrix_and_blocks():
+    """Narayanan et al. 2021's ZeRO-3 rows ran DeepSpeed 0.3-0.4, whose fetches block and go one weight matrix at a
+    time; a DeepSpeed run of another year keeps DeepSpeed's overlapped per-unit gathers."""
+    old = R.framework_of(row(software_version="Megatron-LM (2021)", zero_fsdp="ZeRO-3 (DeepSpeed), no tensor/pipeline "
+                             "parallelism", source_id="narayanan2021"))
+    assert old.name == "deepspeed+megatron_gpt_2021"
+    assert (old.zero3_gathers_per_layer, old.zero3_blocking) == (4, True)
+    new = R.framework_of(row(software_version="DeepSpeed 0.14 (2024)", zero_fsdp="ZeRO-3 (DeepSpeed)"))
+    assert (new.zero3_gathers_per_layer, new.zero3_blocking) == (1, False)

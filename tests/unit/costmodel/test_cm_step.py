@@ -149,3 +149,58 @@ def test_evaluate_targets_binds_to_the_slowest_or_the_rejecting_target(problem_f
     big = problem_factory("llama3-70b", num_gpus=8, gbs=64, tokens="100B", targets="[megatron, fsdp]")
     rej = evaluate_targets(big, layout_factory(big, dp_replicate=8))
     assert rej.binding == "megatron" and rej.result.code == "out_of_memory"
+
+
+def test_blocking_zero3_per_weight_gathers_are_all_exposed(problem_factory, layout_factory):
+    """A profile whose ZeRO-3 fetches block (DeepSpeed 2021) shows every gather and reduce-scatter in the step; one
+    collective per weight matrix adds ring latencies; full recompute fetches the parameters a third time."""
+    from dataclasses import replace
+
+    from compiler.costmodel import comm
+    from compiler.costmodel.stages import stage_params
+
+    base = published_profile("deepspeed_defaults")
+    blocking = replace(base, name="blocking", zero3_gathers_per_layer=4, zero3_blocking=True)
+    p = problem_factory("llama3-8b", gpu="a100-80gb", num_gpus=64, gbs=64, tokens="100B")
+    lay = layout_factory(p, dp_shard=64, zero_stage=3, gpus_per_node=8)
+
+    def item(est, name):
+        return sum(i.value for i in est.time.items if i.name == name)
+
+    overlapped, blocked = evaluate(p, lay, target=base), evaluate(p, lay, target=blocking)
+    assert item(blocked, "zero_per_microbatch_comm") > item(overlapped, "zero_per_microbatch_comm")
+    setup = make_setup(p, lay, p.gpu_options[0], target=blocking)
+    sl = setup.stages[0]
+    sp = stage_params(setup.shape, setup.params, sl, tp=1, ep=1, pp=1)
+    coll = comm.dp_collectives(setup, sp, units=sl.layers + 1)
+    per_mb = sum(c.time_per_call_s for c in coll if c.phase in ("forward", "backward"))
+    assert item(blocked, "zero_per_microbatch_comm") == pytest.approx(lay.grad_accum * per_mb)
+    one = comm.dp_collectives(make_setup(p, lay, p.gpu_options[0], target=replace(blocking, zero3_gathers_per_layer=1)), sp,
+                              units=sl.layers + 1)
+    gather = next(c for c in coll if c.name == "dense_param_all_gather_fwd")
+    gather1 = next(c for c in one if c.name == "dense_param_all_gather_fwd")
+    link = comm.shard_link(setup)
+    assert gather.time_per_call_s - gather1.time_per_call_s == pytest.approx(3 * (sl.layers + 1) * 63 * link.latency_s)
+    rec = comm.dp_collectives(make_setup(p, layout_factory(p, dp_shard=64, zero_stage=3, gpus_per_node=8,
+                                                           recompute="full"), p.gpu_options[0], target=blocking), sp,
+                              units=sl.layers + 1)
+    assert [c.name for c in rec if "gather" in c.name] == [
+        "dense_param_all_gather_fwd", "dense_param_all_gather_bwd", "dense_param_all_gather_recompute"]
+
+
+def test_eager_elementwise_time_counts_the_eager_extra_tensors_once(problem_factory, layout_factory):
+    """An eager block keeps more tensors (fp32 RMSNorm copies, silu(gate)) than its fused counterpart; its
+    elementwise time scales the fused block's saved bytes by the eager/fused traffic ratio, which already holds
+    those extra passes, while its memory keeps the eager bytes."""
+    from compiler.costmodel import compute
+    from compiler.costmodel.memory import activation_bytes_per_layer_kind, fused_activation_bytes_per_layer
+
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", targets="[fsdp]")
+    setup = make_setup(p, layout_factory(p, dp_shard=8, zero_stage=3), p.gpu_options[0], target="fsdp")
+    eager = activation_bytes_per_layer_kind(setup, moe_layer=False, recompute="none")
+    fused = fused_activation_bytes_per_layer(setup, moe_layer=False)
+    assert eager > 1.2 * fused
+    ratio = compute.elementwise_traffic_ratio(setup, False)
+    assert ratio > 2
+    assert compute.memory_bound_time_per_layer_s(setup, False) == pytest.approx(
+        setup.eff.fit("memory_bound_traffic") * ratio * fused / setup.hbm_rate())
