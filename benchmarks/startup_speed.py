@@ -7,7 +7,7 @@ CPU time (user + system of the child, the fastest of N runs) is the figure: wall
 machine mostly measures the neighbours. Exit status 1 when a goal is missed.
 
 The children run as an installed dtc does: with its byte code cached. A warm-up run of each command
-writes compiler/'s __pycache__ even where PYTHONDONTWRITEBYTECODE is set (as in CI and this sandbox),
+writes compiler/'s __pycache__ even where PYTHONDONTWRITEBYTECODE is set (as on the shared dev machine),
 which would otherwise make every run compile dtc's sources again (~0.07 s, not what a user pays).
 """
 from __future__ import annotations

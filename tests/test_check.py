@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.artifacts import MANIFEST, ArtifactSet, write_artifacts
-from compiler.commands.check import SpecCheck, compare, summary_line
+from compiler.check import SpecCheck, compare, summary_line
 from helpers import REPO, run_cli
 
 CASE = REPO / "tests" / "cases" / "diff" / "pinned_tp" / "old.yaml"
