@@ -268,3 +268,23 @@ def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.
         assert result.exit_code in (1, 2) and "SECRET-TOKEN" not in result.stdout + result.stderr, args
     result = run_cli(["compile", "specs/a.yaml", "specs/b.yaml"], exit_code=2)  # a hand-edited folder
     assert "SECRET-TOKEN" not in result.stdout + result.stderr and "notes.md" in result.stderr
+
+
+def test_expected_work_orders_by_the_committed_search(tmp_path: Path) -> None:
+    """The workers take the specs longest first, as far as generated/<name>/plan.json's search says; a link
+    there is not read (the order is all it decides: 0, the spec's own place)."""
+    from compiler.check import _expected_work
+
+    spec = str(CASE)  # name: diff-case
+    assert _expected_work(spec, tmp_path) == 0  # nothing committed
+    folder = tmp_path / "diff-case"
+    folder.mkdir()
+    (tmp_path / "elsewhere.json").write_text('{"search": {"num_considered": 99}}')
+    (folder / "plan.json").symlink_to(tmp_path / "elsewhere.json")
+    assert _expected_work(spec, tmp_path) == 0
+    (folder / "plan.json").unlink()
+    (folder / "plan.json").write_text('{"search": {"num_considered": 1234}}')
+    assert _expected_work(spec, tmp_path) == 1234
+    (folder / "plan.json").write_text("not json")
+    assert _expected_work(spec, tmp_path) == 0
+    assert _expected_work(str(tmp_path / "missing.yaml"), tmp_path) == 0
