@@ -10,8 +10,6 @@ import contextlib
 import importlib
 import os
 import sys
-import tempfile
-import traceback
 
 import click
 
@@ -123,6 +121,9 @@ def os_error(exc: OSError) -> DtcError:
 
 
 def report_internal_error(exc: BaseException) -> int:
+    import tempfile  # here: every command would otherwise pay for tempfile and traceback at start
+    import traceback
+
     fd, path = tempfile.mkstemp(prefix="dtc-internal-error-", suffix=".log")
     with os.fdopen(fd, "w") as f:
         traceback.print_exception(exc, file=f)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.artifacts import MANIFEST, ArtifactSet, write_artifacts
-from compiler.commands.check import SpecCheck, compare, summary_line
+from compiler.check import SpecCheck, compare, summary_line
 from helpers import REPO, run_cli
 
 CASE = REPO / "tests" / "cases" / "diff" / "pinned_tp" / "old.yaml"
@@ -101,34 +101,51 @@ def test_run_line_is_shell_quoted(tmp_path: Path):
 # --------------------------------------------------------------------------- the command
 
 
+def _write_specs(root: Path) -> Path:
+    """specs/ with two small specs."""
+    (root / "specs").mkdir()
+    shutil.copy(CASE, root / "specs" / "a.yaml")
+    shutil.copy(OTHER, root / "specs" / "b.yaml")
+    text = (root / "specs" / "b.yaml").read_text()
+    (root / "specs" / "b.yaml").write_text(text.replace("name: diff-case", "name: diff-case-b"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two specs compiled into generated/ by `dtc compile`, once for the module: each test copies it."""
+    root = _write_specs(tmp_path_factory.mktemp("compiled"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        run_cli(["compile", "specs/a.yaml", "specs/b.yaml"])
+    return root / "generated"
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """specs/ with two small specs, compiled into generated/."""
-    (tmp_path / "specs").mkdir()
-    shutil.copy(CASE, tmp_path / "specs" / "a.yaml")
-    shutil.copy(OTHER, tmp_path / "specs" / "b.yaml")
-    text = (tmp_path / "specs" / "b.yaml").read_text()
-    (tmp_path / "specs" / "b.yaml").write_text(text.replace("name: diff-case", "name: diff-case-b"))
+    """specs/ with two small specs; ``_compile_all`` adds what `dtc compile` wrote for them."""
+    _write_specs(tmp_path)
     return tmp_path
 
 
-def _compile_all(project: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+def _compile_all(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path) -> dict[str, Path]:
+    """generated/ as `dtc compile specs/a.yaml specs/b.yaml` writes it (a copy of the module's one compile)."""
     monkeypatch.chdir(project)
-    run_cli(["compile", "specs/a.yaml", "specs/b.yaml"])
+    shutil.copytree(compiled, project / "generated", symlinks=True)
     folders = sorted(p for p in (project / "generated").iterdir())
     assert len(folders) == 2
     return {"a": folders[0], "b": folders[1]}
 
 
-def test_check_up_to_date(project: Path, monkeypatch: pytest.MonkeyPatch):
-    _compile_all(project, monkeypatch)
+def test_check_up_to_date(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path):
+    _compile_all(project, monkeypatch, compiled)
     result = run_cli(["check"], exit_code=0)
     assert result.stdout == "Check: 2 specs, 2 up to date.\n"
     assert run_cli(["check", "specs/a.yaml"], exit_code=0).stdout == "Check: 1 spec, 1 up to date.\n"
 
 
-def test_check_edited_file_is_stale(project: Path, monkeypatch: pytest.MonkeyPatch):
-    folders = _compile_all(project, monkeypatch)
+def test_check_edited_file_is_stale(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path):
+    folders = _compile_all(project, monkeypatch, compiled)
     plan_md = folders["a"] / "PLAN.md"
     plan_md.write_text(plan_md.read_text() + "an edit\n")
     result = run_cli(["check"], exit_code=1)
@@ -144,8 +161,8 @@ def test_check_edited_file_is_stale(project: Path, monkeypatch: pytest.MonkeyPat
                                   "Run: dtc compile --force specs/a.yaml\n")
 
 
-def test_check_missing_and_orphaned_files(project: Path, monkeypatch: pytest.MonkeyPatch):
-    folders = _compile_all(project, monkeypatch)
+def test_check_missing_and_orphaned_files(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path):
+    folders = _compile_all(project, monkeypatch, compiled)
     (folders["a"] / "PLAN.md").unlink()
     (folders["b"] / "notes.txt").write_text("stray\n")
     result = run_cli(["check"], exit_code=1)
@@ -160,8 +177,8 @@ def test_check_missing_and_orphaned_files(project: Path, monkeypatch: pytest.Mon
     assert data["specs"][0]["missing"] == ["PLAN.md"] and data["specs"][1]["orphaned"] == ["notes.txt"]
 
 
-def test_check_orphaned_and_missing_folders(project: Path, monkeypatch: pytest.MonkeyPatch):
-    folders = _compile_all(project, monkeypatch)
+def test_check_orphaned_and_missing_folders(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path):
+    folders = _compile_all(project, monkeypatch, compiled)
     (project / "generated" / "old-run").mkdir()
     (project / "generated" / "old-run" / "plan.json").write_text("{}\n")
     result = run_cli(["check"], exit_code=1)
@@ -184,8 +201,8 @@ def test_check_other_folders(project: Path, monkeypatch: pytest.MonkeyPatch):
     assert "Run: dtc compile cfg/a.yaml" in result.stdout
 
 
-def test_check_bad_input_exits_2(project: Path, monkeypatch: pytest.MonkeyPatch):
-    _compile_all(project, monkeypatch)
+def test_check_bad_input_exits_2(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path):
+    _compile_all(project, monkeypatch, compiled)
     (project / "specs" / "c.yaml").write_text("name: broken\nmodel: {preset: llama3-8b}\n")
     result = run_cli(["check"], exit_code=2)
     assert "specs/c.yaml: failed" in result.stderr and "missing required key" in result.stderr
@@ -228,10 +245,10 @@ def test_ci_workflow_and_pre_commit_hook():
         assert needle in doc, needle
 
 
-def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.MonkeyPatch, compiled: Path) -> None:
     """Issue #16 item 5: a committed generated/X/PLAN.md -> ../../.git/config made `dtc check` and
     `dtc diff --unified` print the checkout's credentials. A link is reported, never read."""
-    folders = _compile_all(project, monkeypatch)
+    folders = _compile_all(project, monkeypatch, compiled)
     git = project / ".git"
     git.mkdir()
     (git / "config").write_text("[http]\n\textraheader = AUTHORIZATION: basic SECRET-TOKEN\n")
@@ -251,3 +268,23 @@ def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.
         assert result.exit_code in (1, 2) and "SECRET-TOKEN" not in result.stdout + result.stderr, args
     result = run_cli(["compile", "specs/a.yaml", "specs/b.yaml"], exit_code=2)  # a hand-edited folder
     assert "SECRET-TOKEN" not in result.stdout + result.stderr and "notes.md" in result.stderr
+
+
+def test_expected_work_orders_by_the_committed_search(tmp_path: Path) -> None:
+    """The workers take the specs longest first, as far as generated/<name>/plan.json's search says; a link
+    there is not read (the order is all it decides: 0, the spec's own place)."""
+    from compiler.check import _expected_work
+
+    spec = str(CASE)  # name: diff-case
+    assert _expected_work(spec, tmp_path) == 0  # nothing committed
+    folder = tmp_path / "diff-case"
+    folder.mkdir()
+    (tmp_path / "elsewhere.json").write_text('{"search": {"num_considered": 99}}')
+    (folder / "plan.json").symlink_to(tmp_path / "elsewhere.json")
+    assert _expected_work(spec, tmp_path) == 0
+    (folder / "plan.json").unlink()
+    (folder / "plan.json").write_text('{"search": {"num_considered": 1234}}')
+    assert _expected_work(spec, tmp_path) == 1234
+    (folder / "plan.json").write_text("not json")
+    assert _expected_work(spec, tmp_path) == 0
+    assert _expected_work(str(tmp_path / "missing.yaml"), tmp_path) == 0

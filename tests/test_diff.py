@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -413,9 +412,15 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _dtc(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=repo, capture_output=True, text=True,
-                          timeout=300, env=env)
+    """`dtc ARGS` in ``repo``, in-process (what --base reads from a real git repository is the subject here;
+    tests/test_terminal_safety.py and others run dtc as a process)."""
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        result = run_cli(list(args), exit_code=None)
+    finally:
+        os.chdir(old)
+    return subprocess.CompletedProcess(["dtc", *args], result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ whatever they are.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -31,6 +32,7 @@ COMMANDS = {
 }
 
 
+@functools.cache  # a case's message is read by its golden test and by the tests of its parts: solve it once
 def message(case: str) -> str:
     spec = f"tests/cases/first_hour/{case}/spec.yaml"
     old = os.getcwd()

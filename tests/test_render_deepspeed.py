@@ -231,6 +231,7 @@ def test_files_are_deterministic_and_headed(matrix: dict[str, Plan]) -> None:
         assert str(ROOT) not in script and str(ROOT) not in text
 
 
+@pytest.mark.slow  # runs DeepSpeed's own validator in a process (torch and all), as tests/test_validators.py
 def test_deepspeed_accepts_every_config(matrix: dict[str, Plan], tmp_path: Path) -> None:
     """ONE validator process: DeepSpeed's DeepSpeedConfig + unknown-key checks, at each plan's real dp."""
     jobs = []

@@ -276,6 +276,7 @@ def test_checkpoint_dir_expands_at_run_time(matrix: dict[str, Plan], tmp_path: P
     assert value(args, "--save") == "checkpoints"
 
 
+@pytest.mark.slow  # runs Megatron-LM's own validator in a process (torch and all), as tests/test_validators.py
 def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_path: Path) -> None:
     from compiler.checkpointing import plan_policy
 
@@ -315,6 +316,7 @@ def test_megatron_parses_and_validates_every_list(matrix: dict[str, Plan], tmp_p
                                                p.training.num_steps), name
 
 
+@pytest.mark.slow  # runs Megatron-LM's own validator in a process (torch and all), as tests/test_validators.py
 def test_committed_plans_build_their_costed_split(tmp_path: Path) -> None:
     """Every generated/*/megatron_args.sh, parsed by megatron-core at its plan's world size, builds the
     decoder layers per (rank, virtual stage) that its plan.json is costed with."""
