@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from compiler.artifacts import MANIFEST, ArtifactSet, write_artifacts
-from compiler.commands.check import SpecCheck, compare
+from compiler.check import SpecCheck, compare
 from compiler.review.folder import compare_folder, file_actions
 
 
