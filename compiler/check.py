@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from compiler.artifacts import (MANIFEST, ArtifactSet, foreign_entries, hand_edited_files, read_artifacts,
-                                read_regular_file)
+from compiler.artifacts import MANIFEST, ArtifactSet, hand_edited_files, read_regular_file
 from compiler.errors import DtcError, ExitCode, shell_command
+from compiler.review.folder import compare_folder
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 MAX_WORKERS = 16
@@ -76,27 +76,23 @@ class CheckReport:
 
 
 def compare(expected: ArtifactSet, out_dir: Path, result: SpecCheck) -> None:
-    """Fill ``result`` with what differs between ``expected`` (with manifest) and ``out_dir``."""
-    actual = read_artifacts(out_dir)  # never follows a symbolic link (a committed PLAN.md -> ../../.git/config)
-    foreign = set(foreign_entries(out_dir))
+    """Fill ``result`` with what differs between ``expected`` (with manifest) and ``out_dir``: review.folder's
+    comparison (changed -> stale, added -> missing, removed -> orphaned) with a diff of each stale file, the
+    manifest left out when other files differ (it follows from them)."""
+    c = compare_folder(expected, out_dir)  # never follows a symbolic link (a committed PLAN.md -> ../../.git/config)
     result.folder_missing = not out_dir.is_dir()
-    for rel, text in expected.files.items():
-        if rel in foreign:
-            result.stale.append(rel)
+    result.stale, result.missing, result.orphaned = list(c.changed), list(c.added), list(c.removed)
+    for rel in c.changed:
+        if rel in c.foreign:
             result.diffs[rel] = [f"{out_dir / rel}: a symbolic link or other non-regular file; not followed or read"]
-        elif rel not in actual:
-            result.missing.append(rel)
-        elif actual[rel] != text:
-            result.stale.append(rel)
+        else:
             result.diffs[rel] = list(difflib.unified_diff(
-                actual[rel].splitlines(), text.splitlines(), f"{out_dir / rel}", f"{result.spec} (compiled)",
+                c.actual[rel].splitlines(), expected[rel].splitlines(), f"{out_dir / rel}", f"{result.spec} (compiled)",
                 lineterm=""))
-    result.orphaned = sorted({rel for rel in actual.files if rel not in expected}
-                             | {rel for rel in foreign if rel not in expected})
     if MANIFEST in result.stale and (len(result.stale) > 1 or result.missing or result.orphaned):
-        result.stale.remove(MANIFEST)  # it follows from the others
+        result.stale.remove(MANIFEST)
         result.diffs.pop(MANIFEST, None)
-    result.needs_force = bool(actual.files or foreign) and bool(hand_edited_files(out_dir))
+    result.needs_force = bool(c.actual.files or c.foreign) and bool(hand_edited_files(out_dir))
 
 
 def check_spec(path: str, generated: Path) -> SpecCheck:
