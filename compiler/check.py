@@ -20,7 +20,7 @@ from compiler.artifacts import MANIFEST, ArtifactSet, hand_edited_files, read_re
 from compiler.errors import DtcError, ExitCode, shell_command
 from compiler.review.folder import compare_folder
 
-SPEC_SUFFIXES = (".yaml", ".yml")
+SPEC_SUFFIXES = (".yaml", ".yml")  # what a spec file's name ends with (find_specs; dtc diff --base's changed_specs)
 MAX_WORKERS = 16
 
 

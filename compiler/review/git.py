@@ -10,9 +10,8 @@ import subprocess
 from pathlib import Path
 
 from compiler.artifacts import ArtifactSet
+from compiler.check import SPEC_SUFFIXES
 from compiler.errors import DtcError, printable
-
-SPEC_SUFFIXES = (".yaml", ".yml")
 
 
 def _git(root: Path, *args: str | bytes) -> subprocess.CompletedProcess:
