@@ -1,4 +1,5 @@
-"""Small output helpers shared by commands: tables and JSON."""
+"""Output helpers shared by the commands and review/format.py: plain-text tables and JSON (not a report;
+render/report.py and smoke/report.py are the reports)."""
 from __future__ import annotations
 
 import json

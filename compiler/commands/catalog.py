@@ -5,7 +5,7 @@ import click
 
 from compiler.catalog import load_catalog
 from compiler.model import count_params
-from compiler.report import table, to_json
+from compiler.output import table, to_json
 from compiler import units
 
 

@@ -12,7 +12,7 @@ import click
 
 from compiler.check import CheckReport, SpecCheck, check, out_args
 from compiler.errors import printable, shell_command
-from compiler.report import to_json
+from compiler.output import to_json
 
 DIFF_LINES = 20  # unified-diff lines shown per stale file
 

@@ -10,7 +10,7 @@ import click
 
 from compiler.artifacts import write_artifacts
 from compiler.errors import DtcError, ExitCode
-from compiler.report import to_json
+from compiler.output import to_json
 from compiler.review.folder import file_actions
 from compiler import units
 

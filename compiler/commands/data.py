@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from compiler.report import to_json
+from compiler.output import to_json
 
 
 @click.group("data")

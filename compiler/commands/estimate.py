@@ -20,7 +20,7 @@ from compiler.layout import Layout
 from compiler.pinned import build_layout
 from compiler.plan import TargetEstimate, plan_data
 from compiler.problem import Problem, lower
-from compiler.report import to_json
+from compiler.output import to_json
 from compiler.spec.load import load_spec
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from compiler import units
-from compiler.report import table, to_json
+from compiler.output import table, to_json
 
 if TYPE_CHECKING:  # the spec stack is imported when the command runs, not when `dtc --help` lists it
     from compiler.plan import Plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from compiler.errors import DtcError, ExitCode
-from compiler.report import to_json
+from compiler.output import to_json
 from compiler import units
 
 

@@ -8,7 +8,7 @@ import re
 from typing import Sequence
 
 from compiler.review.plans import ArtifactDiff, FileChange, InputChange, KeyChange, SummaryChange
-from compiler.report import to_json
+from compiler.output import to_json
 
 FORMATS = ("text", "markdown", "json")
 _SYMBOL = {"add": "+", "change": "~", "remove": "-", "same": "="}
