@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Sequence
 
-import click
-
 
 def to_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -28,6 +26,3 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, align: str |
     lines += [fmt(r) for r in rows]
     return "\n".join(lines)
 
-
-def echo(text: str = "", *, err: bool = False) -> None:
-    click.echo(text, err=err)
