@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from compiler.artifacts import write_artifacts  # noqa: E402
 from compiler.errors import DtcError  # noqa: E402
 from compiler.problem import lower  # noqa: E402
-from compiler.render import render  # noqa: E402
+from compiler.render.all_targets import render  # noqa: E402
 from compiler.smoke import run_smoke  # noqa: E402
 from compiler.smoke.targets import available_targets  # noqa: E402
 from compiler.solver import solve  # noqa: E402

@@ -18,7 +18,7 @@ def __getattr__(name: str):  # lazy: `dtc --help` imports this package and must 
         from compiler.solver import solve
         return solve
     if name == "render":
-        from compiler.render import render
+        from compiler.render.all_targets import render
         return render
     if name == "compile_spec":
         from compiler.pipeline import compile_spec

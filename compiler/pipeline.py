@@ -7,7 +7,7 @@ from typing import Sequence
 from compiler.artifacts import ArtifactSet
 from compiler.plan import Plan
 from compiler.problem import Problem, lower
-from compiler.render import render
+from compiler.render.all_targets import render
 from compiler.spec.load import LoadedSpec, load_spec
 
 

@@ -153,7 +153,7 @@ def render_sweep(spec_path: str | Path, out_dir: Path, *, top: int, steps: int =
     """Write the sweep folder; return its manifest (sweep.json)."""
     from compiler.artifacts import write_artifacts
     from compiler.problem import lower
-    from compiler.render import render
+    from compiler.render.all_targets import render
     from compiler.solver import solve
     from compiler.spec.load import load_spec
 

@@ -56,7 +56,7 @@ ROUND_TRIP_KNOWN: dict[str, str] = {}
 def test_compile_twice_and_round_trip(spec: str) -> None:
     from compiler.pipeline import compile_spec
     from compiler.plan import Plan
-    from compiler.render import render
+    from compiler.render.all_targets import render
 
     path = Path("specs") / spec
     plan, artifacts = compile_spec(path)  # the first compile's plan is the one round-tripped (no third solve)

@@ -495,7 +495,7 @@ def test_real_plan_from_solver() -> None:
 
 @pytest.mark.skipif(not (_HAVE_SOLVER and _HAVE_COSTMODEL), reason="compiler.solver / costmodel not available yet")
 def test_targets_table_lists_what_render_writes() -> None:
-    from compiler.render import render
+    from compiler.render.all_targets import render
     from compiler.solver import solve
 
     plan = solve(problem_for(preset="llama3-8b", num_gpus=16, gbs=128))

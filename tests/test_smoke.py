@@ -72,7 +72,7 @@ def make_plan(name: str = "smoke-test", *, precision: str = "bf16", targets: str
 def make_generated(parent: Path, name: str, **kw: Any) -> Path:
     """Render a pinned layout with the real renderers and write it like `dtc compile` does."""
     from compiler.artifacts import write_artifacts
-    from compiler.render import render
+    from compiler.render.all_targets import render
 
     plan = make_plan(name, **kw)
     out = parent / name

@@ -236,7 +236,7 @@ def test_tp2_pp2(gen, tmp_path):
 @pytest.mark.slow
 def test_ep2_moe(tmp_path):
     from compiler.artifacts import write_artifacts
-    from compiler.render import render
+    from compiler.render.all_targets import render
     from plan_fixtures import layout_for, plan_for, problem_for
 
     problem = problem_for(MOE_SPEC.format(name="mg-moe"))
