@@ -6,7 +6,7 @@
 CSV: any file with the columns of benchmarks/data/published_runs_dev.csv (default: that file,
 the vendored calibration set). Each row is parsed by compiler/calibration/runs.py into the
 model, layout, framework and precision of the published run (rows it cannot model are skipped
-and the reasons counted), costed with compiler.costmodel.evaluate for the framework that ran
+and the reasons counted), costed with compiler.costmodel.evaluation.evaluate for the framework that ran
 it, and compared in tokens/s per GPU with what it measured (rows that give only TFLOP/s or MFU
 are converted with their own FLOP convention).
 

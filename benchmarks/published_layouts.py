@@ -149,7 +149,7 @@ def measured_tokens_per_s(r: dict) -> float | None:
 
 
 def compare(r: dict) -> dict:
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
     from compiler.solver import solve
 
     problem = lower(load_spec_text(spec_text(r), f"pub-{r['row_id']}.yaml"))

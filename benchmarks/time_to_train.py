@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
 from compiler.calibration.frameworks import published_profile  # noqa: E402
 from compiler.calibration.runs import gpu_option, make_problem  # noqa: E402
 from compiler.catalog import load_catalog  # noqa: E402
-from compiler.costmodel import evaluate  # noqa: E402
+from compiler.costmodel.evaluation import evaluate  # noqa: E402
 from compiler.estimate import Estimate, Rejection  # noqa: E402
 from compiler.layout import Layout  # noqa: E402
 

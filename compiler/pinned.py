@@ -12,7 +12,7 @@ from typing import Any
 
 from compiler import rules
 from compiler.arith import grad_accum_for
-from compiler.costmodel import find_gpu_option
+from compiler.costmodel.evaluation import find_gpu_option
 from compiler.errors import Diagnostic, DtcError, SpecError
 from compiler.estimate import Rejection
 from compiler.layout import Layout

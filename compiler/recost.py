@@ -23,7 +23,7 @@ from compiler.plan import Plan, TargetEstimate, as_in_plan, plan_data
 from compiler.problem import GpuOption, Hyper, Pins, Problem
 
 if TYPE_CHECKING:
-    from compiler.costmodel import TargetEstimates
+    from compiler.costmodel.evaluation import TargetEstimates
 
 
 def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
@@ -58,7 +58,7 @@ def recost_targets(plan: Plan, *, catalog: Catalog | None = None) -> tuple[Probl
     bad = rules.check_plan(plan)
     if bad is not None:
         return problem, bad
-    from compiler.costmodel import evaluate_targets
+    from compiler.costmodel.evaluation import evaluate_targets
 
     return problem, evaluate_targets(problem, plan.layout)
 

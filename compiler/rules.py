@@ -5,7 +5,7 @@ GPU options and the batch) and a layout's ``Knobs``, any of which may still be u
 a rule whose knobs are unknown says nothing, so the same rules judge a spec's partial pins
 (``compiler.problem``: each violation is reported at the pinned field's line), the solver's
 per-axis generators and its candidates (``compiler.solver``), the cost model
-(``compiler.costmodel.check_layout``), ``dtc estimate``, the renderers and ``dtc smoke``
+(``compiler.costmodel.evaluation.check_layout``), ``dtc estimate``, the renderers and ``dtc smoke``
 (``check_plan``). So validate, plan, estimate, compile and smoke give the same verdict on a
 layout, with the same code and message.
 
@@ -448,7 +448,7 @@ RULES: tuple[Rule, ...] = (
 )
 RULES_BY_CODE: Mapping[str, Rule] = {r.code: r for r in RULES}
 
-# What the cost model needs of a layout before it can cost it (compiler.costmodel.check_layout); the
+# What the cost model needs of a layout before it can cost it (compiler.costmodel.evaluation.check_layout); the
 # GPU count, the batch, tensor parallel across nodes and the frameworks' support are the search's and
 # the commands' business (benchmarks cost published layouts outside any spec's range).
 COSTED_CODES: tuple[str, ...] = (PRECISION_UNSUPPORTED, TP_NOT_DIVISOR, PP_SPLIT_INVALID, SCHEDULE_INVALID,

@@ -1,7 +1,7 @@
 """Build Plans for renderer tests from a spec text and an explicit layout.
 
 ``plan_for`` costs the layout with the real cost model when it is available
-(compiler.costmodel.evaluate); renderer unit tests that only need the layout can
+(compiler.costmodel.evaluation.evaluate); renderer unit tests that only need the layout can
 pass ``real_estimate=False`` to get an estimate whose numbers are zero (the
 DeepSpeed/FSDP/Megatron/SLURM renderers do not read the estimate).
 """
@@ -62,7 +62,7 @@ def layout_for(problem: Problem, **kw: Any) -> Layout:
 
 def plan_for(problem: Problem, layout: Layout, *, real_estimate: bool = True):
     if real_estimate:
-        from compiler.costmodel import evaluate
+        from compiler.costmodel.evaluation import evaluate
 
         est = evaluate(problem, layout)
         assert isinstance(est, Estimate), f"layout rejected by the cost model: {est}"

@@ -48,7 +48,7 @@ def data_parallel(problem: Problem, plan: Plan) -> str | None:
 
 def needless_offload(problem: Problem, plan: Plan) -> str | None:
     """Offload is only worth its PCIe traffic when the layout does not fit without it."""
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
     from compiler.estimate import Estimate
 
     lay = plan.layout

@@ -242,7 +242,7 @@ def fsdp2_measurements(tmp_path_factory):
 
 def _memory_items(precision: str, dp_replicate: int, dp_shard: int) -> tuple[dict[str, float], int]:
     """The model-state line items of evaluate() for the tiny model, and its parameter count."""
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
     from compiler.layout import Layout
     from compiler.problem import lower
     from compiler.spec.load import load_spec_text

@@ -7,7 +7,6 @@ solver exist, ``test_real_plan_*`` also render real plans.
 """
 from __future__ import annotations
 
-import importlib
 import re
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -432,17 +431,6 @@ def test_text_helpers() -> None:
 
 
 # ------------------------------------------------------------------------------ real plans
-def _exported(module: str, name: str) -> bool:
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
-
-
-_HAVE_COSTMODEL = _exported("compiler.costmodel", "evaluate")
-_HAVE_SOLVER = _exported("compiler.solver", "solve")
-
-
 REAL_LAYOUTS = {  # spec (llama3-8b on 8 or 64 H100s) -> layout costed by the real cost model
     "pp2_1f1b": dict(tp=2, pp=2, dp_shard=2, zero_stage=1),
     "pp4_interleaved": dict(tp=2, pp=4, vpp=2, schedule="interleaved_1f1b", zero_stage=0),
@@ -452,8 +440,6 @@ REAL_LAYOUTS = {  # spec (llama3-8b on 8 or 64 H100s) -> layout costed by the re
 
 @pytest.fixture(scope="module", params=sorted(REAL_LAYOUTS))
 def real_plan(request: pytest.FixtureRequest) -> Plan:
-    if not _HAVE_COSTMODEL:
-        pytest.skip("compiler.costmodel.evaluate not available yet")
     from tests.plan_fixtures import plan_for
 
     text = BASE_SPEC.format(name="real", preset="llama3-8b", seq=4096, gbs=64, gpu="h100-sxm", num_gpus=8)
@@ -479,7 +465,6 @@ def test_real_plan_from_cost_model(real_plan: Plan) -> None:
         assert not ABS_PATH.search(text), name
 
 
-@pytest.mark.skipif(not (_HAVE_SOLVER and _HAVE_COSTMODEL), reason="compiler.solver / costmodel not available yet")
 def test_real_plan_from_solver() -> None:
     from compiler.solver import solve
 
@@ -493,7 +478,6 @@ def test_real_plan_from_solver() -> None:
     assert len(alt["rows"]) == 1 + len(plan.alternatives)
 
 
-@pytest.mark.skipif(not (_HAVE_SOLVER and _HAVE_COSTMODEL), reason="compiler.solver / costmodel not available yet")
 def test_targets_table_lists_what_render_writes() -> None:
     from compiler.render.all_targets import render
     from compiler.solver import solve

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from compiler.calibration.runs import PublishedRun
-from compiler.costmodel import evaluate
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, Efficiency, prior_efficiency
 from compiler.costmodel.pp_schedule import linear_p2p_makespans
 from compiler.estimate import Estimate

@@ -474,7 +474,7 @@ def resolve(run: PublishedRun, efficiency=None) -> PublishedRun:
     recompute that fits (see the module docstring). Rows that state it are returned as they are."""
     if run.recompute_given:
         return run
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
     from compiler.costmodel.efficiency import prior_efficiency
     from compiler.estimate import Estimate
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from compiler import uncertainty, units
-from compiler.costmodel import evaluate_targets
+from compiler.costmodel.evaluation import evaluate_targets
 from compiler.errors import Diagnostic, DtcError, ExitCode
 from compiler.estimate import Estimate, LineItem, Rejection
 from compiler.layout import Layout

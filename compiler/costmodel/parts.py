@@ -47,7 +47,7 @@ _NEVER_S = 1e30  # a compute window no traffic fills (the offload terms that can
 
 def bound_target(problem: Problem) -> str:
     """The framework target the bounds cost: the problem's first. A layout's estimate is its binding target's
-    (compiler.costmodel.evaluate_targets: the first that rejects it, else the slowest), so a bound on the
+    (compiler.costmodel.evaluation.evaluate_targets: the first that rejects it, else the slowest), so a bound on the
     first target's step time is a bound on the layout's, and a layout the first target cannot fit is
     rejected."""
     return costed_targets(problem.targets)[0]

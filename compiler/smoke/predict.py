@@ -79,7 +79,7 @@ def activation_impl(target: str, device: str) -> Any:
 
 def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryBreakdown | str:
     """The predicted per-GPU memory breakdown of the smoke layout, or why there is none."""
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
     from compiler.problem import problem_from_data
 
     try:

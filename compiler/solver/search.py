@@ -50,7 +50,7 @@ from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prun
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 if TYPE_CHECKING:
-    from compiler.costmodel import TargetEstimates
+    from compiler.costmodel.evaluation import TargetEstimates
 
 Evaluator = Callable[[Problem, Layout], "Estimate | Rejection"]
 FinalEvaluator = Callable[[Problem, Layout], "TargetEstimates"]  # the chosen layout, costed for every target
@@ -89,7 +89,7 @@ def _search_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The cost model as the search calls it: no pipeline event list (speed). A layout is costed for each
     framework target of the problem and must fit under each: the binding (rejecting, else slowest) target's
     estimate is the layout's."""
-    from compiler.costmodel import evaluate_targets
+    from compiler.costmodel.evaluation import evaluate_targets
 
     return evaluate_targets(problem, layout, pipeline_events=False).result
 
@@ -115,7 +115,7 @@ THIN_REGIME = "thin_regime"  # only in the search for a well-calibrated alternat
 
 def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
     """The chosen layout again, with the simulated pipeline schedule for the report, for every target."""
-    from compiler.costmodel import evaluate_targets
+    from compiler.costmodel.evaluation import evaluate_targets
 
     return evaluate_targets(problem, layout)
 
@@ -498,7 +498,7 @@ class _Search:
         so the other targets are not costed (the per-target costing costs one target for most layouts)."""
         if self.evaluate is not _search_evaluate:
             return self.evaluate(self.problem, layout)
-        from compiler.costmodel import evaluate_targets_unless
+        from compiler.costmodel.evaluation import evaluate_targets_unless
 
         threshold = self.threshold
         # the binding estimate is at least as slow as this one, and its band factor at least the floor

@@ -84,7 +84,7 @@ def test_fp8_keeps_gemm_inputs_in_one_byte():
 
 
 def test_context_parallel_divides_the_tokens(problem_factory, layout_factory):
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
 
     p = problem_factory("llama3-8b", seq=8192, gbs=32)
     cp1 = evaluate(p, layout_factory(p, dp_replicate=8, recompute="full"), check_memory=False)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.costmodel import comm, evaluate
+from compiler.costmodel import comm
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.context import make_setup
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from compiler.calibration.frameworks import published_profile
-from compiler.costmodel import evaluate
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.memory import zero_model_state_bytes_per_gpu
 from compiler.estimate import Estimate, Rejection
 

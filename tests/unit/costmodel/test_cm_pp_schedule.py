@@ -67,7 +67,7 @@ def test_events_are_consistent():
 
 def test_step_time_uses_the_simulated_makespan(problem_factory, layout_factory):
     """The estimate's pipeline part equals the simulated schedule (events) to the rounding of the cache key."""
-    from compiler.costmodel import evaluate
+    from compiler.costmodel.evaluation import evaluate
 
     p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
     est = evaluate(p, layout_factory(p, pp=4, vpp=2, schedule="interleaved_1f1b", dp_replicate=2, grad_accum=32),

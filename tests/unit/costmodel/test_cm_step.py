@@ -7,7 +7,7 @@ import time
 import pytest
 
 from compiler.calibration.frameworks import published_profile
-from compiler.costmodel import evaluate
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.compute import attention_core_flops_per_token_forward, gemm_params_per_token, \
     model_flops_per_token
 from compiler.costmodel.context import make_setup
@@ -138,7 +138,7 @@ def test_a_layout_is_costed_for_its_target_and_defaults_to_the_first(problem_fac
 
 
 def test_evaluate_targets_binds_to_the_slowest_or_the_rejecting_target(problem_factory, layout_factory):
-    from compiler.costmodel import evaluate_targets
+    from compiler.costmodel.evaluation import evaluate_targets
 
     p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", targets="[megatron, fsdp, slurm]")
     lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=3, recompute="full")

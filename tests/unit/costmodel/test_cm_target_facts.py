@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from compiler.calibration.frameworks import published_profile
-from compiler.costmodel import evaluate
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel import activations as act
 from compiler.costmodel.compute import elementwise_traffic_ratio
 from compiler.costmodel.context import make_setup

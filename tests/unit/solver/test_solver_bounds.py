@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from compiler.costmodel import evaluate
+from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.pp_schedule import makespan_units
 from compiler.estimate import Estimate
 from compiler.problem import lower

@@ -156,7 +156,7 @@ def test_pins_and_targets_cut_the_space() -> None:
 
 def test_several_targets_cost_each_layout_for_the_binding_one() -> None:
     """A plan rendered for several frameworks must fit under each and runs as fast as the slowest."""
-    from compiler.costmodel import evaluate, evaluate_targets
+    from compiler.costmodel.evaluation import evaluate, evaluate_targets
 
     p = problem(targets="[megatron, fsdp]")
     plan = solve(p, top_k=0)
