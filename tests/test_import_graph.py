@@ -1,6 +1,10 @@
 """No import circle inside compiler/: every `import` and `from ... import` of every module, those inside
 functions included (a lazy import kept for start-up speed is still a dependency), read with ast.
 
+Importing ``a.b.c`` first runs the __init__.py of ``a`` and ``a.b``, so an import depends on those packages
+too, except on the importer's own packages (already initialised, or being initialised, when it runs): a heavy
+package __init__ cannot hide a circle.
+
 Imports under ``if TYPE_CHECKING:`` are left out: they never run, and they are how a module names a
 type for its annotations without depending on the module that defines it.
 """
@@ -58,7 +62,14 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
                 elif source in modules:
                     out.add(source)
     out.discard(name)
-    return out
+    return out | package_inits(name, out, modules)
+
+
+def package_inits(name: str, imported: set[str], modules: dict[str, Path]) -> set[str]:
+    """The packages whose __init__.py importing ``imported`` runs, other than ``name``'s own (and itself)."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+    inits = {".".join(m.split(".")[:i]) for m in imported for i in range(1, m.count(".") + 1)}
+    return {p for p in inits if p in modules and p not in own}
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -148,7 +159,21 @@ def test_a_circle_is_found_and_named(tmp_path: Path) -> None:
     (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     (pkg / "e.py").write_text("from pkg import d\n")
     graph = import_graph(pkg)
-    assert graph["pkg.a"] == {"pkg.sub.b"}
-    assert graph["pkg.sub.b"] == {"pkg.sub.c"}
+    assert graph["pkg.a"] == {"pkg.sub.b", "pkg.sub"}  # importing pkg.sub.b runs pkg/sub/__init__.py first
+    assert graph["pkg.sub.b"] == {"pkg.sub.c"}  # its own package is already initialised
     assert graph["pkg.d"] == set()  # under TYPE_CHECKING only
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]]
+
+
+def test_a_circle_through_a_package_init_is_found(tmp_path: Path) -> None:
+    """heavy/__init__.py imports f, f imports g, g imports heavy.leaf: importing heavy.leaf runs the __init__."""
+    pkg = tmp_path / "pkg"
+    (pkg / "heavy").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy" / "__init__.py").write_text("from pkg.f import x\n")
+    (pkg / "heavy" / "leaf.py").write_text("")
+    (pkg / "f.py").write_text("import pkg.g\n")
+    (pkg / "g.py").write_text("from pkg.heavy.leaf import y\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.g"] == {"pkg.heavy.leaf", "pkg.heavy"}
+    assert cycles(graph) == [["pkg.f", "pkg.g", "pkg.heavy", "pkg.f"]]
