@@ -15,7 +15,7 @@ from compiler.arith import grad_accum_for
 from compiler.costmodel.evaluation import find_gpu_option
 from compiler.errors import Diagnostic, DtcError, SpecError
 from compiler.estimate import Rejection
-from compiler.layout import Layout
+from compiler.layout import Layout, Offload, Recompute, Schedule
 from compiler.problem import GpuOption, Problem
 from compiler.split import default_split
 
@@ -66,13 +66,15 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
     dp_shard = knobs["dp_shard"] or ((dp or 1) if zero > 0 else 1)
     mb = knobs["micro_batch"]
     grad_accum = grad_accum_for(problem.global_batch, problem.global_batch_tolerance, dp, mb) if dp else None
-    schedule = knobs["schedule"] or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    schedule: Schedule = knobs["schedule"] or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    recompute: Recompute = knobs["recompute"] or "none"
+    offload_optimizer: Offload = knobs["offload_optimizer"] or "none"
+    offload_params: Offload = knobs["offload_params"] or "none"
     sp = bool(knobs["sequence_parallel"]) if knobs["sequence_parallel"] is not None else False
     full = rules.Knobs(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
                        cp=cp, ep=ep, dp=dp, dp_shard=dp_shard if dp else None, zero_stage=zero, micro_batch=mb,
-                       grad_accum=grad_accum, recompute=knobs["recompute"] or "none", sequence_parallel=sp,
-                       offload_optimizer=knobs["offload_optimizer"] or "none",
-                       offload_params=knobs["offload_params"] or "none", split=knobs["split"])
+                       grad_accum=grad_accum, recompute=recompute, sequence_parallel=sp,
+                       offload_optimizer=offload_optimizer, offload_params=offload_params, split=knobs["split"])
     bad = rules.violations(problem.facts, full)
     if not bad and dp is None:
         bad = [rules.reject(rules.GPU_COUNT_NOT_ALLOWED, "dp", f"tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp} "
@@ -84,6 +86,5 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
     split = full.split or default_split(problem.shape.num_layers, pp, vpp)
     return Layout(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, cp=cp, ep=ep,
                   dp_replicate=dp // dp_shard, dp_shard=dp_shard, zero_stage=zero, micro_batch=mb,
-                  grad_accum=grad_accum, vpp=vpp, schedule=schedule, recompute=full.recompute,  # type: ignore[arg-type]
-                  sequence_parallel=sp, offload_optimizer=full.offload_optimizer,  # type: ignore[arg-type]
-                  offload_params=full.offload_params, split=split)  # type: ignore[arg-type]
+                  grad_accum=grad_accum, vpp=vpp, schedule=schedule, recompute=recompute,
+                  sequence_parallel=sp, offload_optimizer=offload_optimizer, offload_params=offload_params, split=split)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from compiler.catalog import Catalog, GpuSpec, load_catalog
 from compiler.errors import Diagnostic, SpecError
 from compiler.arith import divisors
+from compiler.layout import Offload, Recompute, Schedule
 from compiler.model import ModelShape, MoEShape, ParamCount, count_params, derive_dense_shape
 from compiler.rules import some
 from compiler.split import PipelineSplit
@@ -57,17 +58,17 @@ class Pins:
     tp: int | None = None
     pp: int | None = None
     vpp: int | None = None
-    schedule: str | None = None
+    schedule: Schedule | None = None
     cp: int | None = None
     ep: int | None = None
     dp: int | None = None
     dp_shard: int | None = None
     zero_stage: int | None = None
     micro_batch: int | None = None
-    recompute: str | None = None
+    recompute: Recompute | None = None
     sequence_parallel: bool | None = None
-    offload_optimizer: str | None = None
-    offload_params: str | None = None
+    offload_optimizer: Offload | None = None
+    offload_params: Offload | None = None
     split: PipelineSplit | None = None  # Megatron's split mechanism (compiler.split)
 
 

@@ -42,7 +42,7 @@ from typing import Any, Iterable
 from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features
-from compiler.layout import Layout
+from compiler.layout import Layout, Offload, Recompute
 from compiler.model import MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
 from compiler.targets.cost import CostProfile
@@ -265,7 +265,7 @@ def zero_of(row: dict, dp: int) -> tuple[int, int]:
     return stage, (shard if stage == 3 else dp)
 
 
-def recompute_of(row: dict) -> str | None:
+def recompute_of(row: dict) -> Recompute | None:
     """none / selective / full, or None when the row does not say."""
     text = _text(row, "activation_recompute").strip()
     if not text:
@@ -284,7 +284,7 @@ def micro_batch_of(row: dict, framework: CostProfile, pp: int) -> int:
     return mbs
 
 
-def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: str) -> Layout:
+def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recompute) -> Layout:
     n = _int(row, "num_gpus")
     tp, pp = _int(row, "tp"), _int(row, "pp")
     if not n or tp is None or pp is None:
@@ -309,13 +309,13 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: str) -
     if ep > 1 and (dp * cp) % ep:
         raise Skip("ep does not divide dp x cp")
     text = _text(row, "notes", "zero_fsdp")
-    offload_opt = "cpu" if re.search(r"optimi[sz]er (?:cpu )?offload(?! false)|cpu offload(?:ing)? (?:of )?optim", text) \
+    offload_opt: Offload = "cpu" if re.search(r"optimi[sz]er (?:cpu )?offload(?! false)|cpu offload(?:ing)? (?:of )?optim", text) \
         else "none"
     gpn = _int(row, "gpus_per_node") or gpu.default_gpus_per_node
     return Layout(gpu=gpu.name, gpus_per_node=min(gpn, n), tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp // shard,
                   dp_shard=shard, zero_stage=zero, micro_batch=mbs, grad_accum=ga, vpp=vp,
-                  schedule="interleaved_1f1b" if vp > 1 else "1f1b", recompute=recompute,  # type: ignore[arg-type]
-                  sequence_parallel=sp, offload_optimizer=offload_opt)  # type: ignore[arg-type]
+                  schedule="interleaved_1f1b" if vp > 1 else "1f1b", recompute=recompute,
+                  sequence_parallel=sp, offload_optimizer=offload_opt)
 
 
 # --- what the row measured ------------------------------------------------------------------------------
