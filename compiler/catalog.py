@@ -146,6 +146,8 @@ class ModelPreset:
 class Catalog:
     gpus: Mapping[str, GpuSpec]
     models: Mapping[str, ModelPreset]
+    _gpu_index: Mapping[str, str] = dataclasses.field(init=False, repr=False, compare=False)  # normalised name or alias -> name
+    _model_index: Mapping[str, str] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_gpu_index", _build_index(self.gpus, "gpu"))
@@ -153,11 +155,11 @@ class Catalog:
 
     def find_gpu(self, name: str) -> GpuSpec | None:
         """By canonical name or alias, case-insensitively; None when unknown."""
-        key = self._gpu_index.get(normalize_name(name))  # type: ignore[attr-defined]
+        key = self._gpu_index.get(normalize_name(name))
         return None if key is None else self.gpus[key]
 
     def find_model(self, name: str) -> ModelPreset | None:
-        key = self._model_index.get(normalize_name(name))  # type: ignore[attr-defined]
+        key = self._model_index.get(normalize_name(name))
         return None if key is None else self.models[key]
 
     def gpu_names(self) -> list[str]:
