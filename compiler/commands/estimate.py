@@ -163,7 +163,8 @@ def estimate_command(spec: str | None, plan_path: str | None, as_json: bool, **o
             raise click.UsageError("--plan re-costs the plan's own layout: layout options do not apply")
         _estimate_plan(plan_path, as_json)
         return
-    problem = lower(load_spec(spec))  # type: ignore[arg-type]
+    assert spec is not None  # exactly one of SPEC and --plan (checked above)
+    problem = lower(load_spec(spec))
     layout = build_layout(problem, overrides)
     targets = evaluate_targets(problem, layout)
     _show(problem, layout, targets.result, as_json, per_target=targets.summaries())
