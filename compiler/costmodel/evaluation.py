@@ -155,13 +155,15 @@ def evaluate_targets_unless(problem: Problem, layout: Layout, hopeless: Callable
     left: the binding estimate is at least as slow as any target's (the solver skips a layout that cannot
     enter its top list without costing the other targets)."""
     results: list[tuple[str, Estimate | Rejection]] = []
+    costed: list[tuple[str, Estimate]] = []  # the same, once none is a Rejection
     targets = costed_targets(problem.targets)
     for i, t in enumerate(targets):
         r = evaluate(problem, layout, target=t, **kwargs)
         results.append((t, r))
         if isinstance(r, Rejection):
             return TargetEstimates(tuple(results), t)
+        costed.append((t, r))
         if hopeless is not None and i < len(targets) - 1 and hopeless(r):
             return None
-    slowest = max(results, key=lambda tr: (tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))  # type: ignore
+    slowest = max(costed, key=lambda tr: (tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))
     return TargetEstimates(tuple(results), slowest[0])
