@@ -92,7 +92,7 @@ def format_text(diffs: Sequence[ArtifactDiff], *, unified: bool = False) -> str:
 
 def _row_text(row: SummaryChange) -> str:
     if row.old is None or row.new is None:
-        return row.new if row.old is None else row.old  # type: ignore[return-value]
+        return str(row.new if row.old is None else row.old)  # the side that has a plan
     if row.key == "layout":
         return row.change or f"{row.old} -> {row.new}"
     old, _, old_of = row.old.partition(" of ")
