@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from compiler.catalog import Catalog, GpuSpec, load_catalog
 from compiler.errors import Diagnostic, SpecError
 from compiler.arith import divisors
-from compiler.layout import Offload, Recompute, Schedule
 from compiler.model import ModelShape, MoEShape, ParamCount, count_params, derive_dense_shape
 from compiler.rules import some
 from compiler.split import PipelineSplit
@@ -25,6 +24,7 @@ from compiler import units
 from compiler.profile_ref import ProfileRef
 
 if TYPE_CHECKING:
+    from compiler.layout import Offload, Recompute, Schedule  # names only: `dtc validate` never imports layout
     from compiler.rules import Facts
 
 MAX_GLOBAL_BATCH = 10_000_000  # sequences per optimizer step, the bound of every other count
