@@ -1,10 +1,12 @@
 """dtc, the distributed training compiler.
 
 The pipeline is a chain of pure stages over frozen types:
-``load_spec -> lower -> solve -> render`` (Spec -> Problem -> Plan -> ArtifactSet);
+``load_spec -> lower -> solve -> render_artifacts`` (Spec -> Problem -> Plan -> ArtifactSet);
 ``write_artifacts`` is the only disk writer.
 """
-__all__ = ["load_spec", "lower", "solve", "render", "compile_spec", "write_artifacts"]
+# ``render_artifacts``, not ``render``: that name is the compiler.render subpackage, which shadows a lazy attribute
+# once any of its modules is imported
+__all__ = ["load_spec", "lower", "solve", "render_artifacts", "compile_spec", "write_artifacts"]
 
 
 def __getattr__(name: str):  # lazy: `dtc --help` imports this package and must not pay for pydantic models
@@ -17,7 +19,7 @@ def __getattr__(name: str):  # lazy: `dtc --help` imports this package and must 
     if name == "solve":
         from compiler.solver import solve
         return solve
-    if name == "render":
+    if name == "render_artifacts":
         from compiler.render.all_targets import render
         return render
     if name == "compile_spec":
