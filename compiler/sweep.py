@@ -178,7 +178,9 @@ def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus:
                  f"#SBATCH --partition={os.environ.get('SLURM_SMOKE_PARTITION') or 'debug'}", "#SBATCH --time=15"]
     else:
         s = plan.slurm
-        head += [f"#SBATCH --nodes={plan.layout.num_nodes}", "#SBATCH --ntasks-per-node=1",
+        # the tasks the launcher's srun starts: one per node (torchrun), one per GPU (srun launchers: Megatron)
+        tasks = plan.layout.gpus_per_node if launch.launcher == "srun" else 1
+        head += [f"#SBATCH --nodes={plan.layout.num_nodes}", f"#SBATCH --ntasks-per-node={tasks}",
                  f"#SBATCH --gpus-per-node={plan.layout.gpus_per_node}", "#SBATCH --exclusive", "#SBATCH --time=30"]
         if getattr(s, "partition", None):
             head.append(f"#SBATCH --partition={s.partition}")

@@ -163,3 +163,21 @@ def test_megatron_sweep_array_then_calibrate(cluster, tmp_path):
     assert "Measured best: candidate" in plan_md and "Costed with the cluster profile" in plan_md
     for i in range(2):
         assert f"| {i:02d} |" in plan_md
+
+
+def test_gpu_megatron_sweep_array_is_accepted_by_sbatch(cluster, tmp_path):
+    """A Megatron sweep for GPUs: each task sets only DTC_BENCH_STEPS and the candidate's folder (its
+    train_megatron.sbatch runs the real pretrain_gpt.py); the array is the pick's allocation shape."""
+    from compiler.sweep import ARRAY_SCRIPT, render_sweep
+
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(SPEC.replace("num_gpus: 8", "num_gpus: 16").replace("[fsdp, slurm]", "[megatron, slurm]"))
+    m = render_sweep(spec, tmp_path / "sw", top=2, steps=5)
+    assert m["target"] == "megatron" and len(m["candidates"]) == 2
+    text = (tmp_path / "sw" / ARRAY_SCRIPT).read_text()
+    assert 'candidates/$id/train_megatron.sbatch' in text and "#SBATCH --gpus-per-node=8" in text
+    assert "#SBATCH --ntasks-per-node=8" in text  # one task per GPU, as train_megatron.sbatch's srun starts them
+    r = cluster.test_only(tmp_path / "sw" / ARRAY_SCRIPT, extra_args=["--partition=gpu"])
+    assert r.returncode == 0 and "to start at" in r.stderr, r.stderr
+    env = (tmp_path / "sw" / "tasks" / "00.env").read_text()
+    assert env == f"DTC_ARTIFACT_DIR={(tmp_path / 'sw' / 'candidates' / '00').resolve()}\nDTC_BENCH_STEPS=6\n"
