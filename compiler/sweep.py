@@ -7,11 +7,16 @@ compiles each into DIR/candidates/NN/ (its own plan.json and generated launchers
 SLURM job array, DIR/sweep.sbatch: task NN runs candidate NN's generated ``train_<target>.sbatch``
 (with bash, inside the task's allocation) as a short benchmark -- warm-up, then K timed steps on
 synthetic data, no checkpoints -- writing DIR/logs/NN.log and DIR/logs/NN.status (its exit code).
-All candidates have the pick's GPU count, so one allocation shape serves the whole array.
+All candidates have the pick's GPU count, so one allocation shape serves the whole array. The
+target is the spec's first whose launcher takes a benchmark override (``bench_kind``): dtc's
+trainers read DTC_SMOKE_*; train_megatron.sbatch reads DTC_BENCH_STEPS and runs Megatron-LM's
+pretrain_gpt.py for that many iterations on mock data with no checkpoint loaded or saved.
 
 ``--local-cpu`` scales each candidate down to this machine's CPUs exactly as ``dtc smoke`` does
-(compiler/smoke/scale.py: gloo, a reduced model of the same family) and runs the array on a local
-SLURM node one task at a time: it tests the machinery; its timings describe no GPU.
+(compiler/smoke/scale.py: gloo, a reduced model of the same family; for Megatron the smoke's scaled
+megatron_args.sh and its worker as pretrain_gpt.py, megatron.training.pretrain from the installed
+megatron-core) and runs the array on a local SLURM node one task at a time: it tests the machinery;
+its timings describe no GPU.
 
 ``ingest_sweep`` reads the finished array: each candidate's log (compiler/calibration/logs.py),
 costed on its plan (GPU runs) or on its scaled setup (--local-cpu), fits a cluster profile
@@ -76,27 +81,54 @@ def _pins_of(layout: Layout):
                 split=layout.split)
 
 
-def sweep_target(targets: Sequence[str], local_cpu: bool) -> str:
-    """The framework target the sweep runs: the first whose generated launcher is a SLURM script and whose
-    entry point reads its run settings (steps, synthetic data, no checkpoints) from DTC_SMOKE_* (the same rule
-    as `dtc smoke --slurm`, compiler/smoke/slurm.py: dtc's torch trainers; Megatron's pretrain_gpt.py reads
-    none, so its launcher cannot run a short benchmark unchanged)."""
+def bench_kind(target: str) -> str | None:
+    """How ``target``'s generated SLURM launcher runs a short benchmark, or None if it cannot: "smoke-env" (dtc's
+    trainers read steps, synthetic data and no checkpoints from DTC_SMOKE_*, the same rule as `dtc smoke --slurm`,
+    compiler/smoke/slurm.py) or "bench-steps" (train_megatron.sbatch reads the iteration count from
+    DTC_BENCH_STEPS and overrides Megatron's arguments itself: compiler/targets/megatron/render.py)."""
     from compiler.smoke.targets import hooks
     from compiler.targets import registry
 
-    usable = [t for t in targets if registry.get(t).slurm is not None and registry.get(t).cost is not None
-              and registry.get(t).smoke is not None and hooks(t).entry is not None]
+    t = registry.get(target)
+    if t.slurm is None or t.cost is None or t.smoke is None:
+        return None
+    if hooks(target).entry is not None:
+        return "smoke-env"
+    # the one launcher whose template takes the benchmark override (its slurm context names the variable);
+    # belongs on SlurmLaunch once compiler/targets/megatron/__init__.py can say so
+    return "bench-steps" if target == "megatron" else None
+
+
+def sweep_target(targets: Sequence[str], local_cpu: bool) -> str:
+    """The framework target the sweep runs: the first of the spec's targets whose generated launcher is a SLURM
+    script that can run a short benchmark (``bench_kind``). Every candidate is a plan of the spec, runnable by
+    each of its targets (compiler.rules: framework_unsupported), so one target serves the whole array."""
+    usable = [t for t in targets if bench_kind(t) is not None]
     if "slurm" not in targets or not usable:
         raise DtcError(Diagnostic(
-            summary="dtc sweep needs the slurm target and fsdp or deepspeed (their trainers read the benchmark "
-                    "settings from the environment; Megatron's generated launcher reads none)",
-            hint="add them to the spec's targets, e.g. targets: [fsdp, slurm]"))
+            summary="dtc sweep needs the slurm target and a framework target whose launcher runs a short "
+                    "benchmark (fsdp, deepspeed or megatron)",
+            hint="add them to the spec's targets, e.g. targets: [megatron, slurm]"))
     return usable[0]
 
 
-def _task_env(setup, generated_dir: Path, target: str, steps: int, local_cpu: bool) -> dict[str, str]:
-    env = {"DTC_SMOKE_STEPS": str(steps), "DTC_SMOKE_SYNTHETIC": "1", "DTC_SMOKE_NO_SAVE_AT_END": "1",
-           "DTC_SMOKE_SAVE_INTERVAL": "0", "DTC_SMOKE_NO_RESUME": "1"}
+def _task_env(setup, generated_dir: Path, target: str, steps: int, local_cpu: bool,
+              job_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of one array task: the benchmark settings the target's launcher reads and, with
+    --local-cpu, the scaled-down run (the smoke's options; for Megatron the smoke's job files: ``job_env``)."""
+    from compiler.targets.megatron.render import BENCH_STEPS_ENV
+
+    env: dict[str, str] = {}
+    if bench_kind(target) == "bench-steps":
+        env[BENCH_STEPS_ENV] = str(steps)
+        env["DTC_ARTIFACT_DIR"] = str(generated_dir)
+        if local_cpu:
+            assert job_env is not None, "a local Megatron candidate runs the smoke's job files"
+            env.update(job_env)
+            env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+        return env
+    env.update({"DTC_SMOKE_STEPS": str(steps), "DTC_SMOKE_SYNTHETIC": "1", "DTC_SMOKE_NO_SAVE_AT_END": "1",
+                "DTC_SMOKE_SAVE_INTERVAL": "0", "DTC_SMOKE_NO_RESUME": "1"})
     if local_cpu:
         from compiler.smoke.targets import as_env, smoke_options
 
@@ -105,6 +137,26 @@ def _task_env(setup, generated_dir: Path, target: str, steps: int, local_cpu: bo
     env["DTC_ARTIFACT_DIR"] = str(generated_dir)
     env["DTC_SMOKE_CHECKPOINT_DIR"] = str(generated_dir.parent.parent / "scratch" / generated_dir.name)
     return env
+
+
+def _local_megatron_job(cplan, gen: Path, setup, scratch: Path) -> tuple[Any, dict[str, str]]:
+    """(the layout that runs, the task's environment) of a --local-cpu Megatron candidate: the smoke's own job
+    files (compiler/targets/megatron/smoke.py local_job_env: the scaled megatron_args.sh, the smoke worker as
+    pretrain_gpt.py) for the candidate's generated train_megatron.sbatch."""
+    import subprocess
+
+    from compiler.smoke.targets import RunContext
+    from compiler.targets.megatron.smoke import local_job_env
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(generated_dir=gen, plan=cplan, setup=setup, workdir=scratch, timeout_s=600)
+    try:
+        run, env = local_job_env(ctx, scratch)
+    except (ValueError, OSError, subprocess.SubprocessError) as exc:
+        raise DtcError(Diagnostic(summary=f"cannot prepare the scaled Megatron run of {gen}: {exc}",
+                                  location=Location(str(gen)), hint="check the generated megatron_args.sh")) from None
+    assert run.layout is not None, "megatron_smoke_args records the layout that runs"
+    return run.layout, env
 
 
 def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus: int) -> str:
@@ -119,11 +171,16 @@ def array_script(name: str, n: int, plan, target: str, *, local_cpu: bool, cpus:
             f"#SBATCH --array=0-{n - 1}" + ("%1" if local_cpu else ""),
             "#SBATCH --output=logs/slurm-%A_%a.out", "#SBATCH --no-requeue"]
     if local_cpu:
-        head += ["#SBATCH --nodes=1", f"#SBATCH --cpus-per-task={cpus}",
+        # one node; srun launchers start one task per rank, overcommitted onto its cores as dtc smoke --slurm does
+        shape = ([f"#SBATCH --ntasks-per-node={cpus}", "#SBATCH --cpus-per-task=1", "#SBATCH --overcommit"]
+                 if launch.launcher == "srun" else [f"#SBATCH --cpus-per-task={cpus}"])
+        head += ["#SBATCH --nodes=1", *shape,
                  f"#SBATCH --partition={os.environ.get('SLURM_SMOKE_PARTITION') or 'debug'}", "#SBATCH --time=15"]
     else:
         s = plan.slurm
-        head += [f"#SBATCH --nodes={plan.layout.num_nodes}", "#SBATCH --ntasks-per-node=1",
+        # the tasks the launcher's srun starts: one per node (torchrun), one per GPU (srun launchers: Megatron)
+        tasks = plan.layout.gpus_per_node if launch.launcher == "srun" else 1
+        head += [f"#SBATCH --nodes={plan.layout.num_nodes}", f"#SBATCH --ntasks-per-node={tasks}",
                  f"#SBATCH --gpus-per-node={plan.layout.gpus_per_node}", "#SBATCH --exclusive", "#SBATCH --time=30"]
         if getattr(s, "partition", None):
             head.append(f"#SBATCH --partition={s.partition}")
@@ -176,12 +233,15 @@ def render_sweep(spec_path: str | Path, out_dir: Path, *, top: int, steps: int =
                                                                max_gpus=cand.layout.world_size))
         gen = out_dir / "candidates" / cid
         write_artifacts(render(cplan), gen, force=True)
-        setup = None
+        setup, job_env = None, None
         if local_cpu:
             from compiler.smoke.scale import scale_plan
 
             setup = scale_plan(cplan, device="cpu", max_ranks=LOCAL_CPU_RANKS, steps=steps + WARMUP_STEPS)
-        env = _task_env(setup, gen.resolve(), target, steps + WARMUP_STEPS, local_cpu)
+            if bench_kind(target) == "bench-steps":
+                ran, job_env = _local_megatron_job(cplan, gen.resolve(), setup, (out_dir / "scratch" / cid).resolve())
+                setup = dataclasses.replace(setup, layout=ran)  # what runs on CPU (the smoke's skipped parts)
+        env = _task_env(setup, gen.resolve(), target, steps + WARMUP_STEPS, local_cpu, job_env)
         (out_dir / "tasks" / f"{cid}.env").write_text(
             "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
         entries.append({"id": cid, "layout": cplan.layout.describe(), "family": list(map(str, family(cplan.layout))),

@@ -561,3 +561,88 @@ def copy_clean() -> dict[str, Any]:
     import copy
 
     return copy.deepcopy(CLEAN)
+
+
+# --------------------------------------------------------------------------- DTC_BENCH_STEPS (dtc sweep)
+# train_megatron.sbatch reads the iteration count of a benchmark run from the environment at run time (set by
+# dtc sweep's task files, or by hand): every attack, and every value that is not a plain positive number, must stop
+# the script with exit 2 before anything runs; "" is the override unset.
+BENCH_NOT_NUMBERS = {"zero": "0", "negative": "-1", "leading-zero": "007", "exponent": "1e3", "hex": "0x10",
+                     "plus": "+5", "space-before": " 6", "space-after": "6 ", "newline-after": "6\n",
+                     "too-many-digits": "12345678", "arabic-digits": "\u0663", "float": "2.5"}
+BENCH_VALUES = {**{k: v for k, v in ATTACKS.items() if "\x00" not in v}, **BENCH_NOT_NUMBERS}
+
+
+@pytest.fixture(scope="module")
+def bench_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The clean spec (real data, so --data-path is in the list) compiled once."""
+    tmp = tmp_path_factory.mktemp("bench")
+    a = make_attempt(tmp, "name", "empty")
+    a.spec_file.write_text(fz.emit(fz.to_tree(CLEAN), "quoted"))
+    result = compile_attempt(a)
+    assert result.exit_code == 0, result.stderr
+    return a.out / "inject"
+
+
+def _bench_run(tmp_path: Path, folder: Path, value: str | None) -> tuple[Attempt, subprocess.CompletedProcess]:
+    a = make_attempt(tmp_path, "name", "empty")
+    env = sandbox(a)
+    if value is not None:
+        env["DTC_BENCH_STEPS"] = value.replace("{canary}", str(a.canary))
+    return a, run_script(folder / "train_megatron.sbatch", env, a.root / "work", folder)
+
+
+@pytest.mark.slow  # runs the generated launcher under bash in the sandbox
+@pytest.mark.parametrize("name", sorted(BENCH_VALUES))
+def test_bench_steps_is_checked_before_use(name: str, tmp_path: Path, bench_folder: Path) -> None:
+    a, run = _bench_run(tmp_path, bench_folder, BENCH_VALUES[name])
+    FIGURES["tried"] += 1
+    assert not a.canary.exists(), f"DTC_BENCH_STEPS={BENCH_VALUES[name]!r} ran {name}"
+    if BENCH_VALUES[name] == "":
+        assert run.returncode == 0, run.stderr.decode()  # unset: the plan's own run
+        FIGURES["inert"] += 1
+        return
+    assert run.returncode == 2, (name, run.returncode, run.stderr.decode())
+    assert b"DTC_BENCH_STEPS must be a whole number of iterations" in run.stderr
+    launched = [c[0] for c in stub_calls(a)]
+    assert "srun" not in launched and "python" not in launched, f"the launcher ran with a bad DTC_BENCH_STEPS: {launched}"
+    FIGURES["rejected"] += 1
+
+
+@pytest.mark.slow  # runs the generated launcher under bash in the sandbox
+def test_bench_steps_overrides_reach_megatron(tmp_path: Path, bench_folder: Path) -> None:
+    """A valid count: pretrain_gpt.py gets the artifact's arguments without the checkpoint and data paths, then
+    --train-iters N and the benchmark flags (compiler/targets/megatron/render.py: the one list)."""
+    from compiler.targets.megatron.render import BENCH_APPEND_FLAGS, BENCH_DROP_FLAGS
+    from compiler.targets.megatron.smoke import split_flags
+
+    plain_a, plain = _bench_run(tmp_path / "plain", bench_folder, None)
+    bench_a, bench = _bench_run(tmp_path / "bench", bench_folder, "12")
+    assert plain.returncode == 0 and bench.returncode == 0, bench.stderr.decode()
+
+    def megatron_argv(a: Attempt) -> list[str]:
+        (call,) = [c for c in stub_calls(a) if c[0] == "python"]
+        assert call[1].endswith("/pretrain_gpt.py"), call
+        return call[2:]
+
+    before, after = megatron_argv(plain_a), megatron_argv(bench_a)
+    assert {"--save", "--load", "--data-path"} <= set(before)
+    kept = [(f, v) for f, v in split_flags(before) if f not in BENCH_DROP_FLAGS]
+    tail = [("--train-iters", ["12"])] + [(f[0], list(f[1:])) for f in BENCH_APPEND_FLAGS]
+    assert split_flags(after) == kept + tail
+    # and Megatron's own parser and validate_args accept them at the plan's world size (one validator process)
+    import sys
+
+    from compiler.plan import Plan
+
+    plan = Plan.from_json((bench_folder / "plan.json").read_text())
+    conn = stub_env(bench_a, "python").get("CUDA_DEVICE_MAX_CONNECTIONS")
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"name": "bench", "flags": after, "world_size": plan.layout.world_size,
+                                  "env": {"CUDA_DEVICE_MAX_CONNECTIONS": conn}}) + "\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "tools" / "validators" / "megatron_check.py"), "--batch",
+                           str(batch)], capture_output=True, text=True, timeout=300, cwd=root)
+    (result,) = map(json.loads, proc.stdout.splitlines())
+    assert result["ok"] and proc.returncode == 0, (result["errors"], proc.stderr[-2000:])
+    assert result["derived"]["data_parallel_size"] == plan.layout.dp

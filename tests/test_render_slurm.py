@@ -239,6 +239,12 @@ def test_launch_lines() -> None:
     assert '"$MEGATRON_DIR" "${MEGATRON_ARGS[@]}" &' in mg and 'if [[ ! -f "$1/pretrain_gpt.py" ]]' in mg
     assert 'megatron_dir_default=/opt/Megatron-LM\nMEGATRON_DIR="${MEGATRON_DIR:-$megatron_dir_default}"' in mg
     assert 'NPROC_PER_NODE="${DTC_NPROC_PER_NODE:-8}"' in mg
+    # dtc sweep's benchmark override, checked as a plain number before use (tests/test_injection.py runs it)
+    assert 'if [[ ! "$DTC_BENCH_STEPS" =~ ^[1-9][0-9]{0,6}$ ]]; then' in mg
+    assert '--save|--load|--pretrained-checkpoint|--data-path) dropping=1 ;;' in mg
+    assert ('MEGATRON_ARGS=("${bench_args[@]}" --train-iters "$DTC_BENCH_STEPS" --mock-data --eval-iters 0 '
+            '--log-interval 1)') in mg
+    assert "DTC_BENCH_STEPS" not in files["train_deepspeed.sbatch"]
 
 
 @pytest.mark.parametrize("field,value", [

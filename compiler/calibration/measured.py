@@ -190,9 +190,9 @@ def _run_of_setup(setup, target: str, step_s: float, row_id: str, how: str) -> P
 
 def run_of_setup(setup_data: dict[str, Any], plan_name: str, target: str, log: LogSteps, *,
                  row_id: str) -> PublishedRun:
-    """A --local-cpu sweep task: its dtc trainer log on the scaled setup it ran."""
-    if log.unit != "s/step":
-        raise DtcError(Diagnostic(summary=f"a scaled sweep runs dtc's trainers, but this is a {log.format} log",
+    """A --local-cpu sweep task: its log (dtc's trainers, or Megatron-LM's) on the scaled setup it ran."""
+    if log.unit != "s/step" or TARGET_OF_FORMAT[log.format] != target:
+        raise DtcError(Diagnostic(summary=f"the sweep ran {target}, but this is a {log.format} log",
                                   location=Location(log.path), hint="rerun the sweep"))
     return _run_of_setup(_setup_of(setup_data, plan_name), target, log.steady_value, row_id,
                          f"dtc sweep --local-cpu {target}: median of {len(log.timed)} timed steps")

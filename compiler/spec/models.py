@@ -142,7 +142,7 @@ RESERVED_ENV_NAMES = BASH_VARIABLE_NAMES | frozenset({
     # the generated scripts' own variables
     "ARTIFACT_DIR", "MEGATRON_DIR", "MEGATRON_ARGS", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
     "status", "step_pid", "got_usr1", "omp_threads", "CONTAINER_MOUNTS", "artifact_dir", "submitted", "needed",
-    "megatron_dir_default", "script",
+    "megatron_dir_default", "script", "bench_args", "dropping", "arg",
     # what the launchers hand to each process
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
 })

@@ -54,6 +54,14 @@ DATA_SPLIT = "99,1,0"
 MOE_AUX_LOSS_COEFF = 1e-2  # Megatron's MoE examples (Mixtral); its default 0.0 disables balancing
 # delayed fp8 scaling: amax over a 1024-step history, as in NVIDIA's Megatron-LM fp8 examples
 FP8_AMAX_HISTORY_LEN = 1024
+# Short benchmark runs (dtc sweep, compiler/sweep.py): train_megatron.sbatch with BENCH_STEPS_ENV=N set runs N
+# iterations on mock data, logged each, with no evaluation and no checkpoint loaded or saved. Megatron's parser
+# keeps the last value of a repeated flag, so these are appended to MEGATRON_ARGS; the flags argparse cannot
+# unset (a path option has no "none": megatron-core 0.19.2 has no --no-save or --no-load) are removed from it,
+# each with its values (the tokens up to the next --flag).
+BENCH_STEPS_ENV = "DTC_BENCH_STEPS"
+BENCH_DROP_FLAGS = ("--save", "--load", "--pretrained-checkpoint", "--data-path")
+BENCH_APPEND_FLAGS = (("--mock-data",), ("--eval-iters", "0"), ("--log-interval", "1"))  # after --train-iters N
 
 
 class ShellExpr(str):
@@ -395,7 +403,9 @@ def slurm_context(plan: Plan, check: Any) -> dict[str, Any]:
     return {"megatron_dir": check("megatron_dir", plan.slurm.megatron_dir, PATH_RE),
             "megatron_core": plan.provenance.frameworks["megatron-core"],
             "env_exports": [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None],
-            "env_unsets": [k for k, v in sorted(env.items()) if v is None]}
+            "env_unsets": [k for k, v in sorted(env.items()) if v is None],
+            "bench_env": BENCH_STEPS_ENV, "bench_drop": list(BENCH_DROP_FLAGS),
+            "bench_append": [tok for flag in BENCH_APPEND_FLAGS for tok in flag]}
 
 
 def megatron_notes(plan: Plan) -> list[str]:

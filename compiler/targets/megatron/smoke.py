@@ -518,6 +518,21 @@ def megatron_job_files(ctx, run, job_dir: Path) -> tuple[Path, Path]:
     return artifacts, megatron_dir
 
 
+def local_job_env(ctx, job_dir: Path) -> tuple[MegatronArgs, dict[str, str]]:
+    """(the smoke's arguments, the environment that makes the generated train_megatron.sbatch, unchanged, run
+    them on this machine): the scaled megatron_args.sh (DTC_ARTIFACT_DIR) and the worker as pretrain_gpt.py
+    (MEGATRON_DIR) from ``megatron_job_files``, with the worker's checks of the artifact's own arguments
+    (``worker_env``). dtc sweep --local-cpu runs each Megatron candidate's launcher with it; ValueError or
+    OSError when the artifact cannot be read."""
+    run, plan_args = prepare(ctx)
+    artifacts, megatron_dir = megatron_job_files(ctx, run, job_dir)
+    env = worker_env(run, plan_args, ctx.plan.layout, ctx.setup.device)
+    env.update({"DTC_ARTIFACT_DIR": str(artifacts), "MEGATRON_DIR": str(megatron_dir),
+                "DTC_NPROC_PER_NODE": str(ctx.setup.world_size), "PYTHONUNBUFFERED": "1",
+                "PYTHONWARNINGS": "ignore::FutureWarning"})
+    return run, env
+
+
 def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     """Submit train_megatron.sbatch: its #SBATCH lines fitted to the local node (one task per rank,
     overcommitted onto the node's cores), MEGATRON_DIR pointed at the smoke worker, sourcing the
