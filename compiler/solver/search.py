@@ -28,6 +28,7 @@ solving again without it (the cheapest / the fastest layout, and by how much it 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
@@ -42,7 +43,7 @@ from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummar
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
-from compiler.solver.candidates import Sharding, Shape, Space
+from compiler.solver.candidates import RECOMPUTE_MODES, Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
                                        key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
@@ -326,36 +327,63 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape), self.threshold):
+            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
 
-    def groups_lb(self, shape: Shape) -> float:
-        """The smallest step-time bound (as an objective key) of the shape's groups: explore's group bounds
-        without recompute (recompute only adds time, tests/unit/solver/test_solver_bounds.py) and with one of
-        GPipe / 1F1B (their bounds are equal), so that a shape none of whose groups can win is skipped
-        without costing every group's memory."""
+    def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
+        """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'
+        step-time bounds, leaving out the groups that cannot hold a feasible layout: a group whose step bound
+        breaks the budget or the deadline, or whose memory bound (the smallest memory over its sequence-parallel
+        and sharding choices) exceeds usable HBM. A shape none of whose groups can win is skipped without
+        costing every group.
+
+        The groups are taken best bound first (a heap): recompute only adds time (its bound is checked in
+        tests/unit/solver/test_solver_bounds.py), so a group is first tried without recompute and, when that
+        does not fit, with the next recompute mode, whose memory is smaller. GPipe and 1F1B have equal step
+        bounds but not equal memory: such a group fits when either schedule's does. The search stops at the
+        first group that fits, or once the smallest key left is above ``threshold`` (the shape is pruned
+        either way)."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
-        rcs = ("none",) if "none" in space.recompute_choices() else space.recompute_choices()
-        best = float("inf")
-        done: set[int] = set()
+        rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
+        floor = self.shape_floor(shape)
+        scheds: dict[int, list[str]] = {}  # vpp -> the schedules with supported options
         for sched, vpp in space.pipeline_choices(shape.pp):
-            interleaved = sched == "interleaved_1f1b"
-            if vpp in done or not self.num_options(shape, sched, vpp):
-                continue
-            done.add(vpp)
+            if self.num_options(shape, sched, vpp):
+                scheds.setdefault(vpp, []).append(sched)
+        heap: list[tuple[float, int, int, int, int, int]] = []
+        order = 0
+
+        def push(vpp: int, mb: int, ga: int, r: int) -> None:
+            nonlocal order
+            sched = scheds[vpp][0]
+            fbs = bounds.group_stage_fb(shape, vpp, mb, rcs[r], sps)
+            step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rcs[r], sps, fbs)
+            if self._limits_broken(pricing, step, mb * ga * shape.dp, shape.world):
+                return  # with more recompute too: its step bound is larger
+            key = key_lb_from_step(problem, pricing, step, mb * ga * shape.dp, shape.world) * floor
+            heapq.heappush(heap, (key, order, vpp, mb, ga, r))
+            order += 1
+
+        for vpp, names in scheds.items():
             for mb, ga in space.batch_choices(shape.dp):
-                if interleaved and ga % shape.pp:
+                if names[0] == "interleaved_1f1b" and ga % shape.pp:
                     continue
-                batch = mb * ga * shape.dp
-                for rc in rcs:
-                    fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
-                    step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
-                    best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
-        return best
+                push(vpp, mb, ga, 0)
+        usable = bounds.usable_bytes(shape)
+        while heap:
+            key, _, vpp, mb, ga, r = heapq.heappop(heap)
+            if can_prune(key, threshold):
+                return key
+            if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rcs[r], self.options(shape, sched, vpp))
+                   * self.memory_factor <= usable for sched in scheds[vpp]):
+                return key
+            if r + 1 < len(rcs):
+                push(vpp, mb, ga, r + 1)
+        return float("inf")
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds
@@ -413,6 +441,12 @@ class _Search:
                     self.num_pruned += rest
                     break
                 self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
+
+    def _limits_broken(self, pricing: Pricing, step: float, batch: int, world: int) -> bool:
+        """Whether a step-time lower bound already breaks the budget or the deadline (nothing tallied)."""
+        problem = self.problem
+        return ((problem.max_cost_usd is not None and pricing.cost_usd(step, batch, world) > problem.max_cost_usd)
+                or (problem.deadline_s is not None and pricing.time_to_train_s(step, batch) > problem.deadline_s))
 
     def _bound_infeasible(self, pricing: Pricing, step: float, batch: int, world: int, n: int) -> bool:
         problem = self.problem
