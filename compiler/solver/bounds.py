@@ -77,6 +77,7 @@ class Bounds:
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
+        self._worst_fb: dict[tuple, float] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, float] = {}
         self._domain: dict[int, int] = {}
@@ -230,8 +231,18 @@ class Bounds:
 
     def group_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
                       sps: Iterable[bool] = (False, True), fbs=None) -> float:
-        fbs = fbs or self.group_stage_fb(shape, vpp, mb, recompute, sps)
-        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs)))
+        worst = max(f + b for f, b, _ in fbs) if fbs else self.group_worst_fb(shape, vpp, mb, recompute, sps)
+        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, worst))
+
+    def group_worst_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
+                       sps: Iterable[bool] = (False, True)) -> float:
+        """The largest forward + backward of group_stage_fb's stages (what the group step bound reads of them)."""
+        sp = self._sp_min(shape, sps)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)
+        got = self._worst_fb.get(key)
+        if got is None:
+            got = self._worst_fb[key] = max(f + b for f, b, _ in self.group_stage_fb(shape, vpp, mb, recompute, sps))
+        return got
 
     def shape_bubble_factor(self, shape: Shape, pipeline: Iterable[tuple[str, int]],
                             batches: Iterable[tuple[int, int]]) -> float:
@@ -286,15 +297,20 @@ class Bounds:
     def usable_bytes(self, shape: Shape) -> float:
         return self.usable[shape.option]
 
-    def _activations(self, shape: Shape, setup: Setup, sl: StageLayers) -> float:
-        lay = setup.layout
-        key = (shape.option, shape.tp, shape.cp, shape.pp, lay.vpp, lay.schedule, lay.micro_batch, lay.grad_accum,
-               lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
+    def _activations(self, shape: Shape, setup: Setup | None, sl: StageLayers, sched: str, vpp: int, mb: int,
+                     ga: int, rc: str, sp: bool, make_setup=None) -> float:
+        """activations_in_flight_bytes of ``sl`` under the layout (``setup``, or ``make_setup()`` built only on a
+        cache miss): it reads the schedule and the micro-batch count only through the stage's in-flight count and
+        whether the schedule is GPipe (parts.inflight_microbatches), so it is cached by those."""
+        inflight = cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp)
+        key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched == "gpipe", inflight, mb, rc, sp,
+               sl.dense, sl.moe, sl.first, sl.last)
         got = self._act.get(key)
         if got is None:
+            if setup is None:
+                setup = make_setup()
             # one micro-batch's activations do not depend on the schedule, pp, vpp or the micro-batch count
-            pm_key = (shape.option, shape.tp, shape.cp, lay.micro_batch, lay.recompute, lay.sequence_parallel,
-                      sl.dense, sl.moe, sl.first, sl.last)
+            pm_key = (shape.option, shape.tp, shape.cp, mb, rc, sp, sl.dense, sl.moe, sl.first, sl.last)
             pm = self._act_mb.get(pm_key)
             if pm is None:
                 pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
@@ -328,19 +344,19 @@ class Bounds:
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
         sp = self._sp_min(shape, (o[0] for o in options))
-        setup = None  # the probe layout and its setup are built only when an activation total is not cached
         frag = cm.fragmentation_factor()
         best = 0.0
+        made: list[Setup] = []  # the probe layout's setup, built only when an activation total is not cached
+
+        def make_setup() -> Setup:
+            if not made:
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+                made.append(self.setup(shape.option, probe))
+            return made[0]
+
         for sl in self.distinct(shape.pp, vpp):
             states = self._min_states(shape, vpp, sl, options)
-            key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched, mb, ga, recompute, sp, sl.stage, sl.dense,
-                   sl.moe)  # _activations' key for the probe below
-            act = self._act.get(key)
-            if act is None:
-                if setup is None:
-                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
-                    setup = self.setup(shape.option, probe)
-                act = self._activations(shape, setup, sl)
+            act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
             best = max(best, frag * (states + act))
         return _mem_safe(best + self._shape_fixed(shape))
 
@@ -358,7 +374,9 @@ class Bounds:
         best = 0.0
         for sl in self.distinct(shape.pp, layout.vpp):
             states = self._model_states(shape, layout.vpp, sl, sh)
-            best = max(best, frag * (states + self._activations(shape, setup, sl)))
+            act = self._activations(shape, setup, sl, layout.schedule, layout.vpp, layout.micro_batch,
+                                    layout.grad_accum, layout.recompute, layout.sequence_parallel)
+            best = max(best, frag * (states + act))
         return _mem_safe(best + self._fixed(layout))
 
     def option_index(self, layout: Layout) -> int:

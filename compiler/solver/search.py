@@ -342,7 +342,8 @@ class _Search:
         The groups are taken best bound first (a heap): recompute only adds time (its bound is checked in
         tests/unit/solver/test_solver_bounds.py), so a group is first tried without recompute and, when that
         does not fit, with the next recompute mode, whose memory is smaller. GPipe and 1F1B have equal step
-        bounds but not equal memory: such a group fits when either schedule's does. The search stops at the
+        bounds but not equal memory: such a group fits when either schedule's does (GPipe, which keeps every
+        micro-batch's activations, is asked last). The search stops at the
         first group that fits, or once the smallest key left is above ``threshold`` (the shape is pruned
         either way)."""
         problem, space, bounds = self.problem, self.space, self.bounds
@@ -356,15 +357,15 @@ class _Search:
                 scheds.setdefault(vpp, []).append(sched)
         heap: list[tuple[float, int, int, int, int, int]] = []
         order = 0
+        limited = problem.max_cost_usd is not None or problem.deadline_s is not None
 
         def push(vpp: int, mb: int, ga: int, r: int) -> None:
             nonlocal order
-            sched = scheds[vpp][0]
-            fbs = bounds.group_stage_fb(shape, vpp, mb, rcs[r], sps)
-            step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rcs[r], sps, fbs)
-            if self._limits_broken(pricing, step, mb * ga * shape.dp, shape.world):
+            step = bounds.group_step_lb(shape, scheds[vpp][0], vpp, mb, ga, rcs[r], sps)
+            batch = mb * ga * shape.dp
+            if limited and self._limits_broken(pricing, step, batch, shape.world):
                 return  # with more recompute too: its step bound is larger
-            key = key_lb_from_step(problem, pricing, step, mb * ga * shape.dp, shape.world) * floor
+            key = key_lb_from_step(problem, pricing, step, batch, shape.world) * floor
             heapq.heappush(heap, (key, order, vpp, mb, ga, r))
             order += 1
 
@@ -379,7 +380,7 @@ class _Search:
             if can_prune(key, threshold):
                 return key
             if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rcs[r], self.options(shape, sched, vpp))
-                   * self.memory_factor <= usable for sched in scheds[vpp]):
+                   * self.memory_factor <= usable for sched in sorted(scheds[vpp], key=lambda x: x == "gpipe")):
                 return key
             if r + 1 < len(rcs):
                 push(vpp, mb, ga, r + 1)
