@@ -172,6 +172,20 @@ class Bounds:
         straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
         return SAFETY * got * (1.0 + straggler)
 
+    def stage_gpu_s_per_token_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
+                                 mb_cap: int = _HUGE_MB) -> float:
+        """GPU-seconds per token of every layout of ``shape`` with ``vpp`` and a micro-batch at most ``mb_cap``,
+        before the pipeline bubble: the bottleneck stage's forward + backward (group_worst_fb, at least the
+        mean over the pp stages, so never below gpu_s_per_token_lb's) per token at ``mb_cap`` x pp x tp, with
+        the straggler wait. Per token each stage's time only falls as the micro-batch grows (its pieces' do,
+        tests/unit/solver/test_solver_bounds.py), so the largest stage's does too; a group's step is at least
+        (makespan units) x that stage's time, and a step of m micro-batches holds m x mb x seq / cp tokens per
+        pipeline: times the smallest (makespan units / m) of the schedules with ``vpp`` it bounds the layouts."""
+        worst = self.group_worst_fb(shape, vpp, mb_cap, "none", sps)
+        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        tokens = mb_cap * self.problem.seq_len // shape.cp
+        return SAFETY * worst * shape.pp * shape.tp / tokens * (1.0 + straggler)
+
     def step_overhead_per_token_lb(self, shape: Shape, max_batch: int) -> float:
         """GPU-seconds per token of the fixed time every step adds (sync_lb), over the shape's largest batch
         (``max_batch`` sequences per step): a step of b sequences costs world x fixed GPU-seconds, so per token

@@ -127,12 +127,16 @@ class _Entry:
 
 
 class _Search:
-    def __init__(self, problem: Problem, k: int, evaluator: Evaluator):
+    def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None):
+        """``like``: a search of the same problem but for top_k, whose space and bounds (and their caches) this
+        one shares: neither reads top_k."""
         self.problem = problem
         self.k = k
         self.evaluate = evaluator
-        self.space = Space(problem)
-        self.bounds = Bounds(problem)
+        if like is not None:
+            assert replace(like.problem, top_k=problem.top_k) == problem, "a shared search must be of the same problem"
+        self.space: Space = like.space if like is not None else Space(problem)
+        self.bounds: Bounds = like.bounds if like is not None else Bounds(problem)
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -327,10 +331,38 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
+            if can_prune(lb, self.threshold) or can_prune(self.stages_lb(shape), self.threshold) \
+                    or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
+
+    def stages_lb(self, shape: Shape) -> float:
+        """The shape bound (run) with the bottleneck stage of each vpp instead of the whole model's mean, and that
+        vpp's own smallest bubble (Bounds.stage_gpu_s_per_token_lb), band floor included; a vpp whose bound
+        breaks the budget or the deadline holds no feasible layout. A few stage times per shape, where groups_lb
+        costs every group: it skips most shapes groups_lb would."""
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        batches = space.batch_choices(shape.dp)
+        mb_cap, most = space.batch_extremes(shape.dp)
+        overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
+        by_vpp: dict[int, list[tuple[str, int]]] = {}
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            if self.num_options(shape, sched, vpp):
+                by_vpp.setdefault(vpp, []).append((sched, vpp))
+        best = float("inf")
+        for vpp, pipes in by_vpp.items():
+            bubble = bounds.shape_bubble_factor(shape, pipes, batches)
+            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb_cap) * bubble + overhead
+            if problem.max_cost_usd is not None and pricing.cost_lb_from_gpu_s_per_token(g) > problem.max_cost_usd:
+                continue
+            if problem.deadline_s is not None and pricing.time_lb_from_gpu_s_per_token(g, shape.world) \
+                    > problem.deadline_s:
+                continue
+            best = min(best, key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world))
+        return best * self.shape_floor(shape)
 
     def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
         """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'
@@ -622,7 +654,7 @@ class _Search:
         runs, with what choosing it costs (a search without the thin regimes)."""
         problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
         assert est.band is not None
-        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate)
+        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self)
         safe.run()
         head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
                 f"{units.format_seconds_range(*est.step_time_band_s)} per step")

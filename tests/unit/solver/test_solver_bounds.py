@@ -168,7 +168,7 @@ def test_p2p_cache_matches_the_cost_model() -> None:
     assert checked == 128
 
 
-# the shape-level bound of the search (search._Search.groups_lb): no feasible layout of a shape has a smaller
+# the shape-level bounds of the search (search._Search.groups_lb and stages_lb): no feasible layout of a shape has a smaller
 # objective key, with the budget and the memory it uses to leave groups out (tight budgets, small GPUs)
 GROUPS_SPECS = {
     "tiny-tight": """
@@ -213,6 +213,7 @@ def test_groups_bound_below_every_feasible_layout(name: str) -> None:
     checked = infeasible = 0
     for shape in rng.sample(shapes, min(20, len(shapes))):
         lb = search.groups_lb(shape)
+        stages = search.stages_lb(shape)
         layouts = list(space.layouts_of(shape))
         for layout in rng.sample(layouts, min(60, len(layouts))):
             if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
@@ -223,6 +224,28 @@ def test_groups_bound_below_every_feasible_layout(name: str) -> None:
             if not isinstance(est, Estimate) or F.check_estimate(problem, est) is not None:
                 infeasible += 1
                 continue
-            assert lb <= objective_key(problem, est) * (1 + 1e-9), (layout.tag, lb, objective_key(problem, est))
+            key = objective_key(problem, est)
+            assert lb <= key * (1 + 1e-9) and stages <= key * (1 + 1e-9), (layout.tag, lb, stages, key)
             checked += 1
     assert checked >= 10 and infeasible >= 3, (checked, infeasible)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_stage_time_per_token_falls_with_the_micro_batch(name: str) -> None:
+    """Each piece of a stage (a dense or MoE layer, the first / last stage's extras) takes no more time per token
+    at a larger micro-batch, with or without recompute, so neither does any stage nor the bottleneck stage: the
+    premise of gpu_s_per_token_lb and stage_gpu_s_per_token_lb (they cost the largest micro-batch allowed)."""
+    problem = _problem(name)
+    space = Space(problem)
+    bounds = Bounds(problem)
+    rng = random.Random(3)
+    kinds = ("dense", "moe", "first", "last") if problem.shape.moe else ("dense", "first", "last")
+    checked = 0
+    for shape in rng.sample(space.shapes().shapes, 8):
+        for sp in space.sp_choices(shape.tp, shape.cp):
+            for rc in space.recompute_choices():
+                for kind in kinds:
+                    per_token = [sum(bounds._unit_fb(shape, mb, sp, rc, kind)) / mb for mb in range(1, 17)]
+                    assert all(b <= a * (1 + 1e-12) for a, b in zip(per_token, per_token[1:])), (kind, per_token)
+                    checked += 1
+    assert checked >= 24
