@@ -19,6 +19,9 @@ for each, in the cost model's terms (compiler/costmodel/step.py):
   latencies amortise; attention, memory-bound work and bandwidth terms are linear). So the
   whole model's time for a huge micro-batch, per token, x tp bounds every layout of the
   shape; times the smallest (m + (pp - 1) / v) / m the shape's schedules and batches allow.
+* **stage** (vpp fixed; the search's stages_lb): as the shape bound, with the bottleneck stage's
+  forward + backward x pp (>= the whole model's) instead of the whole model's, each stage's time per
+  token only falling as the micro-batch grows (its pieces' do), and the smallest bubble of that vpp.
 * **group** (schedule, micro-batch, recompute fixed): (f, b) of each candidate stage
   without the ZeRO-2/3 term and with sequence parallel on where allowed (it only lowers
   memory-bound work and the ep all-to-all). A stage's (f, b) is linear in its dense and

@@ -8,6 +8,9 @@ enumerating. The search
    ``support_key_of``) and the interleaved schedules whose micro-batch count is not a multiple
    of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
    cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
+   a shape is skipped when that bound, the same with each vpp's bottleneck stage (``stages_lb``)
+   or the best of its groups that can fit in memory and within the budget (``groups_lb``) cannot
+   win (its layouts count as pruned by bound);
 2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
    bound and a memory bound, and visits groups best bound first;
 3. inside a group, bounds each layout (sequence parallel x ZeRO/HSDP/offload) with its
