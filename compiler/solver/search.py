@@ -140,6 +140,8 @@ class _Search:
             assert replace(like.problem, top_k=problem.top_k) == problem, "a shared search must be of the same problem"
         self.space: Space = like.space if like is not None else Space(problem)
         self.bounds: Bounds = like.bounds if like is not None else Bounds(problem)
+        # shape -> (groups_lb's value, whether it is the exact minimum or a stop above a threshold): shared too
+        self._groups: dict[Shape, tuple[float, bool]] = like._groups if like is not None else {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -380,7 +382,16 @@ class _Search:
         bounds but not equal memory: such a group fits when either schedule's does (GPipe, which keeps every
         micro-batch's activations, is asked last). The search stops at the
         first group that fits, or once the smallest key left is above ``threshold`` (the shape is pruned
-        either way)."""
+        either way). The value is kept per shape for a later call (a search sharing this one's caches): an
+        exact minimum is final, a stop above a threshold still bounds the minimum from below."""
+        known = self._groups.get(shape)
+        if known is not None and (known[1] or can_prune(known[0], threshold)):
+            return known[0]
+        got = self._groups_lb(shape, threshold)
+        self._groups[shape] = (got, not can_prune(got, threshold))
+        return got
+
+    def _groups_lb(self, shape: Shape, threshold: float) -> float:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
