@@ -81,6 +81,8 @@ class Bounds:
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
         self._worst_fb: dict[tuple, float] = {}
+        self._family_states: dict[tuple, tuple[float, ...]] = {}
+        self._family_inflight: dict[tuple, float] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, float] = {}
         self._domain: dict[int, int] = {}
@@ -176,7 +178,7 @@ class Bounds:
         return SAFETY * got * (1.0 + straggler)
 
     def stage_gpu_s_per_token_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
-                                 mb_cap: int = _HUGE_MB) -> float:
+                                 mb_cap: int = _HUGE_MB, recompute: str = "none") -> float:
         """GPU-seconds per token of every layout of ``shape`` with ``vpp`` and a micro-batch at most ``mb_cap``,
         before the pipeline bubble: the bottleneck stage's forward + backward (group_worst_fb, at least the
         mean over the pp stages, so never below gpu_s_per_token_lb's) per token at ``mb_cap`` x pp x tp, with
@@ -184,7 +186,7 @@ class Bounds:
         tests/unit/solver/test_solver_bounds.py), so the largest stage's does too; a group's step is at least
         (makespan units) x that stage's time, and a step of m micro-batches holds m x mb x seq / cp tokens per
         pipeline: times the smallest (makespan units / m) of the schedules with ``vpp`` it bounds the layouts."""
-        worst = self.group_worst_fb(shape, vpp, mb_cap, "none", sps)
+        worst = self.group_worst_fb(shape, vpp, mb_cap, recompute, sps)
         straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
         tokens = mb_cap * self.problem.seq_len // shape.cp
         return SAFETY * worst * shape.pp * shape.tp / tokens * (1.0 + straggler)
@@ -375,6 +377,42 @@ class Bounds:
             states = self._min_states(shape, vpp, sl, options)
             act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
             best = max(best, frag * (states + act))
+        return _mem_safe(best + self._shape_fixed(shape))
+
+    def family_memory_lb(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...], mb: int,
+                         gas: tuple[int, ...], recompute: str) -> float:
+        """Bytes per GPU every layout of ``shape`` with this vpp, micro-batch and recompute needs at least, over
+        its schedules (``pipes``: (schedule, its options as group_memory_lb takes them)) and grad_accums
+        ``gas``: per stage, the smallest model states over the options plus one micro-batch's activations x
+        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage."""
+        sp = self._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
+        frag = cm.fragmentation_factor()
+        best = 0.0
+        sched0 = pipes[0][0]
+        made: list[Setup] = []
+
+        def make_setup() -> Setup:
+            if not made:
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched0, mb=mb, ga=gas[0], rc=recompute, sp=sp)
+                made.append(self.setup(shape.option, probe))
+            return made[0]
+
+        skey = (shape, vpp, tuple(id(opts) for _, opts in pipes))
+        states_of = self._family_states.get(skey)
+        if states_of is None:
+            states_of = self._family_states[skey] = tuple(
+                min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in self.distinct(shape.pp, vpp))
+        for sl, states in zip(self.distinct(shape.pp, vpp), states_of):
+            ikey = (tuple(sched for sched, _ in pipes), sl.stage, shape.pp, gas, vpp)
+            inflight = self._family_inflight.get(ikey)
+            if inflight is None:
+                inflight = self._family_inflight[ikey] = min(
+                    cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp) for sched, _ in pipes for ga in gas)
+            pm_key = (shape.option, shape.tp, shape.cp, mb, recompute, sp, sl.dense, sl.moe, sl.first, sl.last)
+            pm = self._act_mb.get(pm_key)
+            if pm is None:
+                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(make_setup(), sl)
+            best = max(best, frag * (states + pm * inflight))
         return _mem_safe(best + self._shape_fixed(shape))
 
     def _shape_fixed(self, shape: Shape) -> float:

@@ -336,17 +336,19 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold) or can_prune(self.stages_lb(shape), self.threshold) \
+            if can_prune(lb, self.threshold) or can_prune(self.stages_lb(shape, self.threshold), self.threshold) \
                     or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
 
-    def stages_lb(self, shape: Shape) -> float:
+    def stages_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
         """The shape bound (run) with the bottleneck stage of each vpp instead of the whole model's mean, and that
-        vpp's own smallest bubble (Bounds.stage_gpu_s_per_token_lb), band floor included; a vpp whose bound
-        breaks the budget or the deadline holds no feasible layout. A few stage times per shape, where groups_lb
-        costs every group: it skips most shapes groups_lb would."""
+        vpp's own smallest bubble (Bounds.stage_gpu_s_per_token_lb), band floor included. When the vpp's bound at
+        the shape's largest micro-batch without recompute could win, it is taken per recompute mode at the
+        largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
+        bound breaks the budget or the deadline or that fits no micro-batch. A few stage times per shape, where
+        groups_lb costs every group; it stops once the bound is known not to reach ``threshold``."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
@@ -357,17 +359,45 @@ class _Search:
         for sched, vpp in space.pipeline_choices(shape.pp):
             if self.num_options(shape, sched, vpp):
                 by_vpp.setdefault(vpp, []).append((sched, vpp))
+        rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
+        gas_of: dict[int, list[int]] = {}
+        for mb, ga in batches:
+            gas_of.setdefault(mb, []).append(ga)
+        mbs = sorted(gas_of, reverse=True)
+        usable = bounds.usable_bytes(shape)
         best = float("inf")
+        floor = self.shape_floor(shape)
         for vpp, pipes in by_vpp.items():
             bubble = bounds.shape_bubble_factor(shape, pipes, batches)
+            # the memory is asked only when the best micro-batch without recompute could win
             g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb_cap) * bubble + overhead
-            if problem.max_cost_usd is not None and pricing.cost_lb_from_gpu_s_per_token(g) > problem.max_cost_usd:
+            fastest = key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
+            if can_prune(fastest * floor, threshold):
+                best = min(best, fastest)
                 continue
-            if problem.deadline_s is not None and pricing.time_lb_from_gpu_s_per_token(g, shape.world) \
-                    > problem.deadline_s:
-                continue
-            best = min(best, key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world))
-        return best * self.shape_floor(shape)
+            with_opts = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
+            interleaved = pipes[0][0] == "interleaved_1f1b"
+            for rc in rcs:
+                # the largest micro-batch whose layouts may fit (time per token only falls with it)
+                cap = next((mb for mb in mbs if (gas := tuple(ga for ga in gas_of[mb]
+                                                              if not interleaved or ga % shape.pp == 0))
+                            and bounds.family_memory_lb(shape, vpp, with_opts, mb, gas, rc) * self.memory_factor
+                            <= usable), None)
+                if cap is None:
+                    continue
+                g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, cap, rc) * bubble + overhead
+                if problem.max_cost_usd is not None \
+                        and pricing.cost_lb_from_gpu_s_per_token(g) > problem.max_cost_usd:
+                    continue  # (more recompute may fit a larger micro-batch)
+                if problem.deadline_s is not None and pricing.time_lb_from_gpu_s_per_token(g, shape.world) \
+                        > problem.deadline_s:
+                    continue
+                best = min(best, key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world))
+                if cap == mb_cap:
+                    break  # more recompute only adds time at the same micro-batch
+            if not can_prune(best * floor, threshold):
+                break  # the shape is explored: its smallest bound is not needed
+        return best * floor
 
     def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
         """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'
