@@ -107,6 +107,13 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         assert bounds.layout_memory_lb(shape, layout, sh) <= total, layout.tag
         opts = tuple((s, x) for s in sps for x in space.sharding_choices(shape.dp))
         assert bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) <= total, layout.tag
+        # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
+        pipes = tuple((s, opts) for s, v in space.pipeline_choices(shape.pp) if v == vpp)
+        assert bounds.family_memory_lb(shape, vpp, pipes, mb, (ga,), rc) <= total, layout.tag
+        # the bottleneck stage per token at the layout's micro-batch and recompute, times its vpp's bubble
+        per_token = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb, rc) \
+            * bounds.shape_bubble_factor(shape, [(sched, vpp)], [(mb, ga)])
+        assert per_token <= step * layout.world_size / est.tokens_per_step, layout.tag
         checked += 1
     assert checked == 60
 
