@@ -347,8 +347,9 @@ class _Search:
         vpp's own smallest bubble (Bounds.stage_gpu_s_per_token_lb), band floor included. When the vpp's bound at
         the shape's largest micro-batch without recompute could win, it is taken per recompute mode at the
         largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
-        bound breaks the budget or the deadline or that fits no micro-batch. A few stage times per shape, where
-        groups_lb costs every group; it stops once the bound is known not to reach ``threshold``."""
+        bound breaks the budget or the deadline or that fits no micro-batch (memory is not asked for a vpp whose
+        bound is above ``threshold`` without it). A few stage times per shape, where groups_lb costs every
+        group."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
@@ -395,8 +396,6 @@ class _Search:
                 best = min(best, key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world))
                 if cap == mb_cap:
                     break  # more recompute only adds time at the same micro-batch
-            if not can_prune(best * floor, threshold):
-                break  # the shape is explored: its smallest bound is not needed
         return best * floor
 
     def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
