@@ -18,6 +18,8 @@ comm, compute, step, stages, context) may change behind it as long as these keep
     step_extras_s(setup, params)                  optimizer step + offload traffic that cannot overlap
     sync_overhead_s(world_size, busy_s)           the straggler wait and fixed time a synchronous step adds
     activations_in_flight_bytes(setup, stage)     saved activations (and logits on the last stage)
+    inflight_microbatches(schedule, stage, pp, m, vpp) the micro-batches a stage holds at its peak (what the above
+                                                  reads of the schedule and the micro-batch count)
     model_state_bytes(setup, params, sharding)    weights + gradients + master + optimizer states per GPU
     fixed_bytes(layout)                           the CUDA context and the communicators' buffers
     fragmentation_factor(), dp_overlap_window()   the allowances the memory and time models apply
@@ -28,7 +30,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.costmodel import comm, memory, step
+from compiler.costmodel import comm, memory, pp_schedule, step
 from compiler.costmodel.compute import StageCompute
 from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.efficiency import Efficiency, ProfileRef, efficiency_of, load_efficiency
@@ -40,6 +42,7 @@ from compiler.problem import GpuOption, Problem
 __all__ = ["Setup", "StageLayers", "StageParams", "ZeroTraffic", "bound_target", "bound_efficiency", "setup_for",
            "stages_of", "distinct_stages", "unit_stage", "stage_params_of", "stage_forward_backward_s",
            "pipeline_send_s", "zero_traffic", "step_extras_s", "sync_overhead_s", "activations_in_flight_bytes",
+           "inflight_microbatches",
            "model_state_bytes", "fixed_bytes", "fragmentation_factor", "dp_overlap_window"]
 
 _NEVER_S = 1e30  # a compute window no traffic fills (the offload terms that cannot overlap whatever runs)
@@ -158,6 +161,13 @@ def activations_in_flight_bytes(setup: Setup, stage: StageLayers, per_microbatch
         saved, transient = memory.logits_bytes(setup, inflight)
         out += saved + transient
     return out
+
+
+def inflight_microbatches(schedule: str, stage: int, pp: int, m: int, vpp: int) -> float:
+    """The peak in-flight micro-batches of pipeline stage ``stage`` (memory.inflight_for_stage of a layout with
+    this schedule, pp, grad_accum ``m`` and vpp): with one micro-batch's activations and the schedule's kind
+    (GPipe or not), all that ``activations_in_flight_bytes`` reads of the schedule and the micro-batch count."""
+    return pp_schedule.inflight_microbatches(schedule, stage, pp, m, vpp)
 
 
 def stage_activation_bytes(setup: Setup, stage: StageLayers) -> float:

@@ -4,7 +4,7 @@ The cost model is reached through its public parts (compiler.costmodel.parts) on
 stages" are the distinct stages of the split (one per (dense, MoE, first, last), the earliest of
 each): every stage's time is one of theirs, and the earliest holds the most micro-batches.
 
-Every bound here is <= what ``compiler.costmodel.evaluate`` returns for every layout it
+Every bound here is <= what ``compiler.costmodel.evaluation.evaluate`` returns for every layout it
 covers (tests/unit/solver/test_solver_bounds.py checks it on sampled layouts, and the
 brute-force property tests check that pruning never loses the optimum). The argument
 for each, in the cost model's terms (compiler/costmodel/step.py):
@@ -19,6 +19,9 @@ for each, in the cost model's terms (compiler/costmodel/step.py):
   latencies amortise; attention, memory-bound work and bandwidth terms are linear). So the
   whole model's time for a huge micro-batch, per token, x tp bounds every layout of the
   shape; times the smallest (m + (pp - 1) / v) / m the shape's schedules and batches allow.
+* **stage** (vpp fixed; the search's stages_lb): as the shape bound, with the bottleneck stage's
+  forward + backward x pp (>= the whole model's) instead of the whole model's, each stage's time per
+  token only falling as the micro-batch grows (its pieces' do), and the smallest bubble of that vpp.
 * **group** (schedule, micro-batch, recompute fixed): (f, b) of each candidate stage
   without the ZeRO-2/3 term and with sequence parallel on where allowed (it only lowers
   memory-bound work and the ep all-to-all). A stage's (f, b) is linear in its dense and
@@ -77,6 +80,9 @@ class Bounds:
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
+        self._worst_fb: dict[tuple, float] = {}
+        self._family_states: dict[tuple, tuple[float, ...]] = {}
+        self._family_inflight: dict[tuple, float] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, float] = {}
         self._domain: dict[int, int] = {}
@@ -171,6 +177,20 @@ class Bounds:
         straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
         return SAFETY * got * (1.0 + straggler)
 
+    def stage_gpu_s_per_token_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
+                                 mb_cap: int = _HUGE_MB, recompute: str = "none") -> float:
+        """GPU-seconds per token of every layout of ``shape`` with ``vpp`` and a micro-batch at most ``mb_cap``,
+        before the pipeline bubble: the bottleneck stage's forward + backward (group_worst_fb, at least the
+        mean over the pp stages, so never below gpu_s_per_token_lb's) per token at ``mb_cap`` x pp x tp, with
+        the straggler wait. Per token each stage's time only falls as the micro-batch grows (its pieces' do,
+        tests/unit/solver/test_solver_bounds.py), so the largest stage's does too; a group's step is at least
+        (makespan units) x that stage's time, and a step of m micro-batches holds m x mb x seq / cp tokens per
+        pipeline: times the smallest (makespan units / m) of the schedules with ``vpp`` it bounds the layouts."""
+        worst = self.group_worst_fb(shape, vpp, mb_cap, recompute, sps)
+        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        tokens = mb_cap * self.problem.seq_len // shape.cp
+        return SAFETY * worst * shape.pp * shape.tp / tokens * (1.0 + straggler)
+
     def step_overhead_per_token_lb(self, shape: Shape, max_batch: int) -> float:
         """GPU-seconds per token of the fixed time every step adds (sync_lb), over the shape's largest batch
         (``max_batch`` sequences per step): a step of b sequences costs world x fixed GPU-seconds, so per token
@@ -230,8 +250,18 @@ class Bounds:
 
     def group_step_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
                       sps: Iterable[bool] = (False, True), fbs=None) -> float:
-        fbs = fbs or self.group_stage_fb(shape, vpp, mb, recompute, sps)
-        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, max(f + b for f, b, _ in fbs)))
+        worst = max(f + b for f, b, _ in fbs) if fbs else self.group_worst_fb(shape, vpp, mb, recompute, sps)
+        return SAFETY * self.sync_lb(shape, self.span_lb(shape, sched, vpp, mb, ga, worst))
+
+    def group_worst_fb(self, shape: Shape, vpp: int, mb: int, recompute: str,
+                       sps: Iterable[bool] = (False, True)) -> float:
+        """The largest forward + backward of group_stage_fb's stages (what the group step bound reads of them)."""
+        sp = self._sp_min(shape, sps)
+        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)
+        got = self._worst_fb.get(key)
+        if got is None:
+            got = self._worst_fb[key] = max(f + b for f, b, _ in self.group_stage_fb(shape, vpp, mb, recompute, sps))
+        return got
 
     def shape_bubble_factor(self, shape: Shape, pipeline: Iterable[tuple[str, int]],
                             batches: Iterable[tuple[int, int]]) -> float:
@@ -286,15 +316,20 @@ class Bounds:
     def usable_bytes(self, shape: Shape) -> float:
         return self.usable[shape.option]
 
-    def _activations(self, shape: Shape, setup: Setup, sl: StageLayers) -> float:
-        lay = setup.layout
-        key = (shape.option, shape.tp, shape.cp, shape.pp, lay.vpp, lay.schedule, lay.micro_batch, lay.grad_accum,
-               lay.recompute, lay.sequence_parallel, sl.stage, sl.dense, sl.moe)
+    def _activations(self, shape: Shape, setup: Setup | None, sl: StageLayers, sched: str, vpp: int, mb: int,
+                     ga: int, rc: str, sp: bool, make_setup=None) -> float:
+        """activations_in_flight_bytes of ``sl`` under the layout (``setup``, or ``make_setup()`` built only on a
+        cache miss): it reads the schedule and the micro-batch count only through the stage's in-flight count and
+        whether the schedule is GPipe (parts.inflight_microbatches), so it is cached by those."""
+        inflight = cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp)
+        key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched == "gpipe", inflight, mb, rc, sp,
+               sl.dense, sl.moe, sl.first, sl.last)
         got = self._act.get(key)
         if got is None:
+            if setup is None:
+                setup = make_setup()
             # one micro-batch's activations do not depend on the schedule, pp, vpp or the micro-batch count
-            pm_key = (shape.option, shape.tp, shape.cp, lay.micro_batch, lay.recompute, lay.sequence_parallel,
-                      sl.dense, sl.moe, sl.first, sl.last)
+            pm_key = (shape.option, shape.tp, shape.cp, mb, rc, sp, sl.dense, sl.moe, sl.first, sl.last)
             pm = self._act_mb.get(pm_key)
             if pm is None:
                 pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
@@ -328,20 +363,56 @@ class Bounds:
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
         sp = self._sp_min(shape, (o[0] for o in options))
-        setup = None  # the probe layout and its setup are built only when an activation total is not cached
         frag = cm.fragmentation_factor()
         best = 0.0
+        made: list[Setup] = []  # the probe layout's setup, built only when an activation total is not cached
+
+        def make_setup() -> Setup:
+            if not made:
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+                made.append(self.setup(shape.option, probe))
+            return made[0]
+
         for sl in self.distinct(shape.pp, vpp):
             states = self._min_states(shape, vpp, sl, options)
-            key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched, mb, ga, recompute, sp, sl.stage, sl.dense,
-                   sl.moe)  # _activations' key for the probe below
-            act = self._act.get(key)
-            if act is None:
-                if setup is None:
-                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
-                    setup = self.setup(shape.option, probe)
-                act = self._activations(shape, setup, sl)
+            act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
             best = max(best, frag * (states + act))
+        return _mem_safe(best + self._shape_fixed(shape))
+
+    def family_memory_lb(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...], mb: int,
+                         gas: tuple[int, ...], recompute: str) -> float:
+        """Bytes per GPU every layout of ``shape`` with this vpp, micro-batch and recompute needs at least, over
+        its schedules (``pipes``: (schedule, its options as group_memory_lb takes them)) and grad_accums
+        ``gas``: per stage, the smallest model states over the options plus one micro-batch's activations x
+        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage."""
+        sp = self._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
+        frag = cm.fragmentation_factor()
+        best = 0.0
+        sched0 = pipes[0][0]
+        made: list[Setup] = []
+
+        def make_setup() -> Setup:
+            if not made:
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched0, mb=mb, ga=gas[0], rc=recompute, sp=sp)
+                made.append(self.setup(shape.option, probe))
+            return made[0]
+
+        skey = (shape, vpp, tuple(id(opts) for _, opts in pipes))
+        states_of = self._family_states.get(skey)
+        if states_of is None:
+            states_of = self._family_states[skey] = tuple(
+                min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in self.distinct(shape.pp, vpp))
+        for sl, states in zip(self.distinct(shape.pp, vpp), states_of):
+            ikey = (tuple(sched for sched, _ in pipes), sl.stage, shape.pp, gas, vpp)
+            inflight = self._family_inflight.get(ikey)
+            if inflight is None:
+                inflight = self._family_inflight[ikey] = min(
+                    cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp) for sched, _ in pipes for ga in gas)
+            pm_key = (shape.option, shape.tp, shape.cp, mb, recompute, sp, sl.dense, sl.moe, sl.first, sl.last)
+            pm = self._act_mb.get(pm_key)
+            if pm is None:
+                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(make_setup(), sl)
+            best = max(best, frag * (states + pm * inflight))
         return _mem_safe(best + self._shape_fixed(shape))
 
     def _shape_fixed(self, shape: Shape) -> float:
@@ -358,7 +429,9 @@ class Bounds:
         best = 0.0
         for sl in self.distinct(shape.pp, layout.vpp):
             states = self._model_states(shape, layout.vpp, sl, sh)
-            best = max(best, frag * (states + self._activations(shape, setup, sl)))
+            act = self._activations(shape, setup, sl, layout.schedule, layout.vpp, layout.micro_batch,
+                                    layout.grad_accum, layout.recompute, layout.sequence_parallel)
+            best = max(best, frag * (states + act))
         return _mem_safe(best + self._fixed(layout))
 
     def option_index(self, layout: Layout) -> int:

@@ -8,6 +8,9 @@ enumerating. The search
    ``support_key_of``) and the interleaved schedules whose micro-batch count is not a multiple
    of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
    cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
+   a shape is skipped when that bound, the same with each vpp's bottleneck stage (``stages_lb``)
+   or the best of its groups that can fit in memory and within the budget (``groups_lb``) cannot
+   win (its layouts count as pruned by bound);
 2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
    bound and a memory bound, and visits groups best bound first;
 3. inside a group, bounds each layout (sequence parallel x ZeRO/HSDP/offload) with its
@@ -28,6 +31,7 @@ solving again without it (the cheapest / the fastest layout, and by how much it 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
@@ -42,7 +46,7 @@ from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummar
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
 from compiler.solver.bounds import Bounds
-from compiler.solver.candidates import Sharding, Shape, Space
+from compiler.solver.candidates import RECOMPUTE_MODES, Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
                                        key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
@@ -128,12 +132,18 @@ class _Entry:
 
 
 class _Search:
-    def __init__(self, problem: Problem, k: int, evaluator: Evaluator):
+    def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None):
+        """``like``: a search of the same problem but for top_k, whose space and bounds (and their caches) this
+        one shares: neither reads top_k."""
         self.problem = problem
         self.k = k
         self.evaluate = evaluator
-        self.space = Space(problem)
-        self.bounds = Bounds(problem)
+        if like is not None:
+            assert replace(like.problem, top_k=problem.top_k) == problem, "a shared search must be of the same problem"
+        self.space: Space = like.space if like is not None else Space(problem)
+        self.bounds: Bounds = like.bounds if like is not None else Bounds(problem)
+        # shape -> (groups_lb's value, whether it is the exact minimum or a stop above a threshold): shared too
+        self._groups: dict[Shape, tuple[float, bool]] = like._groups if like is not None else {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -328,36 +338,130 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold) or can_prune(self.groups_lb(shape), self.threshold):
+            if can_prune(lb, self.threshold) or can_prune(self.stages_lb(shape, self.threshold), self.threshold) \
+                    or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
 
-    def groups_lb(self, shape: Shape) -> float:
-        """The smallest step-time bound (as an objective key) of the shape's groups: explore's group bounds
-        without recompute (recompute only adds time, tests/unit/solver/test_solver_bounds.py) and with one of
-        GPipe / 1F1B (their bounds are equal), so that a shape none of whose groups can win is skipped
-        without costing every group's memory."""
+    def stages_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
+        """The shape bound (run) with the bottleneck stage of each vpp instead of the whole model's mean, and that
+        vpp's own smallest bubble (Bounds.stage_gpu_s_per_token_lb), band floor included. When the vpp's bound at
+        the shape's largest micro-batch without recompute could win, it is taken per recompute mode at the
+        largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
+        bound breaks the budget or the deadline or that fits no micro-batch (memory is not asked for a vpp whose
+        bound is above ``threshold`` without it). A few stage times per shape, where groups_lb costs every
+        group."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
-        rcs = ("none",) if "none" in space.recompute_choices() else space.recompute_choices()
-        best = float("inf")
-        done: set[int] = set()
+        batches = space.batch_choices(shape.dp)
+        mb_cap, most = space.batch_extremes(shape.dp)
+        overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
+        by_vpp: dict[int, list[tuple[str, int]]] = {}
         for sched, vpp in space.pipeline_choices(shape.pp):
-            interleaved = sched == "interleaved_1f1b"
-            if vpp in done or not self.num_options(shape, sched, vpp):
+            if self.num_options(shape, sched, vpp):
+                by_vpp.setdefault(vpp, []).append((sched, vpp))
+        rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
+        gas_of: dict[int, list[int]] = {}
+        for mb, ga in batches:
+            gas_of.setdefault(mb, []).append(ga)
+        mbs = sorted(gas_of, reverse=True)
+        usable = bounds.usable_bytes(shape)
+        best = float("inf")
+        floor = self.shape_floor(shape)
+        for vpp, pipes in by_vpp.items():
+            bubble = bounds.shape_bubble_factor(shape, pipes, batches)
+            # the memory is asked only when the best micro-batch without recompute could win
+            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb_cap) * bubble + overhead
+            fastest = key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
+            if can_prune(fastest * floor, threshold):
+                best = min(best, fastest)
                 continue
-            done.add(vpp)
-            for mb, ga in space.batch_choices(shape.dp):
-                if interleaved and ga % shape.pp:
+            with_opts = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
+            interleaved = pipes[0][0] == "interleaved_1f1b"
+            for rc in rcs:
+                # the largest micro-batch whose layouts may fit (time per token only falls with it)
+                cap = next((mb for mb in mbs if (gas := tuple(ga for ga in gas_of[mb]
+                                                              if not interleaved or ga % shape.pp == 0))
+                            and bounds.family_memory_lb(shape, vpp, with_opts, mb, gas, rc) * self.memory_factor
+                            <= usable), None)
+                if cap is None:
                     continue
-                batch = mb * ga * shape.dp
-                for rc in rcs:
-                    fbs = bounds.group_stage_fb(shape, vpp, mb, rc, sps)
-                    step = bounds.group_step_lb(shape, sched, vpp, mb, ga, rc, sps, fbs)
-                    best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
-        return best
+                g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, cap, rc) * bubble + overhead
+                if problem.max_cost_usd is not None \
+                        and pricing.cost_lb_from_gpu_s_per_token(g) > problem.max_cost_usd:
+                    continue  # (more recompute may fit a larger micro-batch)
+                if problem.deadline_s is not None and pricing.time_lb_from_gpu_s_per_token(g, shape.world) \
+                        > problem.deadline_s:
+                    continue
+                best = min(best, key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world))
+                if cap == mb_cap:
+                    break  # more recompute only adds time at the same micro-batch
+        return best * floor
+
+    def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
+        """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'
+        step-time bounds, leaving out the groups that cannot hold a feasible layout: a group whose step bound
+        breaks the budget or the deadline, or whose memory bound (the smallest memory over its sequence-parallel
+        and sharding choices) exceeds usable HBM. A shape none of whose groups can win is skipped without
+        costing every group.
+
+        The groups are taken best bound first (a heap): recompute only adds time (its bound is checked in
+        tests/unit/solver/test_solver_bounds.py), so a group is first tried without recompute and, when that
+        does not fit, with the next recompute mode, whose memory is smaller. GPipe and 1F1B have equal step
+        bounds but not equal memory: such a group fits when either schedule's does (GPipe, which keeps every
+        micro-batch's activations, is asked last). The search stops at the
+        first group that fits, or once the smallest key left is above ``threshold`` (the shape is pruned
+        either way). The value is kept per shape for a later call (a search sharing this one's caches): an
+        exact minimum is final, a stop above a threshold still bounds the minimum from below."""
+        known = self._groups.get(shape)
+        if known is not None and (known[1] or can_prune(known[0], threshold)):
+            return known[0]
+        got = self._groups_lb(shape, threshold)
+        self._groups[shape] = (got, not can_prune(got, threshold))
+        return got
+
+    def _groups_lb(self, shape: Shape, threshold: float) -> float:
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
+        floor = self.shape_floor(shape)
+        scheds: dict[int, list[str]] = {}  # vpp -> the schedules with supported options
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            if self.num_options(shape, sched, vpp):
+                scheds.setdefault(vpp, []).append(sched)
+        heap: list[tuple[float, int, int, int, int, int]] = []
+        order = 0
+        limited = problem.max_cost_usd is not None or problem.deadline_s is not None
+
+        def push(vpp: int, mb: int, ga: int, r: int) -> None:
+            nonlocal order
+            step = bounds.group_step_lb(shape, scheds[vpp][0], vpp, mb, ga, rcs[r], sps)
+            batch = mb * ga * shape.dp
+            if limited and self._limits_broken(pricing, step, batch, shape.world):
+                return  # with more recompute too: its step bound is larger
+            key = key_lb_from_step(problem, pricing, step, batch, shape.world) * floor
+            heapq.heappush(heap, (key, order, vpp, mb, ga, r))
+            order += 1
+
+        for vpp, names in scheds.items():
+            for mb, ga in space.batch_choices(shape.dp):
+                if names[0] == "interleaved_1f1b" and ga % shape.pp:
+                    continue
+                push(vpp, mb, ga, 0)
+        usable = bounds.usable_bytes(shape)
+        while heap:
+            key, _, vpp, mb, ga, r = heapq.heappop(heap)
+            if can_prune(key, threshold):
+                return key
+            if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rcs[r], self.options(shape, sched, vpp))
+                   * self.memory_factor <= usable for sched in sorted(scheds[vpp], key=lambda x: x == "gpipe")):
+                return key
+            if r + 1 < len(rcs):
+                push(vpp, mb, ga, r + 1)
+        return float("inf")
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds
@@ -415,6 +519,12 @@ class _Search:
                     self.num_pruned += rest
                     break
                 self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
+
+    def _limits_broken(self, pricing: Pricing, step: float, batch: int, world: int) -> bool:
+        """Whether a step-time lower bound already breaks the budget or the deadline (nothing tallied)."""
+        problem = self.problem
+        return ((problem.max_cost_usd is not None and pricing.cost_usd(step, batch, world) > problem.max_cost_usd)
+                or (problem.deadline_s is not None and pricing.time_to_train_s(step, batch) > problem.deadline_s))
 
     def _bound_infeasible(self, pricing: Pricing, step: float, batch: int, world: int, n: int) -> bool:
         problem = self.problem
@@ -589,7 +699,7 @@ class _Search:
         runs, with what choosing it costs (a search without the thin regimes)."""
         problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
         assert est.band is not None
-        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate)
+        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self)
         safe.run()
         head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
                 f"{units.format_seconds_range(*est.step_time_band_s)} per step")

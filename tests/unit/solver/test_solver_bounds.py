@@ -107,6 +107,13 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         assert bounds.layout_memory_lb(shape, layout, sh) <= total, layout.tag
         opts = tuple((s, x) for s in sps for x in space.sharding_choices(shape.dp))
         assert bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) <= total, layout.tag
+        # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
+        pipes = tuple((s, opts) for s, v in space.pipeline_choices(shape.pp) if v == vpp)
+        assert bounds.family_memory_lb(shape, vpp, pipes, mb, (ga,), rc) <= total, layout.tag
+        # the bottleneck stage per token at the layout's micro-batch and recompute, times its vpp's bubble
+        per_token = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb, rc) \
+            * bounds.shape_bubble_factor(shape, [(sched, vpp)], [(mb, ga)])
+        assert per_token <= step * layout.world_size / est.tokens_per_step, layout.tag
         checked += 1
     assert checked == 60
 
@@ -166,3 +173,86 @@ def test_p2p_cache_matches_the_cost_model() -> None:
                     assert bounds.p2p_s(shape, mb) == want, (gpu, tp, cp, pp, dp, mb)
                     checked += 1
     assert checked == 128
+
+
+# the shape-level bounds of the search (search._Search.groups_lb and stages_lb): no feasible layout of a shape has a smaller
+# objective key, with the budget and the memory it uses to leave groups out (tight budgets, small GPUs)
+GROUPS_SPECS = {
+    "tiny-tight": """
+        name: gtiny
+        model: {num_layers: 8, hidden_size: 2048, ffn_hidden_size: 5632, num_attention_heads: 16, num_kv_heads: 4,
+                vocab_size: 32000}
+        training: {tokens: 20B, sequence_length: 4096, global_batch: 64}
+        cluster: {gpu: a100-40gb, max_gpus: 16}
+        budget: {max_cost: $9000, objective: cheapest}
+        targets: [megatron]
+    """,
+    "llama-70b-cheapest": """
+        name: gbig
+        model: {preset: llama3-70b}
+        training: {tokens: 300B, sequence_length: 4096, global_batch: 256}
+        cluster: {gpu: h100-sxm, max_gpus: 128}
+        budget: {objective: cheapest}
+        targets: [megatron]
+    """,
+    "llama-8b-fastest": """
+        name: gllama
+        model: {preset: llama3-8b}
+        training: {tokens: 100B, sequence_length: 8192, global_batch: 64, global_batch_tolerance: 0.1}
+        cluster: {gpu: h100-sxm, max_gpus: 32}
+        budget: {objective: fastest}
+        targets: [megatron, fsdp]
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS_SPECS))
+def test_groups_bound_below_every_feasible_layout(name: str) -> None:
+    from compiler.solver import feasibility as F
+    from compiler.solver.objective import objective_key
+    from compiler.solver.search import _Search, _search_evaluate
+
+    problem = lower(load_spec_text(textwrap.dedent(GROUPS_SPECS[name]), f"{name}.yaml"))
+    search = _Search(problem, 0, _search_evaluate)
+    space = search.space
+    rng = random.Random(7)
+    shapes = [s for s in space.shapes().shapes if space.inner_count(s)]
+    checked = infeasible = 0
+    for shape in rng.sample(shapes, min(20, len(shapes))):
+        lb = search.groups_lb(shape)
+        stages = search.stages_lb(shape)  # no threshold: memory asked for every vpp
+        layouts = list(space.layouts_of(shape))
+        for layout in rng.sample(layouts, min(60, len(layouts))):
+            if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
+                continue
+            if not search.supported(layout, object()):  # a fresh key: no cached verdict
+                continue
+            est = _search_evaluate(problem, layout)
+            if not isinstance(est, Estimate) or F.check_estimate(problem, est) is not None:
+                infeasible += 1
+                continue
+            key = objective_key(problem, est)
+            assert lb <= key * (1 + 1e-9) and stages <= key * (1 + 1e-9), (layout.tag, lb, stages, key)
+            checked += 1
+    assert checked >= 10 and infeasible >= 3, (checked, infeasible)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_stage_time_per_token_falls_with_the_micro_batch(name: str) -> None:
+    """Each piece of a stage (a dense or MoE layer, the first / last stage's extras) takes no more time per token
+    at a larger micro-batch, with or without recompute, so neither does any stage nor the bottleneck stage: the
+    premise of gpu_s_per_token_lb and stage_gpu_s_per_token_lb (they cost the largest micro-batch allowed)."""
+    problem = _problem(name)
+    space = Space(problem)
+    bounds = Bounds(problem)
+    rng = random.Random(3)
+    kinds = ("dense", "moe", "first", "last") if problem.shape.moe else ("dense", "first", "last")
+    checked = 0
+    for shape in rng.sample(space.shapes().shapes, 8):
+        for sp in space.sp_choices(shape.tp, shape.cp):
+            for rc in space.recompute_choices():
+                for kind in kinds:
+                    per_token = [sum(bounds._unit_fb(shape, mb, sp, rc, kind)) / mb for mb in range(1, 17)]
+                    assert all(b <= a * (1 + 1e-12) for a, b in zip(per_token, per_token[1:])), (kind, per_token)
+                    checked += 1
+    assert checked >= 24
