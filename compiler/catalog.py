@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -196,9 +200,47 @@ class _Ctx:
         return ValueError(f"compiler/data/{self.file}: entry {self.entry!r}: {message}")
 
 
+CACHE_ENV = "DTC_CACHE_DIR"  # where parsed data files are kept (default ~/.cache/dtc/data); "off": never
+CACHE_FORMAT = "1"  # bump when what a cache file holds changes
+
+
+def cache_dir() -> Path | None:
+    given = os.environ.get(CACHE_ENV)
+    if given == "off":
+        return None
+    return Path(given) / "data" if given else Path.home() / ".cache" / "dtc" / "data"
+
+
+def _parse_yaml_cached(filename: str, raw: bytes) -> Any:
+    """``raw`` parsed as YAML, kept as JSON in the user's cache under the hash of its bytes: the C JSON reader
+    takes ~0.3 ms where YAML takes ~20 ms for the catalog, a tenth of `dtc validate`'s start-up. The YAML
+    file stays the one source (a changed file has another hash); a cache that cannot be read or written is
+    skipped, and data that JSON would not give back exactly is not cached."""
+    folder = cache_dir()
+    key = hashlib.sha256(CACHE_FORMAT.encode() + b"\0" + raw).hexdigest()[:32]
+    cached = None if folder is None else folder / f"{Path(filename).stem}-{key}.json"
+    if cached is not None:
+        try:
+            return json.loads(cached.read_bytes())
+        except (OSError, ValueError):
+            pass
+    data = YAML(typ="safe").load(raw.decode("utf-8"))
+    if cached is not None:
+        try:
+            text = json.dumps(data)
+            if json.loads(text) == data:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, cached)
+        except (OSError, TypeError, ValueError):
+            pass
+    return data
+
+
 def _read_yaml(filename: str) -> dict:
-    text = (resources.files(__package__ or "compiler") / "data" / filename).read_text(encoding="utf-8")
-    data = YAML(typ="safe").load(text)
+    raw = (resources.files(__package__ or "compiler") / "data" / filename).read_bytes()
+    data = _parse_yaml_cached(filename, raw)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"compiler/data/{filename}: expected a non-empty mapping of entries")
     return data

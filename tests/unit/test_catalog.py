@@ -446,3 +446,38 @@ def test_catalog_files_read_the_same_with_the_c_parser() -> None:
         text = path.read_text(encoding="utf-8")
         fast, pure = YAML(typ="safe").load(text), YAML(typ="safe", pure=True).load(text)
         assert repr(fast) == repr(pure), path.name  # repr: also the types (1 vs 1.0 vs True) and key order
+
+
+def test_parsed_data_files_are_cached_under_their_hash(tmp_path, monkeypatch) -> None:
+    """The catalog's YAML is parsed once and kept as JSON under the hash of its bytes (DTC_CACHE_DIR): a second
+    read does not parse, gives exactly the same data, and a changed or corrupt file is parsed anew."""
+    import compiler.catalog as cat
+
+    monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path))
+    raw = b"a100:\n  hbm: 80 GB\n  n: 3\n  x: 1.5\n  flag: true\n  list: [1, 2.0, null]\n"
+    first = cat._parse_yaml_cached("gpus.yaml", raw)
+    cached = list((tmp_path / "data").glob("gpus-*.json"))
+    assert len(cached) == 1
+    parsed = []
+    real_yaml = cat.YAML
+    monkeypatch.setattr(cat, "YAML", lambda **kw: parsed.append(kw) or real_yaml(**kw))
+    again = cat._parse_yaml_cached("gpus.yaml", raw)
+    assert repr(again) == repr(first) and not parsed  # repr: also 1 vs 1.0 vs True
+    changed = cat._parse_yaml_cached("gpus.yaml", raw.replace(b"n: 3", b"n: 4"))
+    assert changed["a100"]["n"] == 4 and len(parsed) == 1
+    cached[0].write_text("{not json")
+    assert repr(cat._parse_yaml_cached("gpus.yaml", raw)) == repr(first) and len(parsed) == 2
+    monkeypatch.setenv(cat.CACHE_ENV, "off")
+    assert repr(cat._parse_yaml_cached("gpus.yaml", raw)) == repr(first) and len(parsed) == 3
+
+
+def test_every_data_file_survives_the_json_cache() -> None:
+    """What the cache keeps must read back exactly as the YAML (else it is not cached at all)."""
+    import json
+    from pathlib import Path
+
+    from ruamel.yaml import YAML
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "compiler" / "data").glob("*.yaml")):
+        data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+        assert repr(json.loads(json.dumps(data))) == repr(data), path.name
