@@ -30,4 +30,9 @@ COST = CostProfile(
     elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="backward", ops_per_dense_layer=16,
     ops_per_moe_layer=44, ops_per_local_expert=4, recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
-    hierarchical_all_to_all=True, source=SOURCE)
+    hierarchical_all_to_all=False, source=SOURCE)
+
+# render.py writes this dispatcher; the 'alltoall' dispatcher sends every routed copy of a token over the
+# network (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher), no node-level dedup:
+# COST.hierarchical_all_to_all must stay False with it (DeepEP's 'flex' dispatcher would be the hierarchical one)
+TOKEN_DISPATCHER = "alltoall"

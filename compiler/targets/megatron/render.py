@@ -29,6 +29,7 @@ from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
 from compiler.render.common import lr_schedule_steps, provenance_header
+from compiler.targets.megatron.cost import TOKEN_DISPATCHER
 from compiler.render.environment import render_template
 from compiler.split import LayerSplit, PipelineSplit
 from compiler.targets.megatron.cost import COST
@@ -261,7 +262,7 @@ def _moe(s: ModelShape, lay: Layout) -> list[list[str]]:
     out += [_f("--moe-router-load-balancing-type", "aux_loss"), _f("--moe-aux-loss-coeff", MOE_AUX_LOSS_COEFF),
             # fp32 routing: Megatron warns that many experts without it are numerically fragile
             _f("--moe-router-dtype", "fp32"),
-            _f("--moe-token-dispatcher-type", "alltoall"), ["--moe-grouped-gemm"]]
+            _f("--moe-token-dispatcher-type", TOKEN_DISPATCHER), ["--moe-grouped-gemm"]]
     return out
 
 

@@ -111,3 +111,22 @@ def test_an_offloaded_optimizer_takes_the_gradient_shard_to_the_host_where_the_t
     host_optimizer = _items(on_gpu)["master_weights"] + _items(on_gpu)["optimizer_states"]
     per_gpu = off.memory.cpu_bytes_per_node / off_layout.gpus_per_node
     assert per_gpu == pytest.approx(host_optimizer + (grads if moved else 0), rel=1e-6)
+
+
+def test_megatron_costs_the_token_dispatcher_it_renders(problem_factory, layout_factory):
+    """dtc's Megatron target renders the 'alltoall' dispatcher, which sends every routed copy across nodes: its cost
+    profile must not assume a node-aware (DeepEP-style) dispatch, so inter-node expert parallelism costs more than
+    under the hierarchical profile the published NeMo runs are fitted with."""
+    from compiler.targets.megatron.cost import COST, TOKEN_DISPATCHER
+
+    assert TOKEN_DISPATCHER == "alltoall" and COST.hierarchical_all_to_all is False
+    assert published_profile("megatron_bridge").hierarchical_all_to_all is True
+    p = problem_factory("mixtral-8x7b", num_gpus=64, gbs=256)
+    from compiler.costmodel.comm import ep_comm_time_per_moe_layer_s
+
+    lay = layout_factory(p, dp_shard=64, zero_stage=1, ep=16)  # 16 GPUs over two 8-GPU nodes
+    flat = make_setup(p, lay, p.gpu_options[0], target="megatron")
+    fresh = make_setup(p, lay, p.gpu_options[0], target="megatron")  # its own memo: nothing computed yet
+    hier = dataclasses.replace(fresh, framework=dataclasses.replace(fresh.framework, hierarchical_all_to_all=True))
+
+    assert sum(ep_comm_time_per_moe_layer_s(flat)) > sum(ep_comm_time_per_moe_layer_s(hier))
