@@ -94,9 +94,7 @@ def bench_kind(target: str) -> str | None:
         return None
     if hooks(target).entry is not None:
         return "smoke-env"
-    # the one launcher whose template takes the benchmark override (its slurm context names the variable);
-    # belongs on SlurmLaunch once compiler/targets/megatron/__init__.py can say so
-    return "bench-steps" if target == "megatron" else None
+    return "bench-steps" if t.slurm.bench_steps_env is not None else None
 
 
 def sweep_target(targets: Sequence[str], local_cpu: bool) -> str:
@@ -116,11 +114,12 @@ def _task_env(setup, generated_dir: Path, target: str, steps: int, local_cpu: bo
               job_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of one array task: the benchmark settings the target's launcher reads and, with
     --local-cpu, the scaled-down run (the smoke's options; for Megatron the smoke's job files: ``job_env``)."""
-    from compiler.targets.megatron.render import BENCH_STEPS_ENV
+    from compiler.targets import registry
 
     env: dict[str, str] = {}
-    if bench_kind(target) == "bench-steps":
-        env[BENCH_STEPS_ENV] = str(steps)
+    launch = registry.get(target).slurm
+    if bench_kind(target) == "bench-steps" and launch is not None and launch.bench_steps_env is not None:
+        env[launch.bench_steps_env] = str(steps)
         env["DTC_ARTIFACT_DIR"] = str(generated_dir)
         if local_cpu:
             assert job_env is not None, "a local Megatron candidate runs the smoke's job files"

@@ -50,6 +50,9 @@ class SlurmLaunch:
     program_default: str | None = None  # the generated entry point (torchrun launches)
     config_flag: tuple[str | None, str | None] = (None, None)  # (for the generated entry, for slurm.train_script)
     context: str | None = None  # 'module:function(plan, check) -> dict' adding what the script needs
+    # the environment variable through which the script runs a short benchmark itself (iteration count;
+    # synthetic data, no checkpoints), for `dtc sweep`; None: the launched entry reads dtc's smoke options
+    bench_steps_env: str | None = None
 
 
 @dataclass(frozen=True)

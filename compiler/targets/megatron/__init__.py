@@ -2,6 +2,10 @@
 from compiler.targets.base import SlurmLaunch, SmokeHooks, Target
 from compiler.targets.megatron import cost, support
 
+# train_megatron.sbatch runs a short benchmark when this is set to an iteration count (render.py's slurm_context
+# writes the override block; dtc sweep sets it, compiler/sweep.py)
+BENCH_STEPS_ENV = "DTC_BENCH_STEPS"
+
 TARGET = Target(
     name="megatron",
     display_name="Megatron",
@@ -16,7 +20,7 @@ TARGET = Target(
     validator="tools.validators.megatron_check:validate_folder",
     slurm=SlurmLaunch(script="train_megatron.sbatch", template="slurm/srun.sbatch.j2", launcher="srun",
                       framework="Megatron-LM", needs=("megatron_args.sh",), launchers={"srun": 0},
-                      context="compiler.targets.megatron.render:slurm_context"),
+                      context="compiler.targets.megatron.render:slurm_context", bench_steps_env=BENCH_STEPS_ENV),
     # Megatron-LM's own training loop (megatron.training.pretrain) on the smoke world: NCCL on GPUs,
     # gloo through a CUDA-to-CPU layer (cpu.py) on CPUs; locally or through train_megatron.sbatch
     smoke=SmokeHooks(runner="compiler.targets.megatron.smoke:run_megatron", complete=True),

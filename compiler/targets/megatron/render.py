@@ -29,6 +29,7 @@ from compiler.layout import Layout
 from compiler.model import ModelShape
 from compiler.plan import Plan
 from compiler.render.common import lr_schedule_steps, provenance_header
+from compiler.targets.megatron import BENCH_STEPS_ENV
 from compiler.targets.megatron.cost import TOKEN_DISPATCHER
 from compiler.render.environment import render_template
 from compiler.split import LayerSplit, PipelineSplit
@@ -60,7 +61,6 @@ FP8_AMAX_HISTORY_LEN = 1024
 # keeps the last value of a repeated flag, so these are appended to MEGATRON_ARGS; the flags argparse cannot
 # unset (a path option has no "none": megatron-core 0.19.2 has no --no-save or --no-load) are removed from it,
 # each with its values (the tokens up to the next --flag).
-BENCH_STEPS_ENV = "DTC_BENCH_STEPS"
 BENCH_DROP_FLAGS = ("--save", "--load", "--pretrained-checkpoint", "--data-path")
 BENCH_APPEND_FLAGS = (("--mock-data",), ("--eval-iters", "0"), ("--log-interval", "1"))  # after --train-iters N
 
