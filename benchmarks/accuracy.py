@@ -55,6 +55,7 @@ from compiler.calibration.fit import fit_with_loso, predict  # noqa: E402
 from compiler.calibration.runs import PublishedRun, load_runs  # noqa: E402
 from compiler.costmodel.bands import RESIDUALS, BandTable  # noqa: E402
 from compiler.costmodel.efficiency import Efficiency, load_efficiency  # noqa: E402
+from compiler.stats import percentile  # noqa: E402
 
 CALIBRATION_CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 GROUP_KEYS = ("framework", "gpu_generation", "precision", "fp8_recipe", "scale", "seq", "moe", "pp", "cp", "ep",
@@ -157,7 +158,7 @@ class Report:
             groups += 1
             for i, v in enumerate(values):
                 others = sorted(values[:i] + values[i + 1:])
-                errors.append(_percentile(others, 0.5) / v - 1.0)
+                errors.append(percentile(others, 0.5) / v - 1.0)
         out = stats(errors) if errors else {"rows": 0, "median_abs_error": 0.0, "p90_abs_error": 0.0,
                                              "median_error": 0.0}
         return dict(out, groups=groups)
@@ -180,19 +181,10 @@ class Report:
         return flagged
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def stats(errors: list[float]) -> dict[str, float]:
     absolute = [abs(e) for e in errors]
-    return {"rows": len(errors), "median_abs_error": _percentile(absolute, 0.5),
-            "p90_abs_error": _percentile(absolute, 0.9), "median_error": _percentile(errors, 0.5)}
+    return {"rows": len(errors), "median_abs_error": percentile(absolute, 0.5),
+            "p90_abs_error": percentile(absolute, 0.9), "median_error": percentile(errors, 0.5)}
 
 
 def run(csv_path: str | Path = CALIBRATION_CSV, *, refit: bool = False, efficiency: Efficiency | None = None) -> Report:
@@ -254,7 +246,7 @@ def format_report(report: Report) -> str:
     if mem:
         ratios = sorted(r.memory_total_gib / r.measured_peak_memory_gib for r in mem)
         lines.append(f"predicted / published peak memory: {len(mem)} rows, min {ratios[0]:.2f}, median "
-                     f"{_percentile(ratios, 0.5):.2f}, max {ratios[-1]:.2f}")
+                     f"{percentile(ratios, 0.5):.2f}, max {ratios[-1]:.2f}")
     else:
         lines.append("predicted / published peak memory: no row publishes a peak memory")
     lines.append("skipped: " + (", ".join(f"{v} {k}" for k, v in report.skipped.most_common()) or "none"))

@@ -37,21 +37,13 @@ from compiler.calibration.profile_fit import fit_profile  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
 from compiler.costmodel.bands import default_table, profile_band  # noqa: E402
 from compiler.costmodel.efficiency import load_efficiency  # noqa: E402
+from compiler.stats import percentile  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def _median(xs: list[float]) -> float:
-    return _percentile(xs, 0.5)
+    return percentile(xs, 0.5)
 
 
 def _key(row_id: str) -> tuple[int, str]:
@@ -91,15 +83,15 @@ def halves(groups, shipped, *, swap: bool, quiet: bool, unseen: bool = False) ->
         rows.append({"source": source, "gpu": gpu, "runs": len(members), "calibrated_on": len(fit_half),
                      "prior_strength_runs": profile.prior_runs,
                      "predicted": len(test_half), "median_abs_error_before": _median(before),
-                     "median_abs_error_after": _median(after), "p90_abs_error_before": _percentile(before, 0.9),
-                     "p90_abs_error_after": _percentile(after, 0.9), "constants": values})
+                     "median_abs_error_after": _median(after), "p90_abs_error_before": percentile(before, 0.9),
+                     "p90_abs_error_after": percentile(after, 0.9), "constants": values})
         if not quiet:
             print(f"{source:<22} {gpu:<10} {len(fit_half):>3} fit / {len(test_half):>3} held out: median |error| "
-                  f"{_median(before):6.1%} -> {_median(after):6.1%}, p90 {_percentile(before, 0.9):6.1%} -> "
-                  f"{_percentile(after, 0.9):6.1%} (prior {profile.prior_runs:g} runs)", flush=True)
+                  f"{_median(before):6.1%} -> {_median(after):6.1%}, p90 {percentile(before, 0.9):6.1%} -> "
+                  f"{percentile(after, 0.9):6.1%} (prior {profile.prior_runs:g} runs)", flush=True)
     overall = {"groups": len(rows), "predicted": len(all_before), "median_abs_error_before": _median(all_before),
-               "median_abs_error_after": _median(all_after), "p90_abs_error_before": _percentile(all_before, 0.9),
-               "p90_abs_error_after": _percentile(all_after, 0.9),
+               "median_abs_error_after": _median(all_after), "p90_abs_error_before": percentile(all_before, 0.9),
+               "p90_abs_error_after": percentile(all_after, 0.9),
                "profile_band_coverage": inside / banded if banded else math.nan, "profile_banded_runs": banded,
                "profile_band_median_width": _median(widths),
                "published_band_median_width": _median(global_widths)}
@@ -152,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"profile of {source:<22} {gpu:<10} on {len(members):>3} runs: leave-one-out median |error| "
                       f"{s['median_abs_error']:6.1%}, p90 {s['p90_abs_error']:6.1%}", flush=True)
         out["profile_loo"] = {"groups": loo_rows, "overall": {"runs": len(all_loo), "median_abs_error": _median(all_loo),
-                                                              "p90_abs_error": _percentile(all_loo, 0.9)}}
+                                                              "p90_abs_error": percentile(all_loo, 0.9)}}
         if not args.json:
             o = out["profile_loo"]["overall"]
             print(f"profile leave-one-out overall: {o['runs']} runs, median |error| {o['median_abs_error']:.1%}, "

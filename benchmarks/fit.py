@@ -38,6 +38,7 @@ from ruamel.yaml import YAML  # noqa: E402
 from compiler.calibration.fit import RIDGE, fit_with_loso, predict  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
 from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, prior_efficiency  # noqa: E402
+from compiler.stats import percentile  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 PHYSICS = ROOT / "compiler" / "data" / "physics.yaml"
@@ -58,13 +59,6 @@ def parameters_digest() -> str:
 def input_digests() -> dict[str, str]:
     return {"calibration_sha256": sha256(CSV), "physics_sha256": sha256(PHYSICS),
             "fit_parameters_sha256": parameters_digest()}
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _r4(x: float) -> float:
@@ -91,7 +85,7 @@ def build(progress=None) -> tuple[str, str]:
 
     def summary(errors: list[float]) -> dict[str, float]:
         a = [abs(e) for e in errors]
-        return {"median_abs_error": _r4(_percentile(a, 0.5)), "p90_abs_error": _r4(_percentile(a, 0.9))}
+        return {"median_abs_error": _r4(percentile(a, 0.5)), "p90_abs_error": _r4(percentile(a, 0.9))}
 
     digests = input_digests()
     doc = {

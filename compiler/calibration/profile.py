@@ -60,6 +60,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from compiler.costmodel.efficiency import FIT_PARAMETERS, PROFILE_PARAMETERS, Efficiency
 from compiler.errors import Diagnostic, DtcError, Location
 from compiler.profile_ref import ProfileRef
+from compiler.stats import percentile
 
 PROFILE_SCHEMA_VERSION = 2  # 2: all_to_all_scale and long_sequence_attention_scale
 PROFILE_KIND = "dtc-cluster-profile"
@@ -180,19 +181,10 @@ def _r4(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def error_summary(errors: Sequence[float]) -> dict[str, float]:
     a = [abs(e) for e in errors]
-    return {"runs": len(a), "median_abs_error": _r4(_percentile(a, 0.5)), "p90_abs_error": _r4(_percentile(a, 0.9)),
-            "median_error": _r4(_percentile(list(errors), 0.5))}
+    return {"runs": len(a), "median_abs_error": _r4(percentile(a, 0.5)), "p90_abs_error": _r4(percentile(a, 0.9)),
+            "median_error": _r4(percentile(list(errors), 0.5))}
 
 
 # --- reading a profile ------------------------------------------------------------------------------

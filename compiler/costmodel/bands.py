@@ -71,6 +71,7 @@ from compiler.estimate import ErrorBand
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.profile_ref import ProfileRef
+from compiler.stats import percentile
 
 RESIDUALS = Path(__file__).resolve().parents[1] / "data" / "residuals.json"
 
@@ -163,13 +164,6 @@ def describe_regime(key: tuple, level: tuple[str, ...]) -> str:
     if "scale" in level:
         parts.append(f"{f['scale']} GPUs")
     return ", ".join(parts)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
