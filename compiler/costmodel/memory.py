@@ -154,6 +154,11 @@ def recompute_mode(setup: Setup, recompute: str) -> str:
     return recompute
 
 
+def op_level_selective(setup: Setup) -> bool:
+    """The layout's selective recompute is PyTorch's op-level SAC (either policy), not Megatron's attention core."""
+    return recompute_mode(setup, setup.layout.recompute).startswith("selective_per_op")
+
+
 def activation_bytes_per_layer_kind(setup: Setup, *, moe_layer: bool, recompute: str | None = None) -> float:
     """One decoder layer's saved activations for one micro-batch on one GPU."""
     lay = setup.layout
@@ -191,7 +196,7 @@ def inflight_for_stage(setup: Setup, stage: int) -> float:
 def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
     lay = setup.layout
 
-    per_op = recompute_mode(setup, lay.recompute).startswith("selective_per_op")
+    per_op = op_level_selective(setup)
 
     def one(moe_layer: bool) -> float:
         if per_op:  # op-level SAC rematerialises every op its policy does not keep: the rest of the layer
@@ -309,7 +314,7 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         f"{act.PAPER_SOURCE}, generalised per saved tensor ({setup.impl.name}); in-flight count from the simulated "
         "schedule (Narayanan et al. 2021)"))
     if lay.recompute != "none":
-        per_op = recompute_mode(setup, lay.recompute).startswith("selective_per_op")
+        per_op = op_level_selective(setup)
         items.append(LineItem(
             "recompute_working_set", recompute_working_set_bytes(setup, sl),
             "one layer's ops that op-level selective checkpointing does not keep, rematerialised during backward"
