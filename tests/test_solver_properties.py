@@ -23,7 +23,7 @@ from compiler.solver import feasibility as F
 from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
 from compiler.solver.objective import rank_key
 from compiler.solver.objective import ranked as order
-from compiler.solver.search import _search_evaluate
+from compiler.solver.search import _calibrated_evaluate, _search_evaluate
 from compiler.spec.load import load_spec_text
 
 TOP_K = 3
@@ -122,6 +122,16 @@ def test_solve_matches_brute_force(text: str) -> None:
         assert isinstance(est, Estimate) and F.check_estimate(problem, est) is None
         assert F.check_framework(problem, layout) is None
         assert F.check_structure(problem, layout) is None, layout.tag
+    # a thin pick names the best well-calibrated layout: the brute-force best of those _calibrated_evaluate keeps
+    note = next((n for n in plan.notes if n.startswith("the pick lies in a thin regime")), None)
+    assert (note is not None) == bool(plan.estimate.band and plan.estimate.band.thin)
+    if note is not None:
+        safe = order(problem, [(layout, est) for _, layout in ranked
+                               if isinstance(est := _calibrated_evaluate(problem, layout), Estimate)])
+        if safe:
+            assert f"alternative: {safe[0][0].describe()} on" in note, (note, safe[0][0].describe())
+        else:
+            assert "no layout of a well-calibrated regime is feasible" in note, note
     s = plan.search
     assert s.num_considered == count_layouts(problem)
     layout_rejections = sum(n for code, n in s.rejections_by_code.items() if code not in F.SHAPE_CODES)

@@ -81,7 +81,7 @@ class Bounds:
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
         self._worst_fb: dict[tuple, float] = {}
-        self._family_states: dict[tuple, tuple[float, ...]] = {}
+        self._family_states: dict[tuple, tuple] = {}
         self._family_inflight: dict[tuple, float] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, float] = {}
@@ -380,40 +380,55 @@ class Bounds:
         return _mem_safe(best + self._shape_fixed(shape))
 
     def family_memory_lb(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...], mb: int,
-                         gas: tuple[int, ...], recompute: str) -> float:
+                         gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...] | None = None) -> float:
         """Bytes per GPU every layout of ``shape`` with this vpp, micro-batch and recompute needs at least, over
         its schedules (``pipes``: (schedule, its options as group_memory_lb takes them)) and grad_accums
         ``gas``: per stage, the smallest model states over the options plus one micro-batch's activations x
-        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage."""
-        sp = self._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
-        frag = cm.fragmentation_factor()
+        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage.
+        ``inflight``: family_inflight(shape, vpp, pipes, gas) when the caller has it (the search asks many
+        micro-batches with the same grad_accums)."""
+        sp, distinct, states_of = self._family(shape, vpp, pipes)
+        if inflight is None:
+            inflight = self.family_inflight(shape, vpp, pipes, gas)
         best = 0.0
-        sched0 = pipes[0][0]
-        made: list[Setup] = []
-
-        def make_setup() -> Setup:
-            if not made:
-                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched0, mb=mb, ga=gas[0], rc=recompute, sp=sp)
-                made.append(self.setup(shape.option, probe))
-            return made[0]
-
-        skey = (shape, vpp, tuple(id(opts) for _, opts in pipes))
-        states_of = self._family_states.get(skey)
-        if states_of is None:
-            states_of = self._family_states[skey] = tuple(
-                min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in self.distinct(shape.pp, vpp))
-        for sl, states in zip(self.distinct(shape.pp, vpp), states_of):
-            ikey = (tuple(sched for sched, _ in pipes), sl.stage, shape.pp, gas, vpp)
-            inflight = self._family_inflight.get(ikey)
-            if inflight is None:
-                inflight = self._family_inflight[ikey] = min(
-                    cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp) for sched, _ in pipes for ga in gas)
+        setup: Setup | None = None
+        for sl, states, k in zip(distinct, states_of, inflight):
             pm_key = (shape.option, shape.tp, shape.cp, mb, recompute, sp, sl.dense, sl.moe, sl.first, sl.last)
             pm = self._act_mb.get(pm_key)
             if pm is None:
-                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(make_setup(), sl)
-            best = max(best, frag * (states + pm * inflight))
-        return _mem_safe(best + self._shape_fixed(shape))
+                if setup is None:
+                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=pipes[0][0], mb=mb, ga=gas[0],
+                                        rc=recompute, sp=sp)
+                    setup = self.setup(shape.option, probe)
+                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
+            best = max(best, states + pm * k)
+        return _mem_safe(cm.fragmentation_factor() * best + self._shape_fixed(shape))
+
+    def _family(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]) -> tuple:
+        """(sequence parallel at its best, the candidate stages, each one's smallest model states over the
+        options) of a family_memory_lb family, cached."""
+        key = (shape, vpp, tuple(id(opts) for _, opts in pipes))
+        got = self._family_states.get(key)
+        if got is None:
+            sp = self._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
+            distinct = self.distinct(shape.pp, vpp)
+            got = self._family_states[key] = (sp, distinct, tuple(
+                min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in distinct))
+        return got
+
+    def family_inflight(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...],
+                        gas: tuple[int, ...]) -> tuple[float, ...]:
+        """Per candidate stage, the smallest in-flight micro-batch count over the schedules and grad_accums."""
+        scheds = tuple(sched for sched, _ in pipes)
+        out = []
+        for sl in self.distinct(shape.pp, vpp):
+            ikey = (scheds, sl.stage, shape.pp, gas, vpp)
+            inflight = self._family_inflight.get(ikey)
+            if inflight is None:
+                inflight = self._family_inflight[ikey] = min(
+                    cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp) for sched in scheds for ga in gas)
+            out.append(inflight)
+        return tuple(out)
 
     def _shape_fixed(self, shape: Shape) -> float:
         """_fixed of any layout of the shape (CUDA context + NCCL buffers per process group: the degrees only)."""

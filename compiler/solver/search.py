@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from compiler import units
-from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
+from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_all_thin, shape_floor
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
@@ -50,7 +50,7 @@ from compiler.solver.candidates import RECOMPUTE_MODES, Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
                                        key_lb_from_gpu_s_per_token, key_lb_from_step, objective_key, rank_key,
-                                       ranked, ranked_cost_usd)
+                                       ranked, ranked_cost_usd, ranked_time_s)
 from compiler.solver.tally import MAX_MISSES, Tally, closest_miss
 
 if TYPE_CHECKING:
@@ -150,11 +150,14 @@ class _Search:
         self.ties = problem.objective == "cheapest"
         self.band: list[_Entry] = []
         self.cheapest = float("inf")
+        self.cost_floor = 0.0  # 'cheapest': the bound of the shape being searched (run), below every layout left
+        self._band_t: tuple[float, float] | None = None  # (cost_floor, _band_time_threshold) since the last offer
         self.fastest_gpus: int | None = None  # infeasible: the GPUs of the fastest layout, deadline aside
         self.tally = Tally(problem)
         # feasibility checks the upper end of the memory band (compiler/costmodel/bands.py): the memory lower
         # bounds are scaled by it too (a stand-in evaluator's estimates carry no band)
         self.banded = evaluator in (_search_evaluate, _calibrated_evaluate)
+        self.calibrated = evaluator is _calibrated_evaluate  # the search for the best well-calibrated alternative
         self.memory_factor = 1.0 + MEMORY_MARGIN if self.banded else 1.0
         self.num_considered = 0
         self.num_evaluated = 0
@@ -165,7 +168,7 @@ class _Search:
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
         self._pipe_classes: dict[int, tuple] = {}
-        self._floors: dict[tuple, float] = {}
+        self._floors: dict[tuple, float] = {}  # shape_floor's, and all_thin's under a 'thin' key
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
@@ -181,6 +184,41 @@ class _Search:
             return max(self.top[-1].key[0], self.cheapest * (1 + CHEAPEST_TIE))
         return self.top[-1].key[0]
 
+    def threshold_for(self, shape: Shape) -> float:
+        """The objective key a layout of ``shape`` must beat to matter: ``threshold``, and under 'cheapest' also
+        the tie band's time order. Once k+1 layouts are certain to stay in the final tie band, a layout slower
+        than the (k+1)-th of them can only matter as the cheapest layout itself (what the tie note names), so
+        its key must beat the cheapest. A shape's time and cost are proportional (cost = time x GPUs x price),
+        so that time bound is a cost bound of the shape, and every bound of the search applies it unchanged."""
+        threshold = self.threshold
+        if not self.ties:
+            return threshold
+        t = self._band_time_threshold()
+        if t == float("inf"):
+            return threshold
+        per_s = shape.world * self._pricing[shape.option].price_per_gpu_hour_usd / 3600.0
+        return min(threshold, max(self.cheapest, t * per_s))
+
+    def _band_time_threshold(self) -> float:
+        """Under 'cheapest': the ranked time of the (k+1)-th fastest layout certain to stay in the final tie band
+        (inf when fewer are certain). The final cheapest cost is at least the cheapest so far or the bound of the
+        shape being searched, whichever is lower (shapes are visited in ascending bound, and a layout's cost is
+        at least its shape's bound), so a layout of the band within CHEAPEST_TIE of that stays in the band
+        whatever the search finds later."""
+        got = self._band_t
+        if got is not None and got[0] == self.cost_floor:
+            return got[1]
+        floor = min(self.cheapest, self.cost_floor)
+        times = []
+        for e in self.band:  # fastest first (band_key)
+            if in_tie_band(ranked_cost_usd(self.problem, e.estimate), floor):
+                times.append(ranked_time_s(self.problem, e.estimate))
+                if len(times) == self.k + 1:
+                    break
+        t = max(times) if len(times) == self.k + 1 else float("inf")
+        self._band_t = (self.cost_floor, t)
+        return t
+
     def offer(self, layout: Layout, est: Estimate) -> None:
         entry = _Entry(rank_key(self.problem, layout, est), layout, est)
         if len(self.top) <= self.k or entry.key < self.top[-1].key:
@@ -188,6 +226,7 @@ class _Search:
             if len(self.top) > self.k + 1:
                 self.top.pop()
         if self.ties:
+            self._band_t = None
             cost = ranked_cost_usd(self.problem, est)
             if cost < self.cheapest:
                 self.cheapest = cost
@@ -212,7 +251,7 @@ class _Search:
         class; the unsupported rest is tallied once per shape as ``framework_unsupported``.
         """
         sps = self.space.sp_choices(shape.tp, shape.cp)  # (sequence parallel's legality depends on tp x cp)
-        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
+        key = self._options_key(shape, sched, vpp, sps)
         got = self._options.get(key)
         if got is not None:
             return got
@@ -241,17 +280,35 @@ class _Search:
                 verdicts[cls] = supported
                 if supported:
                     ok.append((sp, sh))
+        if self.calibrated:  # the choices whose every target's band is thin would be turned away when costed
+            gpu = self.problem.gpu_options[shape.option]
+            ok = [(sp, sh) for sp, sh in ok
+                  if not self.layout_thin(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), gpu)]
         result = tuple(ok)
         self._options[key] = result
         return result
 
+    def _options_key(self, shape: Shape, sched: str, vpp: int, sps: tuple) -> tuple:
+        """What options() depends on: support (compiler.targets.support.support_key_of reads the degrees only as
+        > 1, and dp for its sharding choices); in the search for a well-calibrated alternative also the band's
+        GPU and scale."""
+        key: tuple = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
+        return key + (shape.option, scale_bucket(shape.world)) if self.calibrated else key
+
+    def layout_thin(self, layout: Layout, gpu) -> bool:
+        """Whether every framework target's band of ``layout`` is thin (_calibrated_evaluate turns it away)."""
+        from compiler.costmodel.bands import layout_band
+        from compiler.costmodel.frameworks import costed_targets
+
+        return all(layout_band(self.problem, layout, t, gpu).thin for t in costed_targets(self.problem.targets))
+
     def num_options(self, shape: Shape, sched: str, vpp: int) -> int:
         """len(self.options(shape, sched, vpp)), counted per sharding class (Space.sharding_classes) without
         listing the choices: the search lists them only for the shapes it explores."""
-        if F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:  # options() picks the example, in its order
+        if F.FRAMEWORK_UNSUPPORTED not in self.tally.examples or self.calibrated:  # options() picks the example
             return len(self.options(shape, sched, vpp))
         sps = self.space.sp_choices(shape.tp, shape.cp)
-        key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
+        key = self._options_key(shape, sched, vpp, sps)
         got = self._options.get(key)
         if got is not None:
             return len(got)
@@ -316,6 +373,9 @@ class _Search:
             supported -= bad_interleave
             if supported == 0:
                 continue
+            if self.calibrated and self.all_thin(shape):
+                self.tally.reject(THIN_REGIME, supported, "thin regime")  # turned away without bounds or costing
+                continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
             mb_cap, most = space.batch_extremes(shape.dp)
             bubble = self._bubble.get((shape.pp, shape.dp))
@@ -338,8 +398,10 @@ class _Search:
             if problem.deadline_s is not None and t > problem.deadline_s:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 continue
-            if can_prune(lb, self.threshold) or can_prune(self.stages_lb(shape, self.threshold), self.threshold) \
-                    or can_prune(self.groups_lb(shape, self.threshold), self.threshold):
+            self.cost_floor = lb
+            threshold = self.threshold_for(shape)
+            if can_prune(lb, threshold) or can_prune(self.stages_lb(shape, threshold), threshold) \
+                    or can_prune(self.groups_lb(shape, threshold), threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
@@ -380,12 +442,34 @@ class _Search:
                 continue
             with_opts = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
             interleaved = pipes[0][0] == "interleaved_1f1b"
+            gas_ok = {mb: gas for mb in mbs
+                      if (gas := tuple(ga for ga in gas_of[mb] if not interleaved or ga % shape.pp == 0))}
+            every_ga = tuple(sorted({ga for gas in gas_ok.values() for ga in gas}))
+            if not every_ga:
+                continue
+            fewest = bounds.family_inflight(shape, vpp, with_opts, every_ga)
+            inflight: dict[int, tuple[float, ...]] = {}
+            end = len(mbs)
             for rc in rcs:
-                # the largest micro-batch whose layouts may fit (time per token only falls with it)
-                cap = next((mb for mb in mbs if (gas := tuple(ga for ga in gas_of[mb]
-                                                              if not interleaved or ga % shape.pp == 0))
-                            and bounds.family_memory_lb(shape, vpp, with_opts, mb, gas, rc) * self.memory_factor
-                            <= usable), None)
+                # the largest micro-batch whose layouts may fit (time per token only falls with it); the scan starts
+                # at the largest one whose memory bound with every grad_accum's in-flight count may fit: that bound
+                # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
+                # the bisection looks above the previous mode's start only (more recompute lowers memory; were it
+                # not so, the scan would merely start lower)
+                start = _first_true(mbs, lambda mb: bounds.family_memory_lb(
+                    shape, vpp, with_opts, mb, every_ga, rc, fewest) * self.memory_factor <= usable, end)
+                end = start
+                cap = None
+                for mb in mbs[start:]:
+                    mb_gas = gas_ok.get(mb)
+                    if mb_gas is None:
+                        continue
+                    k = inflight.get(mb)
+                    if k is None:
+                        k = inflight[mb] = bounds.family_inflight(shape, vpp, with_opts, mb_gas)
+                    if bounds.family_memory_lb(shape, vpp, with_opts, mb, mb_gas, rc, k) * self.memory_factor <= usable:
+                        cap = mb
+                        break
                 if cap is None:
                     continue
                 g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, cap, rc) * bubble + overhead
@@ -493,7 +577,7 @@ class _Search:
             n = len(opts)
             if self._bound_infeasible(pricing, step, batch, shape.world, n):
                 continue
-            if can_prune(lb, self.threshold):
+            if can_prune(lb, self.threshold_for(shape)):
                 self.num_pruned += n
                 continue
             mem = bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) * self.memory_factor
@@ -509,13 +593,13 @@ class _Search:
                 cands.append((bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, make), i, sp, sh))
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):
-                # bounds ascend along cands and the threshold only falls: the first layout a bound rules
-                # out rules out the rest of the group the same way (band factors are >= 1)
+                # bounds ascend along cands: the first layout a bound rules out rules out the rest of the group
+                # the same way (band factors are >= 1)
                 rest = len(cands) - i
                 if self._bound_infeasible(pricing, layout_step, batch, shape.world, rest):
                     break
                 lb = key_lb_from_step(problem, pricing, layout_step, batch, shape.world)
-                if can_prune(lb * floor, self.threshold):
+                if can_prune(lb * floor, self.threshold_for(shape)):
                     self.num_pruned += rest
                     break
                 self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
@@ -554,7 +638,8 @@ class _Search:
         problem, bounds = self.problem, self.bounds
         layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
         floor = self.band_floor(layout, shape)
-        if floor > 1.0 and can_prune(lb * floor, self.threshold):
+        threshold = self.threshold_for(shape)
+        if floor > 1.0 and can_prune(lb * floor, threshold):
             self.num_pruned += 1
             return
         mem = bounds.layout_memory_lb(shape, layout, sh) * self.memory_factor
@@ -562,7 +647,7 @@ class _Search:
             self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
-        result = self._evaluate(layout, floor)
+        result = self._evaluate(layout, threshold, floor)
         if result is None:  # one target's estimate already ranks after the top k+1: the binding one does too
             self.num_pruned += 1
             return
@@ -590,6 +675,19 @@ class _Search:
                 pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world, confidence=self.problem.confidence)
         return got
 
+    def all_thin(self, shape: Shape) -> bool:
+        """Whether every layout of ``shape`` lies in a thin regime under every target (bands.shape_all_thin),
+        cached by what it depends on: the search for a well-calibrated alternative skips such shapes."""
+        key = ("thin", shape.option, shape.pp > 1, shape.cp > 1, shape.ep > 1, scale_bucket(shape.world))
+        got = self._floors.get(key)
+        if got is None:
+            from compiler.costmodel.frameworks import costed_targets
+
+            got = self._floors[key] = shape_all_thin(
+                self.problem, self.problem.gpu_options[shape.option], costed_targets(self.problem.targets),
+                pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world)
+        return bool(got)
+
     def band_floor(self, layout: Layout, shape: Shape) -> float:
         """The smallest band factor (at the spec's confidence) any framework target's estimate of ``layout`` can
         carry: the binding target's is one of them. 1 under 'expected' or a stand-in evaluator."""
@@ -602,7 +700,7 @@ class _Search:
         return min(layout_band(self.problem, layout, t, gpu).time_factor(self.problem.confidence)
                    for t in costed_targets(self.problem.targets))
 
-    def _evaluate(self, layout: Layout, floor: float = 1.0) -> Estimate | Rejection | None:
+    def _evaluate(self, layout: Layout, threshold: float, floor: float = 1.0) -> Estimate | Rejection | None:
         """The cost model on ``layout`` for every framework target (the binding estimate), or None when the
         first target's estimate alone cannot enter the top k+1: a layout's estimate is its slowest target's,
         so the other targets are not costed (the per-target costing costs one target for most layouts)."""
@@ -610,7 +708,6 @@ class _Search:
             return self.evaluate(self.problem, layout)
         from compiler.costmodel.evaluation import evaluate_targets_unless
 
-        threshold = self.threshold
         # the binding estimate is at least as slow as this one, and its band factor at least the floor
         targets = evaluate_targets_unless(
             self.problem, layout, lambda est: can_prune(objective_key(self.problem, est, factor=floor), threshold),
@@ -700,6 +797,9 @@ class _Search:
         problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
         assert est.band is not None
         safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self)
+        for e in self.top + self.band:  # the well-calibrated layouts this search kept: a head start, not a shortcut
+            if e.estimate.band is not None and not e.estimate.band.thin:
+                safe.offer(e.layout, e.estimate)
         safe.run()
         head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
                 f"{units.format_seconds_range(*est.step_time_band_s)} per step")
@@ -744,6 +844,19 @@ class _Search:
                                        self.top[0].estimate),) + notes
         return make_plan(problem, best.layout, best.estimate, alternatives=alternatives,
                          search=self.summary(), notes=notes, target_estimates=per_target)
+
+
+def _first_true(items: list, pred: Callable[[int], bool], end: int | None = None) -> int:
+    """The first index of ``items[:end]`` where ``pred`` holds, ``pred`` being false then true along them
+    (bisection); ``end`` (default len(items)) when it never holds there."""
+    lo, hi = 0, len(items) if end is None else end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(items[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @dataclass(frozen=True)

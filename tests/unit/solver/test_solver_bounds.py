@@ -110,6 +110,10 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
         pipes = tuple((s, opts) for s, v in space.pipeline_choices(shape.pp) if v == vpp)
         assert bounds.family_memory_lb(shape, vpp, pipes, mb, (ga,), rc) <= total, layout.tag
+        # the search bisects the micro-batches on this bound at fixed grad_accums: it must only grow with them
+        mems = [bounds.family_memory_lb(shape, vpp, pipes, m, (ga,), rc) for m in (1, 2, 3, mb, mb + 1, 2 * mb, 64)]
+        ordered = sorted(zip((1, 2, 3, mb, mb + 1, 2 * mb, 64), mems))
+        assert all(a[1] <= b[1] for a, b in zip(ordered, ordered[1:])), (layout.tag, ordered)
         # the bottleneck stage per token at the layout's micro-batch and recompute, times its vpp's bubble
         per_token = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb, rc) \
             * bounds.shape_bubble_factor(shape, [(sched, vpp)], [(mb, ga)])
