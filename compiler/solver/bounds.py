@@ -81,10 +81,10 @@ class Bounds:
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
         self._group_fb: dict[tuple, tuple[tuple[float, float, StageLayers], ...]] = {}
         self._worst_fb: dict[tuple, float] = {}
-        self._family_states: dict[tuple, tuple] = {}
+        self._family_memory: dict[tuple, FamilyMemory] = {}
         self._family_inflight: dict[tuple, float] = {}
         self._fixed_bytes: dict[tuple, float] = {}
-        self._act_mb: dict[tuple, float] = {}
+        self._act_mb: dict[tuple, dict[tuple[int, str], float]] = {}
         self._domain: dict[int, int] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
@@ -329,10 +329,10 @@ class Bounds:
             if setup is None:
                 setup = make_setup()
             # one micro-batch's activations do not depend on the schedule, pp, vpp or the micro-batch count
-            pm_key = (shape.option, shape.tp, shape.cp, mb, rc, sp, sl.dense, sl.moe, sl.first, sl.last)
-            pm = self._act_mb.get(pm_key)
+            table = self._pm_table(shape, sp, sl)
+            pm = table.get((mb, rc))
             if pm is None:
-                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
+                pm = table[(mb, rc)] = cm.stage_activation_bytes(setup, sl)
             got = self._act[key] = cm.activations_in_flight_bytes(setup, sl, per_microbatch=pm)
         return got
 
@@ -379,42 +379,31 @@ class Bounds:
             best = max(best, frag * (states + act))
         return _mem_safe(best + self._shape_fixed(shape))
 
+    def _pm_table(self, shape: Shape, sp: bool, sl: StageLayers) -> dict[tuple[int, str], float]:
+        """One micro-batch's activations of ``sl`` by (micro-batch, recompute), for the shape's GPU, tp and cp."""
+        key = (shape.option, shape.tp, shape.cp, sp, sl.dense, sl.moe, sl.first, sl.last)
+        got = self._act_mb.get(key)
+        if got is None:
+            got = self._act_mb[key] = {}
+        return got
+
+    def family_memory(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]) -> "FamilyMemory":
+        """family_memory_lb of one family (shape, vpp, schedules), its per-family parts looked up once: the search
+        asks it for many micro-batches, grad_accums and recompute modes."""
+        key = (shape, vpp, tuple(id(opts) for _, opts in pipes))
+        got = self._family_memory.get(key)
+        if got is None:
+            got = self._family_memory[key] = FamilyMemory(self, shape, vpp, pipes)
+        return got
+
     def family_memory_lb(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...], mb: int,
-                         gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...] | None = None) -> float:
+                         gas: tuple[int, ...], recompute: str) -> float:
         """Bytes per GPU every layout of ``shape`` with this vpp, micro-batch and recompute needs at least, over
         its schedules (``pipes``: (schedule, its options as group_memory_lb takes them)) and grad_accums
         ``gas``: per stage, the smallest model states over the options plus one micro-batch's activations x
-        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage.
-        ``inflight``: family_inflight(shape, vpp, pipes, gas) when the caller has it (the search asks many
-        micro-batches with the same grad_accums)."""
-        sp, distinct, states_of = self._family(shape, vpp, pipes)
-        if inflight is None:
-            inflight = self.family_inflight(shape, vpp, pipes, gas)
-        best = 0.0
-        setup: Setup | None = None
-        for sl, states, k in zip(distinct, states_of, inflight):
-            pm_key = (shape.option, shape.tp, shape.cp, mb, recompute, sp, sl.dense, sl.moe, sl.first, sl.last)
-            pm = self._act_mb.get(pm_key)
-            if pm is None:
-                if setup is None:
-                    probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=pipes[0][0], mb=mb, ga=gas[0],
-                                        rc=recompute, sp=sp)
-                    setup = self.setup(shape.option, probe)
-                pm = self._act_mb[pm_key] = cm.stage_activation_bytes(setup, sl)
-            best = max(best, states + pm * k)
-        return _mem_safe(cm.fragmentation_factor() * best + self._shape_fixed(shape))
-
-    def _family(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]) -> tuple:
-        """(sequence parallel at its best, the candidate stages, each one's smallest model states over the
-        options) of a family_memory_lb family, cached."""
-        key = (shape, vpp, tuple(id(opts) for _, opts in pipes))
-        got = self._family_states.get(key)
-        if got is None:
-            sp = self._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
-            distinct = self.distinct(shape.pp, vpp)
-            got = self._family_states[key] = (sp, distinct, tuple(
-                min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in distinct))
-        return got
+        the smallest in-flight count over the schedules and grad_accums (logits left out); the largest stage."""
+        return self.family_memory(shape, vpp, pipes).lb(mb, gas, recompute,
+                                                        self.family_inflight(shape, vpp, pipes, gas))
 
     def family_inflight(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...],
                         gas: tuple[int, ...]) -> tuple[float, ...]:
@@ -451,6 +440,37 @@ class Bounds:
 
     def option_index(self, layout: Layout) -> int:
         return self._option_index[layout.gpu]
+
+
+class FamilyMemory:
+    """Bounds.family_memory_lb of one family: per candidate stage, its smallest model states over the options
+    and its table of one micro-batch's activations."""
+
+    __slots__ = ("bounds", "shape", "vpp", "sched", "sp", "stages", "base", "frag")
+
+    def __init__(self, bounds: Bounds, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]):
+        self.bounds, self.shape, self.vpp, self.sched = bounds, shape, vpp, pipes[0][0]
+        self.sp = sp = bounds._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
+        self.stages = tuple((min(bounds._min_states(shape, vpp, sl, opts) for _, opts in pipes),
+                             bounds._pm_table(shape, sp, sl), sl) for sl in bounds.distinct(shape.pp, vpp))
+        self.base = bounds._shape_fixed(shape)
+        self.frag = cm.fragmentation_factor()
+
+    def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
+        """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same)."""
+        best = 0.0
+        setup: Setup | None = None
+        for (states, table, sl), k in zip(self.stages, inflight):
+            pm = table.get((mb, recompute))
+            if pm is None:
+                if setup is None:
+                    shape = self.shape
+                    probe = self.bounds._probe(shape, pp=shape.pp, vpp=self.vpp, sched=self.sched, mb=mb, ga=gas[0],
+                                               rc=recompute, sp=self.sp)
+                    setup = self.bounds.setup(shape.option, probe)
+                pm = table[(mb, recompute)] = cm.stage_activation_bytes(setup, sl)
+            best = max(best, states + pm * k)
+        return _mem_safe(self.frag * best + self.base)
 
 
 def _mem_safe(x: float) -> float:

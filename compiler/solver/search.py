@@ -447,6 +447,7 @@ class _Search:
             every_ga = tuple(sorted({ga for gas in gas_ok.values() for ga in gas}))
             if not every_ga:
                 continue
+            family = bounds.family_memory(shape, vpp, with_opts)
             fewest = bounds.family_inflight(shape, vpp, with_opts, every_ga)
             inflight: dict[int, tuple[float, ...]] = {}
             end = len(mbs)
@@ -456,8 +457,8 @@ class _Search:
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
                 # the bisection looks above the previous mode's start only (more recompute lowers memory; were it
                 # not so, the scan would merely start lower)
-                start = _first_true(mbs, lambda mb: bounds.family_memory_lb(
-                    shape, vpp, with_opts, mb, every_ga, rc, fewest) * self.memory_factor <= usable, end)
+                start = _first_true(mbs, lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor
+                                    <= usable, end)
                 end = start
                 cap = None
                 for mb in mbs[start:]:
@@ -467,7 +468,7 @@ class _Search:
                     k = inflight.get(mb)
                     if k is None:
                         k = inflight[mb] = bounds.family_inflight(shape, vpp, with_opts, mb_gas)
-                    if bounds.family_memory_lb(shape, vpp, with_opts, mb, mb_gas, rc, k) * self.memory_factor <= usable:
+                    if family.lb(mb, mb_gas, rc, k) * self.memory_factor <= usable:
                         cap = mb
                         break
                 if cap is None:
