@@ -144,6 +144,9 @@ class _Search:
         self.bounds: Bounds = like.bounds if like is not None else Bounds(problem)
         # shape -> (groups_lb's value, whether it is the exact minimum or a stop above a threshold): shared too
         self._groups: dict[Shape, tuple[float, bool]] = like._groups if like is not None else {}
+        # shape -> the largest stages_lb value found for it (a lower bound whatever the threshold was; kept by the
+        # searches over every option): shared too
+        self._stages: dict[Shape, float] = like._stages if like is not None else {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -400,11 +403,22 @@ class _Search:
                 continue
             self.cost_floor = lb
             threshold = self.threshold_for(shape)
-            if can_prune(lb, threshold) or can_prune(self.stages_lb(shape, threshold), threshold) \
+            if can_prune(lb, threshold) or can_prune(self.shape_stages_lb(shape, threshold), threshold) \
                     or can_prune(self.groups_lb(shape, threshold), threshold):
                 self.num_pruned += n
                 continue
             self.explore(shape)
+
+    def shape_stages_lb(self, shape: Shape, threshold: float) -> float:
+        """stages_lb, kept per shape: a value found by an earlier search of the same problem (a larger option set,
+        another threshold) is still a lower bound, asked first."""
+        known = self._stages.get(shape)
+        if known is not None and can_prune(known, threshold):
+            return known
+        got = self.stages_lb(shape, threshold)
+        if not self.calibrated:  # (the well-calibrated search's fewer options bound only its own layouts)
+            self._stages[shape] = max(got, known or 0.0)
+        return got
 
     def stages_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
         """The shape bound (run) with the bottleneck stage of each vpp instead of the whole model's mean, and that
