@@ -68,7 +68,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1804
+  --save-interval 1803
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -17,18 +17,36 @@ SOURCE = (
     "gradient accumulation and all-reduce to be done in fp32'); TP collectives overlap the weight-gradient "
     "GEMM (async TP all-reduce) and, with --tp-comm-overlap, TE userbuffers; kernels per layer counted from "
     "megatron/core/transformer/transformer_layer.py (norm+QKV, rope, attention, proj, bias-dropout-add, "
-    "norm+fc1, SwiGLU, fc2, bias-dropout-add, plus fp8 casts); MoE layers add router, top-k, permute, "
-    "dispatch, two grouped GEMMs, activation, combine and unpermute (megatron/core/transformer/moe), and per local "
-    "expert a GEMM per projection and its fp8 input cast (TE GroupedLinear launches one GEMM per expert, "
-    "transformer_engine/pytorch/module/grouped_linear.py); "
+    "norm+fc1, SwiGLU, fc2, bias-dropout-add, plus fp8 casts); an MoE layer is that layer less the dense MLP's "
+    "fc1, SwiGLU and fc2 (3) plus the expert activation (1) plus the 48 operators megatron-core 0.19.2's own "
+    "MoELayer issues for its router (fp32, aux loss) and alltoall dispatcher at EP > 1 (token-count all-gather, "
+    "5 device-to-host copies of counts and splits, permute, 2 all-to-alls out and 1 back, chunk sorts, "
+    "unpermute), counted by benchmarks/moe_host_ops.py (TE's fused permute/sort/unpermute, "
+    "transformer_engine/pytorch/permutation.py, launch as many Triton kernels as the unfused ops they replace); "
+    "per local expert and projection, its fp8 input cast (TE split_quantize) and its cuBLASLt GEMM "
+    "(TE GroupedLinear launches one GEMM per expert, common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm), "
+    "whose host time TE's own benchmark puts at ~33 us, 1.65x a 20 us PyTorch operator (8 experts x 128 tokens, "
+    "N=K=2048: 0.267 ms per multi-stream call with operands pre-swizzled, NVIDIA/TransformerEngine PR #3134): "
+    "2 x (1 + 1.65) = 5 operators per expert; "
     "selective recompute = the attention core (Korthikanti et al. 2022)")
+
+# Kernel-launching operators of one forward (each costs the host fit.cpu_op_s): a dense layer's (counted from
+# transformer_layer.py, see SOURCE); the router and alltoall dispatcher of an MoE layer at EP > 1, counted by
+# benchmarks/moe_host_ops.py on megatron-core 0.19.2's own MoELayer (tests/test_moe_host_ops.py checks the count);
+# an MoE layer is the dense layer less the dense MLP's fc1, SwiGLU and fc2, plus the expert activation and these
+OPS_PER_DENSE_LAYER = 16
+MOE_ROUTER_AND_DISPATCHER_OPS = 48
+OPS_PER_MOE_LAYER = OPS_PER_DENSE_LAYER - 3 + 1 + MOE_ROUTER_AND_DISPATCHER_OPS
+# per local expert and projection: the fp8 input cast and one cuBLASLt GEMM at ~1.65 operators' host time (SOURCE)
+OPS_PER_LOCAL_EXPERT = 5
 
 # fp8 scaling: Blackwell has hardware MXFP8 block scaling (Transformer Engine's MXFP8BlockScaling recipe);
 # Hopper/Ada use delayed (per-tensor amax history) scaling, as NVIDIA's Megatron-LM fp8 examples do.
 COST = CostProfile(
     name="megatron", display_name="Megatron-Core + Transformer Engine", activations="megatron_te", attention="cudnn",
-    elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="backward", ops_per_dense_layer=16,
-    ops_per_moe_layer=44, ops_per_local_expert=4, recompute_selective="attention_core",
+    elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="backward",
+    ops_per_dense_layer=OPS_PER_DENSE_LAYER, ops_per_moe_layer=OPS_PER_MOE_LAYER, ops_per_local_expert=OPS_PER_LOCAL_EXPERT,
+    recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
     hierarchical_all_to_all=False, source=SOURCE)
 
