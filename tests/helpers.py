@@ -51,3 +51,23 @@ def refresh_manifest(folder: Path) -> None:
 
     files = {rel: text for rel, text in read_artifacts(folder).files.items() if rel != MANIFEST}
     (folder / MANIFEST).write_text(ArtifactSet(files).with_manifest()[MANIFEST], encoding="utf-8")
+
+
+def slurm_test_cluster(workdir: Path, **options):
+    """A module fixture's body: the local SLURM cluster of tests/slurm_cluster.py started in ``workdir`` with
+    ``options`` (SlurmCluster.start's), stopped afterwards. Fails (never skips) where SLURM, munge or root is
+    missing: CI installs them (.ci/install-system-deps.sh)."""
+    import os
+
+    from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
+
+    missing = missing_slurm_tools()
+    if missing:
+        pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
+    cluster = SlurmCluster.start(workdir, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

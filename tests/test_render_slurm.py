@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,7 +21,8 @@ import pytest
 from compiler.errors import RenderError
 from compiler.targets.slurm.render import format_time, primary_target, render_slurm, slurm_context
 from plan_fixtures import layout_for, plan_for, problem_for
-from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
+from helpers import slurm_test_cluster
+from slurm_cluster import INSTALL_HINT
 
 SPEC = """
 name: slurm-test
@@ -319,16 +319,7 @@ def test_shellcheck_no_findings(rendered) -> None:
 # ------------------------------------------------------------------------------ sbatch --test-only
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_slurm_tools()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
-    if os.geteuid() != 0:
-        pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
-    c = SlurmCluster.start(tmp_path_factory.mktemp("slurmctl"), fake_gpu_nodes=128, gpus_per_node=8)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from slurm_test_cluster(tmp_path_factory.mktemp("slurmctl"), fake_gpu_nodes=128, gpus_per_node=8)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ tests FAIL (they do not skip): run `.ci/install-system-deps.sh`.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools  # noqa: E402
+from helpers import slurm_test_cluster  # noqa: E402
+from slurm_cluster import INSTALL_HINT, missing_slurm_tools  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -29,20 +29,10 @@ def _script(path: Path, directives: list[str], body: str) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_slurm_tools()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
-    if os.geteuid() != 0:
-        pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
-    workdir = tmp_path_factory.mktemp("slurm")
     t0 = time.monotonic()
-    c = SlurmCluster.start(workdir, fake_gpu_nodes=FAKE_GPU_NODES, gpus_per_node=8)
-    print(f"slurm cluster up in {time.monotonic() - t0:.1f}s "
-          f"(ports {c.ctld_port}/{c.slurmd_port})")
-    try:
+    for c in slurm_test_cluster(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=FAKE_GPU_NODES, gpus_per_node=8):
+        print(f"slurm cluster up in {time.monotonic() - t0:.1f}s (ports {c.ctld_port}/{c.slurmd_port})")
         yield c
-    finally:
-        c.stop()
 
 
 def test_system_deps_installed():

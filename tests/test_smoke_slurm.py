@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import refresh_manifest
-from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
+from helpers import refresh_manifest, slurm_test_cluster
 from test_smoke import assert_no_leftovers, make_generated
 
 pytestmark = pytest.mark.slow
@@ -23,16 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_slurm_tools()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
-    if os.geteuid() != 0:
-        pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
-    c = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=0)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from slurm_test_cluster(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=0)
 
 
 @pytest.fixture(autouse=True)

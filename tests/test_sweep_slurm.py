@@ -9,7 +9,6 @@ Needs slurm-wlm, munge and root: without them this FAILS (it does not skip).
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_slurm_tools
+from helpers import slurm_test_cluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,16 +45,7 @@ targets: [fsdp, slurm]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_slurm_tools()
-    if missing:
-        pytest.fail(f"{INSTALL_HINT} (missing: {', '.join(missing)})", pytrace=False)
-    if os.geteuid() != 0:
-        pytest.fail("the SLURM test cluster needs root (slurmd runs as root)", pytrace=False)
-    c = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=4, gpus_per_node=8)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from slurm_test_cluster(tmp_path_factory.mktemp("slurm"), fake_gpu_nodes=4, gpus_per_node=8)
 
 
 def _dtc(cluster):
