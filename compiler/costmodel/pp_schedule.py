@@ -177,7 +177,9 @@ def _dependency(kind: str, chunk: int, mb: int, stage: int, pp: int, v: int) -> 
 def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float,
              *, keep_events: bool = False) -> Simulation:
     """Run one step: every stage executes its order; returns the makespan in units."""
-    orders = [stage_order(schedule, s, pp, m, v) for s in range(pp)]
+    if not keep_events:
+        return Simulation(_simulated_makespan(schedule, pp, m, v, backward_ratio, p2p_ratio),
+                          m * (1.0 + backward_ratio), ())
     n_virtual = pp * v
     f_len, b_len = 1.0 / v, backward_ratio / v
 
@@ -186,7 +188,7 @@ def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_
 
     # per stage: (own slot, dependency slot or -1, crosses stages, duration, event fields)
     plans = []
-    for s, order in enumerate(orders):
+    for s, order in enumerate(stage_order(schedule, s, pp, m, v) for s in range(pp)):
         plan = []
         for kind, chunk, mb in order:
             need = _dependency(kind, chunk, mb, s, pp, v)
@@ -212,8 +214,7 @@ def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_
                     ready = end + p2p_ratio if cross else end
                     if ready > t:
                         t = ready
-                if keep_events:
-                    events.append((s, chunk, mb, kind, t, t + length))
+                events.append((s, chunk, mb, kind, t, t + length))
                 t += length
                 finish[own] = t
                 i += 1
@@ -223,6 +224,67 @@ def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_
                 progressed = True
         assert progressed, "pipeline schedule deadlocked (internal error)"
     return Simulation(max(free), m * (1.0 + backward_ratio), tuple(events))
+
+
+@functools.lru_cache(maxsize=16)
+def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per stage, the simulation's operations as four parallel tuples: own slot, dependency slot (-1: none),
+    whether the dependency crosses stages (1/0), forward (1) or backward (0). They do not depend on the
+    durations, so the solver's many ratios of one schedule share them."""
+    n_virtual = pp * v
+
+    def slot(kind: str, vs: int, mb: int) -> int:
+        return ((kind == "B") * n_virtual + vs) * m + mb
+
+    out = []
+    for s in range(pp):
+        own, deps, cross, fwd = [], [], [], []
+        for kind, chunk, mb in stage_order(schedule, s, pp, m, v):
+            need = _dependency(kind, chunk, mb, s, pp, v)
+            own.append(slot(kind, chunk * pp + s, mb))
+            deps.append(-1 if need is None else slot(need[0], need[2] * pp + need[1], need[3]))
+            cross.append(int(need is not None and need[1] != s))
+            fwd.append(int(kind == "F"))
+        out.append((tuple(own), tuple(deps), tuple(cross), tuple(fwd)))
+    return tuple(out)
+
+
+def _simulated_makespan(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float) -> float:
+    """simulate's makespan without the events: the same operations on the same floats in the same order per
+    operation (ready = end (+ p2p); start = max(free, ready); end = start + duration), so the same result, on
+    a cached plan."""
+    plans = _step_plan(schedule, pp, m, v)
+    lengths = (backward_ratio / v, 1.0 / v)  # indexed by 'is a forward'
+    finish = [-1.0] * (2 * pp * v * m)  # every finish time is > 0
+    pos = [0] * pp
+    free = [0.0] * pp
+    remaining = sum(len(p[0]) for p in plans)
+    while remaining:
+        progressed = False
+        for s in range(pp):
+            own, deps, cross, fwd = plans[s]
+            i = start = pos[s]
+            t = free[s]
+            n = len(own)
+            while i < n:
+                dep = deps[i]
+                if dep >= 0:
+                    end = finish[dep]
+                    if end < 0.0:
+                        break
+                    if cross[i]:
+                        end = end + p2p_ratio
+                    if end > t:
+                        t = end
+                t += lengths[fwd[i]]
+                finish[own[i]] = t
+                i += 1
+            if i != start:
+                remaining -= i - start
+                pos[s], free[s] = i, t
+                progressed = True
+        assert progressed, "pipeline schedule deadlocked (internal error)"
+    return max(free)
 
 
 def round_ratio(x: float) -> float:

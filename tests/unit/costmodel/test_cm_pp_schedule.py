@@ -171,3 +171,17 @@ def test_pipeline_events_are_kept_only_for_small_steps():
     assert len(P.pipeline_events("1f1b", 4, 8, 1, 1.0, 2.0, 0.01)) == 2 * 4 * 8
     big = P.MAX_PIPELINE_EVENTS // (2 * 4) + 1
     assert P.pipeline_events("1f1b", 4, big, 1, 1.0, 2.0, 0.01) == ()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_the_makespan_alone_is_the_event_simulation_bit_for_bit(schedule: str) -> None:
+    """simulate without events runs a cached plan of the operations: the same floats in the same order per
+    operation, so exactly the makespan of the simulation that keeps every event."""
+    for pp in (2, 3, 4, 8):
+        for v in ((1, 2, 3) if schedule == "interleaved_1f1b" else (1,)):
+            for m in ((pp, 2 * pp, 5 * pp) if schedule == "interleaved_1f1b" else (1, 2, pp + 1, 3 * pp, 40)):
+                for r, x in ((2.0, 0.0), (1.73, 0.013), (2.4, 0.37), (3.0, 1.9)):
+                    fast = simulate(schedule, pp, m, v, r, x)
+                    full = simulate(schedule, pp, m, v, r, x, keep_events=True)
+                    assert fast.makespan == full.makespan and fast.busy == full.busy, (pp, v, m, r, x)
+                    assert fast.events == () and len(full.events) == 2 * pp * v * m
