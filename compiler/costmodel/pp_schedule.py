@@ -232,19 +232,27 @@ def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int,
     whether the dependency crosses stages (1/0), forward (1) or backward (0). They do not depend on the
     durations, so the solver's many ratios of one schedule share them."""
     n_virtual = pp * v
-
-    def slot(kind: str, vs: int, mb: int) -> int:
-        return ((kind == "B") * n_virtual + vs) * m + mb
-
+    last = n_virtual - 1
     out = []
     for s in range(pp):
         own, deps, cross, fwd = [], [], [], []
         for kind, chunk, mb in stage_order(schedule, s, pp, m, v):
-            need = _dependency(kind, chunk, mb, s, pp, v)
-            own.append(slot(kind, chunk * pp + s, mb))
-            deps.append(-1 if need is None else slot(need[0], need[2] * pp + need[1], need[3]))
-            cross.append(int(need is not None and need[1] != s))
-            fwd.append(int(kind == "F"))
+            # _dependency and simulate's slots, inlined: slot(kind, vs, mb) = ((kind == "B") x pp v + vs) x m + mb
+            vs = chunk * pp + s
+            if kind == "F":
+                own.append(vs * m + mb)
+                deps.append(-1 if vs == 0 else (vs - 1) * m + mb)  # the forward of the virtual stage before
+                cross.append(int(vs != 0 and (vs - 1) % pp != s))
+                fwd.append(1)
+            else:
+                own.append((n_virtual + vs) * m + mb)
+                if vs == last:  # the last virtual stage's own forward
+                    deps.append(vs * m + mb)
+                    cross.append(0)
+                else:  # the backward of the virtual stage after
+                    deps.append((n_virtual + vs + 1) * m + mb)
+                    cross.append(int((vs + 1) % pp != s))
+                fwd.append(0)
         out.append((tuple(own), tuple(deps), tuple(cross), tuple(fwd)))
     return tuple(out)
 
