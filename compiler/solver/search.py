@@ -171,6 +171,7 @@ class _Search:
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
         self._pipe_classes: dict[int, tuple] = {}
+        self._thin: dict[tuple, bool] = {}  # layout_thin's verdicts
         self._floors: dict[tuple, float] = {}  # shape_floor's, and all_thin's under a 'thin' key
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
@@ -299,11 +300,17 @@ class _Search:
         return key + (shape.option, scale_bucket(shape.world)) if self.calibrated else key
 
     def layout_thin(self, layout: Layout, gpu) -> bool:
-        """Whether every framework target's band of ``layout`` is thin (_calibrated_evaluate turns it away)."""
-        from compiler.costmodel.bands import layout_band
+        """Whether every framework target's band of ``layout`` is thin (_calibrated_evaluate turns it away),
+        cached by what a band reads of a layout (bands.layout_features)."""
+        from compiler.costmodel.bands import layout_band, layout_features
         from compiler.costmodel.frameworks import costed_targets
 
-        return all(layout_band(self.problem, layout, t, gpu).thin for t in costed_targets(self.problem.targets))
+        key = (gpu.name, tuple(layout_features(layout).values()))
+        got = self._thin.get(key)
+        if got is None:
+            got = self._thin[key] = all(layout_band(self.problem, layout, t, gpu).thin
+                                        for t in costed_targets(self.problem.targets))
+        return got
 
     def num_options(self, shape: Shape, sched: str, vpp: int) -> int:
         """len(self.options(shape, sched, vpp)), counted per sharding class (Space.sharding_classes) without
