@@ -24,6 +24,13 @@ check would give. Every layout of the space is accounted for exactly once:
 ``num_considered == num_pruned_by_bound + sum(layout rejections) + num_feasible``
 (``batch_not_divisible`` counts parallel shapes outside the space).
 
+Under ``cheapest`` the tie band (objective.ranked) orders by time: once k+1 layouts are certain to
+stay in the final band, a slower layout can only matter as the cheapest one itself
+(``threshold_for``). A pick in a thin regime is followed by a second search of the same problem
+that costs only well-calibrated layouts (``thin_regime_note``): it shares the first one's bounds,
+skips the shapes whose every layout is thin and starts from the first search's well-calibrated
+layouts.
+
 When nothing is feasible, ``InfeasibleError`` carries the tally, an example per code and
 the closest misses; a budget or deadline that rules everything out is explained by
 solving again without it (the cheapest / the fastest layout, and by how much it misses).
