@@ -159,6 +159,7 @@ class _Search:
         # by band_key; it only shrinks as the cheapest falls
         self.ties = problem.objective == "cheapest"
         self.band: list[_Entry] = []
+        self.calibrated_seen: list[_Entry] = []  # every feasible layout offered whose band is not thin
         self.cheapest = float("inf")
         self.cost_floor = 0.0  # 'cheapest': the bound of the shape being searched (run), below every layout left
         self._band_t: tuple[float, float] | None = None  # (cost_floor, _band_time_threshold) since the last offer
@@ -232,6 +233,8 @@ class _Search:
 
     def offer(self, layout: Layout, est: Estimate) -> None:
         entry = _Entry(rank_key(self.problem, layout, est), layout, est)
+        if est.band is not None and not est.band.thin:
+            self.calibrated_seen.append(entry)
         if len(self.top) <= self.k or entry.key < self.top[-1].key:
             bisect.insort(self.top, entry)
             if len(self.top) > self.k + 1:
@@ -826,9 +829,8 @@ class _Search:
         problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
         assert est.band is not None
         safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self)
-        for e in self.top + self.band:  # the well-calibrated layouts this search kept: a head start, not a shortcut
-            if e.estimate.band is not None and not e.estimate.band.thin:
-                safe.offer(e.layout, e.estimate)
+        for e in self.calibrated_seen:  # the well-calibrated layouts this search found: a head start, not a shortcut
+            safe.offer(e.layout, e.estimate)
         safe.run()
         head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
                 f"{units.format_seconds_range(*est.step_time_band_s)} per step")
