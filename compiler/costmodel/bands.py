@@ -127,10 +127,16 @@ def scale_bucket(n: int) -> str:
 
 def layout_features(layout: Layout) -> dict[str, Any]:
     """The regime features a layout uses (the calibration runs' features are made by this same function)."""
-    return {"pp": layout.pp > 1, "vpp": layout.vpp > 1, "cp": layout.cp > 1, "ep": layout.ep > 1,
-            "zero3_fsdp": layout.zero_stage == 3,
-            "offload": layout.offload_optimizer != "none" or layout.offload_params != "none",
-            "scale": scale_bucket(layout.world_size)}
+    return features_of(pp=layout.pp, vpp=layout.vpp, cp=layout.cp, ep=layout.ep, zero_stage=layout.zero_stage,
+                       offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
+                       world=layout.world_size)
+
+
+def features_of(*, pp: int, vpp: int, cp: int, ep: int, zero_stage: int, offload_optimizer: str,
+                offload_params: str, world: int) -> dict[str, Any]:
+    """layout_features from the degrees and choices alone (the solver asks it without building a Layout)."""
+    return {"pp": pp > 1, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "zero3_fsdp": zero_stage == 3,
+            "offload": offload_optimizer != "none" or offload_params != "none", "scale": scale_bucket(world)}
 
 
 def regime_of(features: Mapping[str, Any]) -> tuple:

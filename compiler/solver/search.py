@@ -179,7 +179,7 @@ class _Search:
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
         self._pipe_classes: dict[int, tuple] = {}
-        self._thin: dict[tuple, bool] = {}  # layout_thin's verdicts
+        self._thin: dict[tuple, bool] = {}  # choice_thin's verdicts
         self._floors: dict[tuple, float] = {}  # shape_floor's, and all_thin's under a 'thin' key
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
@@ -295,9 +295,7 @@ class _Search:
                 if supported:
                     ok.append((sp, sh))
         if self.calibrated:  # the choices whose every target's band is thin would be turned away when costed
-            gpu = self.problem.gpu_options[shape.option]
-            ok = [(sp, sh) for sp, sh in ok
-                  if not self.layout_thin(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), gpu)]
+            ok = [(sp, sh) for sp, sh in ok if not self.choice_thin(shape, sched, vpp, sp, sh)]
         result = tuple(ok)
         self._options[key] = result
         return result
@@ -309,15 +307,20 @@ class _Search:
         key: tuple = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
         return key + (shape.option, scale_bucket(shape.world)) if self.calibrated else key
 
-    def layout_thin(self, layout: Layout, gpu) -> bool:
-        """Whether every framework target's band of ``layout`` is thin (_calibrated_evaluate turns it away),
-        cached by what a band reads of a layout (bands.layout_features)."""
-        from compiler.costmodel.bands import layout_band, layout_features
+    def choice_thin(self, shape: Shape, sched: str, vpp: int, sp: bool, sh: Sharding) -> bool:
+        """Whether every framework target's band of the layouts of this choice is thin (_calibrated_evaluate turns
+        them away), cached by what a band reads of a layout (bands.features_of)."""
+        from compiler.costmodel.bands import features_of, layout_band
         from compiler.costmodel.frameworks import costed_targets
 
-        key = (gpu.name, tuple(layout_features(layout).values()))
+        features = features_of(pp=shape.pp, vpp=vpp, cp=shape.cp, ep=shape.ep, zero_stage=sh.zero_stage,
+                               offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params,
+                               world=shape.world)
+        key = (shape.option, tuple(features.values()))
         got = self._thin.get(key)
         if got is None:
+            gpu = self.problem.gpu_options[shape.option]
+            layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
             got = self._thin[key] = all(layout_band(self.problem, layout, t, gpu).thin
                                         for t in costed_targets(self.problem.targets))
         return got
