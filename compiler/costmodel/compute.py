@@ -42,12 +42,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from compiler.costmodel.activations import attention_widths
 from compiler.costmodel.context import Setup
 from compiler.costmodel.memory import activation_bytes_per_layer_kind, fused_activation_bytes_per_layer
 from compiler.costmodel.stages import StageLayers, stage_params
 from compiler.model import ModelShape, ParamCount
+
+if TYPE_CHECKING:
+    from compiler.catalog import GpuSpec
 
 # --- the FLOP convention (whole model, per token) --------------------------------------------------
 
@@ -124,10 +128,39 @@ def gemm_kind(setup: Setup, dtype: str) -> str:
     return "fp8_tensorwise" if recipe.startswith("fp8_tensorwise") else recipe
 
 
+def sustained_rate_ratio(part: GpuSpec, reference: GpuSpec, dtype: str, reference_dtype: str | None = None,
+                         *, dvfs_exponent: float) -> float:
+    """A power-bound tensor-core kernel's sustained rate on ``part`` over its measured rate on ``reference``.
+
+    Parts of one generation run the same tensor cores; under sustained load their clock is set by the board power
+    (physics.yaml power.dvfs_exponent: rate ~ power^(1/3)), never above what their datasheet peak allows (fewer SMs, a
+    lower boost clock): min(peak ratio, (TDP ratio)^exponent). Across generations (a borrowed table) or without TDPs
+    (custom GPUs): the peak ratio."""
+    peak = part.peak_flops_for(dtype) / reference.peak_flops_for(reference_dtype or dtype)
+    if part.generation != reference.generation or not part.tdp_w or not reference.tdp_w:
+        return peak
+    return min(peak, (part.tdp_w / reference.tdp_w) ** dvfs_exponent)
+
+
+def _gemm_peak(setup: Setup, dtype: str) -> float:
+    """The peak the GEMM fraction applies to: this part's, or its sustained equivalent of the reference part's."""
+    physics = setup.eff.physics
+    reference = physics.gemm_reference.get(setup.kernel_class)
+    if reference is None:
+        return setup.peak_flops_per_s(dtype)
+    from compiler.catalog import load_catalog
+
+    ref = load_catalog().gpus[reference]
+    return ref.peak_flops_for(dtype) * sustained_rate_ratio(setup.gpu.spec, ref, dtype,
+                                                            dvfs_exponent=physics.dvfs_exponent)
+
+
 def gemm_rate(setup: Setup, dtype: str) -> float:
-    """Sustained FLOP/s of large GEMMs of this dtype on this GPU."""
+    """Sustained FLOP/s of large GEMMs of this dtype on this GPU: the kernel benchmark's fraction of the dtype's peak,
+    of this part's peak, or carried from the part it was measured on (physics.yaml gemm.reference)."""
     fraction = setup.eff.physics.gemm_fraction_for(setup.kernel_class, gemm_kind(setup, dtype))
-    rate = setup.peak_flops_per_s(dtype) * fraction * setup.eff.fit("compute_scale") * setup.power_factor
+    rate = setup.memo(("gemm_peak", dtype), lambda: _gemm_peak(setup, dtype)) * fraction \
+        * setup.eff.fit("compute_scale") * setup.power_factor
     return rate * setup.eff.profile_scale("fp8_gemm_scale") if dtype == "fp8" else rate
 
 
@@ -269,7 +302,8 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
 
     ref = load_catalog().gpus.get(reference)
     dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
-    scale = (ref.peak_flops_for("bf16") / setup.peak_flops_per_s(dt)) if ref is not None else 1.0
+    scale = 1.0 / sustained_rate_ratio(setup.gpu.spec, ref, dt, "bf16", dvfs_exponent=setup.eff.physics.dvfs_exponent) \
+        if ref is not None else 1.0
     scale /= setup.eff.fit("compute_scale") * setup.power_factor * setup.eff.profile_scale("attention_scale")
     seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
     scale /= long_sequence_attention_factor(seq, setup.eff.profile_scale("long_sequence_attention_scale"))

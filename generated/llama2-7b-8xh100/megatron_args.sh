@@ -68,7 +68,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1803
+  --save-interval 1823
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -74,7 +74,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 46
+  --save-interval 47
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker

@@ -77,7 +77,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2070
+  --save-interval 2096
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

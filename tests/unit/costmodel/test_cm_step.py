@@ -204,3 +204,49 @@ def test_eager_elementwise_time_counts_the_eager_extra_tensors_once(problem_fact
     assert ratio > 2
     assert compute.memory_bound_time_per_layer_s(setup, False) == pytest.approx(
         setup.eff.fit("memory_bound_traffic") * ratio * fused / setup.hbm_rate())
+
+
+def test_a_gemm_benchmark_carries_to_another_part_of_its_generation_by_board_power():
+    """physics.yaml gemm.reference: the Blackwell fractions were measured on a B300 (1,100 W); a part of the same
+    generation sustains that rate x (its TDP / 1,100 W)^(1/3), never more than its datasheet peak allows; a table
+    borrowed across generations (or a part without a TDP) scales by the peak ratio."""
+    from dataclasses import replace
+
+    from compiler.catalog import load_catalog
+    from compiler.costmodel.compute import sustained_rate_ratio
+
+    gpus = load_catalog().gpus
+    b300, e = gpus["b300"], 1 / 3
+    assert sustained_rate_ratio(gpus["gb300"], b300, "fp8", dvfs_exponent=e) == pytest.approx((1400 / 1100) ** e)
+    assert sustained_rate_ratio(gpus["gb200"], b300, "bf16", dvfs_exponent=e) == pytest.approx((1200 / 1100) ** e)
+    assert sustained_rate_ratio(gpus["b200"], b300, "bf16", dvfs_exponent=e) == pytest.approx((1000 / 1100) ** e)
+    # a 350 W PCIe H100 has fewer SMs and a lower boost clock: its peak ratio (0.76) binds, not its power (0.79)
+    h100, pcie = gpus["h100-sxm"], gpus["h100-pcie"]
+    assert sustained_rate_ratio(pcie, h100, "bf16", dvfs_exponent=e) == pytest.approx(756.5 / 989.4)
+    # across generations (MI300X borrowing Hopper's tables) and without a TDP: the peak ratio
+    assert sustained_rate_ratio(gpus["mi300x"], h100, "bf16", dvfs_exponent=e) == pytest.approx(1307.4 / 989.4, rel=1e-3)
+    assert sustained_rate_ratio(replace(gpus["gb300"], tdp_w=0.0), b300, "bf16", dvfs_exponent=e) == pytest.approx(2.5 / 2.25)
+
+
+def test_gb300_gemms_outrun_gb200s_at_the_same_datasheet_peak(problem_factory, layout_factory):
+    """GB200 and GB300 print the same dense FP8 peak; the GB300's 1,400 W against 1,200 W sustains a faster clock."""
+    from compiler.costmodel.compute import gemm_rate
+
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B")
+    lay = layout_factory(p, dp_shard=8, zero_stage=1)
+    rates = {}
+    for name in ("gb200", "gb300", "b300"):
+        gpu = replace_gpu(p.gpu_options[0], name)
+        rates[name] = gemm_rate(make_setup(p, lay, gpu), "bf16")
+    from compiler.costmodel.efficiency import load_efficiency
+
+    assert rates["gb300"] / rates["gb200"] == pytest.approx((1400 / 1200) ** load_efficiency().physics.dvfs_exponent)
+    assert rates["b300"] < rates["gb200"] < rates["gb300"]
+
+
+def replace_gpu(option, name):
+    from dataclasses import replace
+
+    from compiler.catalog import load_catalog
+
+    return replace(option, spec=load_catalog().gpus[name], power_limit_w=None)
