@@ -53,7 +53,9 @@ Not over-fitting a handful of runs:
   compiler/calibration/fit.py); the chosen fit's are then costed exactly;
 * ``data_weight`` per fitted constant = I_k / (I_k + prior_strength), I_k = sum_i h_i J_ik^2 the
   runs' information about it (J at the fit, h: the Huber weight); a constant is ``identified``
-  when the runs outweigh the prior (data_weight >= 0.5);
+  when the runs tell it apart (``information``, above) and outweigh the prior (data_weight >= 0.5):
+  a constant fitted with others it cannot be told apart from moves with them, however weak the
+  prior, and the profile says so;
 * the profile's own leave-one-out error: each run predicted with the constants refitted without
   it (one Gauss-Newton step from the full fit on the other runs' residuals and Jacobian, each
   constant clipped to its range; the run itself costed exactly).
@@ -104,10 +106,19 @@ class ProfileConstant:
     global_value: float
     data_weight: float
     fitted: bool = True  # False: the runs do not inform it (profile_fit.py informed_constants), the global value
+    # the runs' information about it beyond the constants before it (profile_fit.py informed_constants); None: not
+    # recorded (a profile written before it was)
+    information: float | None = None
+
+    @property
+    def told_apart(self) -> bool:
+        """The runs tell it apart from the constants before it (not only move it together with them)."""
+        return self.information is None or self.information >= MIN_INFORMATION_RUNS
 
     @property
     def identified(self) -> bool:
-        return self.data_weight >= IDENTIFIED
+        """Fitted, told apart, and weighed more by the runs than by the prior."""
+        return self.fitted and self.told_apart and self.data_weight >= IDENTIFIED
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,8 @@ class ClusterProfile:
             "gpus": list(self.gpus),
             "constants": {k: {"value": c.value, "global": c.global_value, "lower": PARAMS[k].lower,
                               "upper": PARAMS[k].upper, "data_weight": _r4(c.data_weight),
-                              "identified": c.identified, "fitted": c.fitted} for k, c in self.constants.items()},
+                              "identified": c.identified, "fitted": c.fitted, "information": c.information}
+                          for k, c in self.constants.items()},
             "fit": {"prior": "the global fit, compiler/data/efficiency.yaml", "prior_strength_runs": self.prior_runs,
                     "prior_strength_choice": f"of {', '.join(f'{c:g}' for c in PRIOR_CHOICES)} runs and Huber delta "
                                              f"{' or '.join(f'{d:g}' for d in HUBER_CHOICES)}, the pair whose "
@@ -279,7 +291,10 @@ def parse_profile(text: str, path: str) -> ClusterProfile:
                        f"{p.name}: {p.meaning}")
         glob = entry.get("global", value)
         weight = entry.get("data_weight", 0.0)
-        out[p.name] = ProfileConstant(float(value), float(glob), float(weight), bool(entry.get("fitted", True)))
+        info = entry.get("information")
+        out[p.name] = ProfileConstant(float(value), float(glob), float(weight), bool(entry.get("fitted", True)),
+                                      float(info) if isinstance(info, (int, float)) and not isinstance(info, bool)
+                                      else None)
     runs = []
     for r in data.get("runs") or []:
         try:

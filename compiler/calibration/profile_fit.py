@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -126,7 +126,8 @@ def fit_profile(runs: Sequence[PublishedRun], *, name: str, base: Efficiency, da
                               measured_tokens_per_s_per_gpu=_r4(r.measured_tokens_per_s_per_gpu),
                               error_before=_r4(before), error_after=_r4(after), error_loo=_r4(loo)))
     gpus = tuple(sorted({r.gpu.name for r in runs}))
-    return ClusterProfile(name=name, date=date, gpus=gpus, constants=MappingProxyType(best.constants),
+    constants = {n: replace(c, information=_r4(information.get(n, 0.0))) for n, c in best.constants.items()}
+    return ClusterProfile(name=name, date=date, gpus=gpus, constants=MappingProxyType(constants),
                           runs=tuple(out), inputs=tuple(inputs), global_sha256=global_sha256(base), notes=tuple(notes),
                           prior_runs=best.prior_runs, huber_delta=best.huber_delta)
 
@@ -187,8 +188,9 @@ def format_profile(profile: ClusterProfile, output: str) -> str:
              f"date {profile.date or 'not given'}; the global fit weighs as much as {profile.prior_runs:g} runs, a "
              f"run's pull stops growing beyond {profile.huber_delta:.1%} error"]
     for name, c in profile.constants.items():
-        mark = "identified" if c.identified else "kept near the global fit" if c.fitted else \
-            "held at the global fit: the runs do not tell it apart"
+        mark = ("held at the global fit: the runs say too little about it beyond the constants above" if not c.fitted
+                else "moved with the constants above: the runs cannot tell it apart from them" if not c.told_apart
+                else "identified" if c.identified else "kept near the global fit")
         lines.append(f"  {name:<30} {c.value:<10.4g} (global {c.global_value:.4g}; data weight {c.data_weight:.2f}, "
                      f"{mark})")
     for which, label in (("before", "global constants"), ("after", "this profile"),

@@ -271,6 +271,12 @@ def test_a_constant_the_runs_cannot_tell_apart_is_held_at_the_global_fit(small_r
            for r in runs[:2]]
     assert "fp8_gemm_scale" not in told_apart(informed_constants(fp8, base))
     assert "fp8_gemm_scale" in told_apart(informed_constants(fp8 + list(runs), base))  # bf16 runs beside them
+    # a profile of fp8 runs alone never calls fp8_gemm_scale identified, fitted or not, and the file keeps why
+    alone = fit_profile(fp8 * 2, name="fp8", base=base)
+    c = alone.constants["fp8_gemm_scale"]
+    assert not c.told_apart and not c.identified and c.information is not None
+    back = parse_profile(alone.to_yaml(), "p.yaml").constants["fp8_gemm_scale"]
+    assert back.information == c.information and not back.identified
 
 
 def profile_text(small_runs) -> str:
