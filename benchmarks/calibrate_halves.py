@@ -12,8 +12,11 @@ median and 90th-percentile |error| of tokens/s per GPU on the held-out half befo
 constants of compiler/data/efficiency.yaml) and after (the profile's). Goal after: <= 5% median.
 Then the same with the halves swapped (calibrate on the 2nd, 4th, ... run), a check that the
 figure is not one split's luck; then as for an unseen source (the profile shrunk towards, and
-"before" measured with, the global constants refitted without the group's source), and with --loo each group's profile fitted on all its runs with
-its own leave-one-out error (what `dtc calibrate` reports and a calibrated band is made of).
+"before" measured with, the global constants refitted without the group's source), and with --loo
+each group's profile fitted on all its runs with its own leave-one-out error (what `dtc calibrate`
+reports and a calibrated band is made of). Each profile chooses its prior strength, Huber delta and
+which constants it fits by its own leave-one-out error on the runs it is fitted on
+(compiler/calibration/profile.py); the JSON output says what each chose.
 
 Note: the global constants were fitted on this same set, so "before" is in-sample for them; the
 profile's "after" is fitted on the calibration half only.
@@ -32,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from compiler.calibration.fit import predict  # noqa: E402
-from compiler.calibration.profile import PRIOR_CHOICES, PROFILE_HUBER_DELTA  # noqa: E402
+from compiler.calibration.profile import HUBER_CHOICES, PRIOR_CHOICES  # noqa: E402
 from compiler.calibration.profile_fit import fit_profile  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
 from compiler.costmodel.bands import default_table, profile_band  # noqa: E402
@@ -81,14 +84,16 @@ def halves(groups, shipped, *, swap: bool, quiet: bool, unseen: bool = False) ->
         all_before += before
         all_after += after
         rows.append({"source": source, "gpu": gpu, "runs": len(members), "calibrated_on": len(fit_half),
-                     "prior_strength_runs": profile.prior_runs,
+                     "prior_strength_runs": profile.prior_runs, "huber_delta": profile.huber_delta,
+                     "held_at_global": sorted(k for k, c in profile.constants.items() if not c.fitted),
                      "predicted": len(test_half), "median_abs_error_before": _median(before),
                      "median_abs_error_after": _median(after), "p90_abs_error_before": percentile(before, 0.9),
                      "p90_abs_error_after": percentile(after, 0.9), "constants": values})
         if not quiet:
             print(f"{source:<22} {gpu:<10} {len(fit_half):>3} fit / {len(test_half):>3} held out: median |error| "
                   f"{_median(before):6.1%} -> {_median(after):6.1%}, p90 {percentile(before, 0.9):6.1%} -> "
-                  f"{percentile(after, 0.9):6.1%} (prior {profile.prior_runs:g} runs)", flush=True)
+                  f"{percentile(after, 0.9):6.1%} (prior {profile.prior_runs:g} runs, Huber delta {profile.huber_delta:g})",
+                  flush=True)
     overall = {"groups": len(rows), "predicted": len(all_before), "median_abs_error_before": _median(all_before),
                "median_abs_error_after": _median(all_after), "p90_abs_error_before": percentile(all_before, 0.9),
                "p90_abs_error_after": percentile(all_after, 0.9),
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         by[(r.source_id, r.gpu.name)].append(r)
     groups = [(k, sorted(v, key=lambda r: _key(r.row_id))) for k, v in sorted(by.items()) if len(v) >= args.min_runs]
-    out: dict = {"prior_strength_choices": list(PRIOR_CHOICES), "huber_delta": PROFILE_HUBER_DELTA}
+    out: dict = {"prior_strength_choices": list(PRIOR_CHOICES), "huber_delta_choices": list(HUBER_CHOICES)}
     for mode in ("halves", "swapped", "unseen"):
         swap, unseen = mode == "swapped", mode == "unseen"
         if not args.json:
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"overall: {overall['groups']} groups, {overall['predicted']} held-out runs, median |error| "
                   f"{overall['median_abs_error_before']:.1%} before -> {overall['median_abs_error_after']:.1%} after, "
                   f"p90 {overall['p90_abs_error_before']:.1%} -> {overall['p90_abs_error_after']:.1%} (goal <= 5% "
-                  f"median; prior strength chosen by each profile's leave-one-out, Huber delta {PROFILE_HUBER_DELTA:g})",
+                  f"median; prior strength and Huber delta chosen by each profile's leave-one-out)",
                   flush=True)
             print(f"profile bands (from the calibration half's leave-one-out residuals): "
                   f"{overall['profile_band_coverage']:.1%} of {overall['profile_banded_runs']} held-out runs inside "

@@ -18,8 +18,9 @@ import pytest
 from compiler.calibration import logs as L
 from compiler.calibration.fit import predict
 from compiler.calibration.measured import load_measured, run_of_log
-from compiler.calibration.profile import ALL_PARAMETERS, PARAMS, PRIOR_RUNS, load_profile, parse_profile
-from compiler.calibration.profile_fit import fit_profile
+from compiler.calibration.profile import ALL_PARAMETERS, HUBER_CHOICES, MIN_INFORMATION_RUNS, PARAMS, PRIOR_CHOICES, \
+    PRIOR_RUNS, load_profile, parse_profile
+from compiler.calibration.profile_fit import fit_profile, informed_constants, told_apart
 from compiler.calibration.runs import load_runs
 from compiler.costmodel.efficiency import load_efficiency
 from compiler.errors import DtcError
@@ -247,8 +248,35 @@ def test_profile_yaml_round_trip_and_determinism(small_runs, tmp_path):
     assert a.to_yaml() == b.to_yaml()
     back = parse_profile(a.to_yaml(), "p.yaml")
     assert back.values == a.values and back.date == "2026-11-30" and back.runs == a.runs
+    # what the fit chose and which constants it held travel with the file
+    assert back.prior_runs == a.prior_runs in PRIOR_CHOICES and back.huber_delta == a.huber_delta in HUBER_CHOICES
+    assert {k: c.fitted for k, c in back.constants.items()} == {k: c.fitted for k, c in a.constants.items()}
     eff = back.efficiency(base)
     assert eff.fitted["compute_scale"] == a.values["compute_scale"] and eff.left_out("mosaic_llmfoundry") is eff
+
+
+def test_a_constant_the_runs_cannot_tell_apart_is_held_at_the_global_fit(small_runs):
+    _, runs = small_runs
+    base = load_efficiency()
+    # llm-foundry's bf16 runs on one H100 cluster: no fp8 GEMM, no MoE dispatch, nothing across nodes to speak of
+    informed = informed_constants(runs, base)
+    assert informed["compute_scale"] >= MIN_INFORMATION_RUNS and "compute_scale" in told_apart(informed)
+    assert not {"fp8_gemm_scale", "grouped_gemm_scale", "all_to_all_scale"} & set(informed)
+    profile = fit_profile(runs, name="h100", base=base)
+    for name in ("fp8_gemm_scale", "grouped_gemm_scale", "all_to_all_scale"):
+        c = profile.constants[name]
+        assert not c.fitted and c.value == c.global_value and c.data_weight == 0.0 and not c.identified
+    # fp8 runs alone: fp8_gemm_scale moves their GEMMs as compute_scale does, so they cannot tell it apart
+    fp8 = [dataclasses.replace(r, problem=dataclasses.replace(r.problem, precision="fp8", fp8_recipe="fp8_tensorwise_current"))
+           for r in runs[:2]]
+    assert "fp8_gemm_scale" not in told_apart(informed_constants(fp8, base))
+    assert "fp8_gemm_scale" in told_apart(informed_constants(fp8 + list(runs), base))  # bf16 runs beside them
+    # a profile of fp8 runs alone never calls fp8_gemm_scale identified, fitted or not, and the file keeps why
+    alone = fit_profile(fp8 * 2, name="fp8", base=base)
+    c = alone.constants["fp8_gemm_scale"]
+    assert not c.told_apart and not c.identified and c.information is not None
+    back = parse_profile(alone.to_yaml(), "p.yaml").constants["fp8_gemm_scale"]
+    assert back.information == c.information and not back.identified
 
 
 def profile_text(small_runs) -> str:
