@@ -61,10 +61,11 @@ Not over-fitting a handful of runs:
   constant clipped to its range; the run itself costed exactly).
 
 benchmarks/calibrate_halves.py (calibrate on half of each (source, GPU) group with 10+ runs,
-predict the other half; 136 held-out runs of 10 groups): median |error| 8.4% before -> 4.2% after
-(the grid of 3 .. 0.25 runs with delta 5% alone: 5.4%); halves swapped 8.5% -> 3.9% (4.7%); as for
-an unseen source 11.1% -> 4.2% (6.3%); each group's profile on all its runs, leave-one-out 4.1%
-(4.7%); 78-81% of the held-out runs inside the half-profiles' 80% bands (77-79%).
+predict the other half; 136 held-out runs of 10 groups), with the global constants of the MoE-recount and
+Blackwell-power fit: median |error| 8.0% before -> 4.3% after (the grid of 3 .. 0.25 runs with delta 5%
+alone, on the previous fit: 5.4%); halves swapped 7.5% -> 4.0% (4.7%); as for an unseen source 8.8% ->
+4.3% (6.3%); each group's profile on all its runs, leave-one-out 4.0% (4.7%); 79-81% of the held-out runs
+inside the half-profiles' 80% bands (77-79%).
 """
 from __future__ import annotations
 
