@@ -290,22 +290,6 @@ def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -
                     fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout, profile=problem.profile)
 
 
-def _shape_bands(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
-                 world: int) -> Iterable[ErrorBand]:
-    """The bands the layouts of a parallel shape can carry, over the features its inner choices leave open
-    (interleaving, FSDP/ZeRO-3, offload) and the targets (the published runs' bands, before a profile)."""
-    for target in targets:
-        framework = profile_of(target)
-        base = {"framework": framework.name, "gpu_generation": gpu.spec.kernel_family,
-                "precision": problem.precision,
-                "fp8_recipe": fp8_recipe_of(problem, framework, gpu), "pp": pp > 1, "cp": cp > 1, "ep": ep > 1,
-                "scale": scale_bucket(world)}
-        for vpp in ((False, True) if pp > 1 else (False,)):
-            for zero3 in (False, True):
-                for offload in (False, True):
-                    yield default_table().band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
-
-
 def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
                 world: int, confidence: str) -> float:
     """The smallest factor (at ``confidence``) any layout of a parallel shape can carry, over the features its
@@ -316,16 +300,19 @@ def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp:
     own = profile_band(problem.profile) if problem.profile is not None else None
     if own is not None:  # every layout costed with this profile carries its band
         return own.time_factor(confidence)
-    return min(band.time_factor(confidence)
-               for band in _shape_bands(problem, gpu, targets, pp=pp, cp=cp, ep=ep, world=world))
-
-
-def shape_all_thin(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
-                   world: int) -> bool:
-    """Whether every layout of a parallel shape carries a thin band under every target (``layout_band`` of each
-    is thin, whatever its inner choices): the search for a well-calibrated alternative skips such a shape."""
-    return all(with_profile(band, problem.profile).thin
-               for band in _shape_bands(problem, gpu, targets, pp=pp, cp=cp, ep=ep, world=world))
+    out = math.inf
+    for target in targets:
+        framework = profile_of(target)
+        base = {"framework": framework.name, "gpu_generation": gpu.spec.kernel_family,
+                "precision": problem.precision,
+                "fp8_recipe": fp8_recipe_of(problem, framework, gpu), "pp": pp > 1, "cp": cp > 1, "ep": ep > 1,
+                "scale": scale_bucket(world)}
+        for vpp in ((False, True) if pp > 1 else (False,)):
+            for zero3 in (False, True):
+                for offload in (False, True):
+                    band = default_table().band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
+                    out = min(out, band.time_factor(confidence))
+    return out
 
 
 def coverage(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int, dict[str, tuple[int, int]]]:

@@ -161,84 +161,29 @@ class Simulation:
         return 0.0 if self.makespan <= 0 else (self.makespan - self.busy) / self.makespan
 
 
-def _dependency(kind: str, chunk: int, mb: int, stage: int, pp: int, v: int) -> tuple[str, int, int, int] | None:
-    """The operation whose output this one needs: (kind, stage, chunk, mb), or None."""
-    vs = chunk * pp + stage  # virtual stage index
-    last = pp * v - 1
-    if kind == "F":
-        if vs == 0:
-            return None
-        return ("F", (vs - 1) % pp, (vs - 1) // pp, mb)
-    if vs == last:
-        return ("F", stage, chunk, mb)
-    return ("B", (vs + 1) % pp, (vs + 1) // pp, mb)
-
-
 def simulate(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float,
              *, keep_events: bool = False) -> Simulation:
-    """Run one step: every stage executes its order; returns the makespan in units."""
-    if not keep_events:
-        return Simulation(_simulated_makespan(schedule, pp, m, v, backward_ratio, p2p_ratio),
-                          m * (1.0 + backward_ratio), ())
-    n_virtual = pp * v
-    f_len, b_len = 1.0 / v, backward_ratio / v
-
-    def slot(kind: str, vs: int, mb: int) -> int:
-        return ((kind == "B") * n_virtual + vs) * m + mb
-
-    # per stage: (own slot, dependency slot or -1, crosses stages, duration, event fields)
-    plans = []
-    for s, order in enumerate(stage_order(schedule, s, pp, m, v) for s in range(pp)):
-        plan = []
-        for kind, chunk, mb in order:
-            need = _dependency(kind, chunk, mb, s, pp, v)
-            dep_slot = -1 if need is None else slot(need[0], need[2] * pp + need[1], need[3])
-            plan.append((slot(kind, chunk * pp + s, mb), dep_slot, need is not None and need[1] != s,
-                         f_len if kind == "F" else b_len, chunk, mb, kind))
-        plans.append(plan)
-    finish: list[float | None] = [None] * (2 * n_virtual * m)
-    pos = [0] * pp
-    free = [0.0] * pp
-    events: list[tuple[int, int, int, str, float, float]] = []
-    remaining = sum(len(p) for p in plans)
-    while remaining:
-        progressed = False
-        for s in range(pp):
-            plan, i, t = plans[s], pos[s], free[s]
-            while i < len(plan):
-                own, dep, cross, length, chunk, mb, kind = plan[i]
-                if dep >= 0:
-                    end = finish[dep]
-                    if end is None:
-                        break
-                    ready = end + p2p_ratio if cross else end
-                    if ready > t:
-                        t = ready
-                events.append((s, chunk, mb, kind, t, t + length))
-                t += length
-                finish[own] = t
-                i += 1
-            if i != pos[s]:
-                remaining -= i - pos[s]
-                pos[s], free[s] = i, t
-                progressed = True
-        assert progressed, "pipeline schedule deadlocked (internal error)"
-    return Simulation(max(free), m * (1.0 + backward_ratio), tuple(events))
+    """Run one step: every stage executes its order; returns the makespan in units (and every operation's
+    (stage, chunk, micro-batch, kind, start, end) with ``keep_events``)."""
+    events: list[tuple[int, int, int, str, float, float]] | None = [] if keep_events else None
+    makespan = _run(_step_plan(schedule, pp, m, v), pp, m, v, backward_ratio, p2p_ratio, events)
+    return Simulation(makespan, m * (1.0 + backward_ratio), tuple(events or ()))
 
 
 @functools.lru_cache(maxsize=16)
 def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Per stage, the simulation's operations as four parallel tuples: own slot, dependency slot (-1: none),
-    whether the dependency crosses stages (1/0), forward (1) or backward (0). They do not depend on the
-    durations, so the solver's many ratios of one schedule share them."""
+    """Per stage, the simulation's operations in its order as four parallel tuples: own slot, dependency slot
+    (-1: none), whether the dependency crosses stages (1/0), forward (1) or backward (0). An operation's slot is
+    ((kind == "B") x pp v + virtual stage) x m + micro-batch. A forward needs the forward of the virtual stage
+    before it (none on the first), a backward the backward of the virtual stage after it (the last one's own
+    forward). They do not depend on the durations, so the solver's many ratios of one schedule share them."""
     n_virtual = pp * v
     last = n_virtual - 1
     out = []
     for s in range(pp):
         own, deps, cross, fwd = [], [], [], []
         for kind, chunk, mb in stage_order(schedule, s, pp, m, v):
-            # _dependency and simulate's slots, inlined: slot(kind, vs, mb) = ((kind == "B") x pp v + vs) x m + mb
-            vs = chunk * pp + s
+            vs = chunk * pp + s  # the virtual stage
             if kind == "F":
                 own.append(vs * m + mb)
                 deps.append(-1 if vs == 0 else (vs - 1) * m + mb)  # the forward of the virtual stage before
@@ -257,13 +202,13 @@ def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int,
     return tuple(out)
 
 
-def _simulated_makespan(schedule: str, pp: int, m: int, v: int, backward_ratio: float, p2p_ratio: float) -> float:
-    """simulate's makespan without the events: the same operations on the same floats in the same order per
-    operation (ready = end (+ p2p); start = max(free, ready); end = start + duration), so the same result, on
-    a cached plan."""
-    plans = _step_plan(schedule, pp, m, v)
+def _run(plans: tuple[tuple[tuple[int, ...], ...], ...], pp: int, m: int, v: int, backward_ratio: float,
+         p2p_ratio: float, events: list[tuple[int, int, int, str, float, float]] | None) -> float:
+    """Every stage runs its plan (_step_plan): an operation starts when its stage is free and its input has
+    arrived (+ p2p when it crosses stages). Returns the makespan; appends each operation to ``events``."""
+    n_virtual = pp * v
     lengths = (backward_ratio / v, 1.0 / v)  # indexed by 'is a forward'
-    finish = [-1.0] * (2 * pp * v * m)  # every finish time is > 0
+    finish = [-1.0] * (2 * n_virtual * m)  # every finish time is > 0
     pos = [0] * pp
     free = [0.0] * pp
     remaining = sum(len(p[0]) for p in plans)
@@ -284,7 +229,11 @@ def _simulated_makespan(schedule: str, pp: int, m: int, v: int, backward_ratio: 
                         end = end + p2p_ratio
                     if end > t:
                         t = end
-                t += lengths[fwd[i]]
+                length = lengths[fwd[i]]
+                if events is not None:
+                    k, mb = divmod(own[i], m)
+                    events.append((s, (k % n_virtual) // pp, mb, "F" if fwd[i] else "B", t, t + length))
+                t += length
                 finish[own[i]] = t
                 i += 1
             if i != start:

@@ -28,8 +28,8 @@ Under ``cheapest`` the tie band (objective.ranked) orders by time: once k+1 layo
 stay in the final band, a slower layout can only matter as the cheapest one itself
 (``threshold_for``). A pick in a thin regime is followed by a second search of the same problem
 that costs only well-calibrated layouts (``thin_regime_note``): it shares the first one's bounds,
-skips the shapes whose every layout is thin and starts from the first search's well-calibrated
-layouts.
+leaves the thin choices out of its options (so shapes with none left are skipped) and starts from
+the first search's well-calibrated layouts.
 
 When nothing is feasible, ``InfeasibleError`` carries the tally, an example per code and
 the closest misses; a budget or deadline that rules everything out is explained by
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from compiler import units
-from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_all_thin, shape_floor
+from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
 from compiler.estimate import Estimate, Rejection
 from compiler.targets.support import framework_notes, support_key_of, unsupported_reasons
 from compiler.rules import Knobs
@@ -180,7 +180,7 @@ class _Search:
         self._num_options: dict[tuple, int] = {}
         self._pipe_classes: dict[int, tuple] = {}
         self._thin: dict[tuple, bool] = {}  # choice_thin's verdicts
-        self._floors: dict[tuple, float] = {}  # shape_floor's, and all_thin's under a 'thin' key
+        self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
@@ -294,7 +294,9 @@ class _Search:
                 verdicts[cls] = supported
                 if supported:
                     ok.append((sp, sh))
-        if self.calibrated:  # the choices whose every target's band is thin would be turned away when costed
+        # the choices whose every target's band is thin would be turned away when costed (a shape left with none is
+        # skipped before any bound; this search's tally, which no report shows, counts them as unsupported)
+        if self.calibrated:
             ok = [(sp, sh) for sp, sh in ok if not self.choice_thin(shape, sched, vpp, sp, sh)]
         result = tuple(ok)
         self._options[key] = result
@@ -396,9 +398,6 @@ class _Search:
             supported -= bad_interleave
             if supported == 0:
                 continue
-            if self.calibrated and self.all_thin(shape):
-                self.tally.reject(THIN_REGIME, supported, "thin regime")  # turned away without bounds or costing
-                continue
             self.largest_gpus = max(self.largest_gpus, shape.world)
             mb_cap, most = space.batch_extremes(shape.dp)
             bubble = self._bubble.get((shape.pp, shape.dp))
@@ -491,8 +490,8 @@ class _Search:
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
                 # the bisection looks above the previous mode's start only (more recompute lowers memory; were it
                 # not so, the scan would merely start lower)
-                start = _first_true(mbs, lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor
-                                    <= usable, end)
+                start = bisect.bisect_left(mbs, True, 0, end, key=lambda mb: family.lb(
+                    mb, every_ga, rc, fewest) * self.memory_factor <= usable)
                 end = start
                 cap = None
                 for mb in mbs[start:]:
@@ -710,19 +709,6 @@ class _Search:
                 pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world, confidence=self.problem.confidence)
         return got
 
-    def all_thin(self, shape: Shape) -> bool:
-        """Whether every layout of ``shape`` lies in a thin regime under every target (bands.shape_all_thin),
-        cached by what it depends on: the search for a well-calibrated alternative skips such shapes."""
-        key = ("thin", shape.option, shape.pp > 1, shape.cp > 1, shape.ep > 1, scale_bucket(shape.world))
-        got = self._floors.get(key)
-        if got is None:
-            from compiler.costmodel.frameworks import costed_targets
-
-            got = self._floors[key] = shape_all_thin(
-                self.problem, self.problem.gpu_options[shape.option], costed_targets(self.problem.targets),
-                pp=shape.pp, cp=shape.cp, ep=shape.ep, world=shape.world)
-        return bool(got)
-
     def band_floor(self, layout: Layout, shape: Shape) -> float:
         """The smallest band factor (at the spec's confidence) any framework target's estimate of ``layout`` can
         carry: the binding target's is one of them. 1 under 'expected' or a stand-in evaluator."""
@@ -878,19 +864,6 @@ class _Search:
                                        self.top[0].estimate),) + notes
         return make_plan(problem, best.layout, best.estimate, alternatives=alternatives,
                          search=self.summary(), notes=notes, target_estimates=per_target)
-
-
-def _first_true(items: list, pred: Callable[[int], bool], end: int | None = None) -> int:
-    """The first index of ``items[:end]`` where ``pred`` holds, ``pred`` being false then true along them
-    (bisection); ``end`` (default len(items)) when it never holds there."""
-    lo, hi = 0, len(items) if end is None else end
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pred(items[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 @dataclass(frozen=True)

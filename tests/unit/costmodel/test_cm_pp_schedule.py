@@ -175,8 +175,8 @@ def test_pipeline_events_are_kept_only_for_small_steps():
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
 def test_the_makespan_alone_is_the_event_simulation_bit_for_bit(schedule: str) -> None:
-    """simulate without events runs a cached plan of the operations: the same floats in the same order per
-    operation, so exactly the makespan of the simulation that keeps every event."""
+    """Keeping the events (what PLAN.md's picture reads) changes nothing of the makespan the cost model reads,
+    on the plan cached across calls; every operation appears once."""
     for pp in (2, 3, 4, 8):
         for v in ((1, 2, 3) if schedule == "interleaved_1f1b" else (1,)):
             for m in ((pp, 2 * pp, 5 * pp) if schedule == "interleaved_1f1b" else (1, 2, pp + 1, 3 * pp, 40)):
