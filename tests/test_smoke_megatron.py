@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,32 @@ def test_parse_megatron_log():
                                                "50.0 | lm loss: 5.5 |"])
     assert resumed.iterations == [2, 4] and resumed.losses == [5.403772, 5.5]  # not consecutive: as logged
     assert log.memory_max_allocated == {0: int(542.80 * 2**20)} and log.ranks[1]["param_bytes"] == 10
+
+
+def test_rank_records_lost_on_the_console_are_read_from_each_ranks_own_log(tmp_path):
+    """torchrun --tee reads a rank's line before its newline when print() writes them apart; the next
+    rank's line then lands on the same console line and neither record parses (a CI run measured 2 of
+    4 ranks). The records are read back from each rank's own stdout.log under --log-dir."""
+    from compiler.smoke import launch as L
+    from compiler.smoke.report import TargetResult
+    from compiler.targets.megatron.smoke import fill_result
+
+    def record(rank: int) -> str:
+        return ('{"dtc_megatron_rank": true, "rank": %d, "param_bytes": 10, "grad_bytes": 20, '
+                '"optimizer_bytes": 40, "saved_activation_bytes": 7, "peak_memory_bytes": 99, "device": "cpu"}' % rank)
+
+    console = ["[0]:" + record(0) + "[1]:" + record(1), "[0]:", "[2]:" + record(2)]
+    for rank in range(3):
+        own = tmp_path / "run_x" / "attempt_0" / str(rank)
+        own.mkdir(parents=True)
+        (own / "stdout.log").write_text("some line\n" + record(rank) + "\n")
+    setup = types.SimpleNamespace(world_size=3)
+    lost = TargetResult("megatron", "failed")
+    fill_result(lost, console, setup)
+    assert [r.rank for r in lost.ranks] == [2]
+    found = TargetResult("megatron", "failed")
+    fill_result(found, console, setup, rank_stdout=L.rank_logs(tmp_path, "stdout"))
+    assert [r.rank for r in found.ranks] == [0, 1, 2] and all(r.param_bytes == 10 for r in found.ranks)
 
 
 # ------------------------------------------------------------------------------------------- slow

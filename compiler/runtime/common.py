@@ -189,7 +189,11 @@ def dump_logits(path: str | Path, tokens: torch.Tensor, logits: torch.Tensor) ->
 
 
 def print_json(record: dict[str, Any]) -> None:
-    print(json.dumps(record, sort_keys=True), flush=True)
+    """One write of the line and its newline: print() writes them apart, and torchrun's --tee reader
+    (elastic/multiprocessing/tail_log.py) can read the line before its newline, so another rank's
+    line lands after it on the same console line and neither parses."""
+    sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def finish(code: int) -> None:

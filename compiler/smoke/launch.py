@@ -304,10 +304,10 @@ def run_launch(spec: LaunchSpec, *, on_line: Callable[[str], None] | None = None
 
 
 # ------------------------------------------------------------------------------------------- errors
-def rank_logs(log_dir: Path) -> dict[int, Path]:
-    """local rank -> its stderr.log under torchrun's --log-dir (the last attempt)."""
+def rank_logs(log_dir: Path, stream: str = "stderr") -> dict[int, Path]:
+    """local rank -> its stderr.log (or stdout.log) under torchrun's --log-dir (the last attempt)."""
     logs: dict[int, Path] = {}
-    for path in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
+    for path in sorted(log_dir.glob(f"*/attempt_*/*/{stream}.log")):
         try:
             logs[int(path.parent.name)] = path
         except ValueError:

@@ -409,7 +409,7 @@ def train() -> None:
              model_provider=partial(model_provider, gpt_builder), get_embedding_ranks=get_embedding_ranks)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     record = {SUMMARY_KEY: True, "rank": rank, **measure()}
-    print(json.dumps(record), flush=True)
+    sys.stdout.write(json.dumps(record) + "\n")  # one write (see compiler.runtime.common.print_json)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # like the generated trainers: c10d/gloo threads can abort interpreter shutdown

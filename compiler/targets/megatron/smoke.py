@@ -424,7 +424,7 @@ def run_megatron_smoke(ctx, *, slurm: bool = False, extra_args: tuple[str, ...] 
         result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv),
                               steps_requested=setup.steps)
         launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan.layout, setup.device))
-        fill_result(result, launch.all_lines, setup)
+        fill_result(result, launch.all_lines, setup, rank_stdout=L.rank_logs(log_dir, "stdout"))
         result.wall_s = launch.wall_s
         T.judge(result, launch)
     describe(result, run, setup)
@@ -447,8 +447,18 @@ def launch_local(ctx, argv: list[str], log_dir: Path, extra_env: dict[str, str])
     return L.run_launch(spec, on_line=on_line)
 
 
-def fill_result(result: TargetResult, lines: list[str], setup: SmokeSetup) -> MegatronLog:
+def fill_result(result: TargetResult, lines: list[str], setup: SmokeSetup,
+                rank_stdout: dict[int, Path] | None = None) -> MegatronLog:
+    """``lines``: the console; ``rank_stdout``: each rank's own stdout.log (torchrun --log-dir), whose
+    records a console line can lose when two ranks' output meet on it."""
     log = parse_megatron_log(lines)
+    for path in (rank_stdout or {}).values():
+        try:
+            own = parse_megatron_log(path.read_text(errors="replace").splitlines())
+        except OSError:
+            continue
+        for rank, record in own.ranks.items():
+            log.ranks.setdefault(rank, record)
     result.losses, result.steps_done = log.losses, len(log.losses)
     if log.step_times_s:
         after_first = log.step_times_s[1:] or log.step_times_s
