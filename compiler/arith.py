@@ -94,13 +94,14 @@ def grad_accums_for(global_batch: int, tolerance: float, dp: int, micro_batches:
 
 
 def _closest_grad_accum(global_batch: int, lo: int, hi: int, per_step: int) -> int | None:
-    below = max(1, global_batch // per_step)
-    best = None
-    for ga in (below, below + 1):
-        b = ga * per_step
-        if lo <= b <= hi and (best is None or abs(b - global_batch) < abs(best * per_step - global_batch)):
-            best = ga
-    return best
+    """The grad_accum whose batch (x per_step) is in [lo, hi] and closest to global_batch (the smaller on a tie):
+    floor(global_batch / per_step) (at least 1) or one more."""
+    ga = global_batch // per_step or 1
+    b = ga * per_step
+    up = b + per_step
+    if lo <= b <= hi:
+        return ga + 1 if up <= hi and up - global_batch < abs(b - global_batch) else ga
+    return ga + 1 if lo <= up <= hi else None
 
 
 def batch_range(global_batch: int, tolerance: float) -> tuple[int, int]:

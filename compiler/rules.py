@@ -496,6 +496,43 @@ def first_violation_of(facts: Facts, rules: Iterable[Rule], knobs: Knobs) -> "Re
     return None
 
 
+def legal_rows(facts: Facts, codes: tuple[str, ...] | None, fixed: dict[str, Any], names: tuple[str, ...],
+               rows: Iterable[tuple]) -> list[tuple]:
+    """The ``rows`` (values of the knobs ``names``) that, with the knobs ``fixed`` and the rest unknown, break no
+    rule of ``codes``: what ``first_violation_of(facts, rules_reading(...), Knobs.partial(**fixed, **row))`` says
+    row by row, with each rule that reads none of ``names`` asked once (its verdict is the same for every row)
+    and the others per row (the solver asks this for hundreds of thousands of (micro_batch, grad_accum) rows)."""
+    if not _KNOB_NAMES.issuperset(names) or not _KNOB_NAMES.issuperset(fixed):
+        raise TypeError(f"unknown knobs: {sorted((set(names) | fixed.keys()) - _KNOB_NAMES)}")
+    varying = frozenset(names)
+    asked = rules_reading(varying | frozenset(fixed), codes)
+    if first_violation_of(facts, tuple(r for r in asked if varying.isdisjoint(r.knobs)),
+                          Knobs.partial(**fixed)) is not None:
+        return []
+    per_row = tuple(r.check for r in asked if not varying.isdisjoint(r.knobs))
+    # one Knobs whose varying values are overwritten row by row: a check is a pure function of its arguments
+    # and keeps no reference to them
+    probe = Knobs.partial(**fixed)
+    values = probe.__dict__
+    if len(per_row) == 1 and len(names) == 2:  # the solver's (micro_batch, grad_accum) and (dp_shard, zero_stage) rows
+        (check,), (first, second) = per_row, names
+        out = []
+        for row in rows:
+            values[first], values[second] = row
+            if check(facts, probe) is None:
+                out.append(row)
+        return out
+    out = []
+    for row in rows:
+        values.update(zip(names, row))
+        for check in per_row:
+            if check(facts, probe) is not None:
+                break
+        else:
+            out.append(row)
+    return out
+
+
 def check_layout(facts: Facts, layout: "Layout") -> "Rejection | None":
     """The first rule a complete ``layout`` breaks, or None."""
     return first_violation(facts, Knobs.of(layout))

@@ -31,6 +31,7 @@ compiler.rules about the values it offers (the same rules the spec's pins, the c
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -93,14 +94,20 @@ class Space:
         self.num_layers = s.num_layers
         self.lo_batch, self.hi_batch = batch_range(problem.global_batch, problem.global_batch_tolerance)
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
-        self._sharding: dict[int, tuple[Sharding, ...]] = {}
+        self._sharding: dict[int, tuple[tuple[int, int, tuple[Sharding, ...]], ...]] = {}  # sharding_groups
+        self._sharding_flat: dict[int, tuple[Sharding, ...]] = {}
+        self._sharding_n: dict[int, int] = {}
+        self._offloads: dict[int, tuple[tuple[str, str], ...]] = {}
+        self._offloaded: dict[tuple[int, int, bool], tuple[Sharding, ...]] = {}
+        self._group_classes: dict[tuple, tuple[int, ...]] = {}
+        self._class_ids: dict[tuple, int] = {}  # sharding_class -> its number
         self._batch: dict[int, tuple[tuple[int, int], ...]] = {}
         self._extremes: dict[int, tuple[int, int]] = {}
-        self._classes: dict[int, tuple[tuple[Sharding, int], ...]] = {}
-        self._legal: dict[tuple, bool] = {}
-        self._shardings: dict[tuple, Sharding] = {}
+        self._gas: dict[int, tuple[int, ...]] = {}
+        self._classes: dict[int, tuple[tuple[int, Sharding, int], ...]] = {}
         assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
         self.facts = problem.facts
 
     def legal(self, **knobs) -> bool:
@@ -108,20 +115,6 @@ class Space:
         frameworks cannot run stays in the space, counted by the search as framework_unsupported."""
         return rules.first_violation_of(self.facts, rules.rules_reading(frozenset(knobs), F.STRUCTURAL_CODES),
                                         rules.Knobs.partial(**knobs)) is None
-
-    def _sharding_of(self, zero: int, dp_shard: int, oo: str, op: str) -> Sharding:
-        """One Sharding object per value, shared by every dp it divides (the large spaces build millions)."""
-        key = (zero, dp_shard, oo, op)
-        got = self._shardings.get(key)
-        if got is None:
-            got = self._shardings[key] = Sharding(zero, dp_shard, oo, op)
-        return got
-
-    def _legal_cached(self, key: tuple, **knobs) -> bool:
-        got = self._legal.get(key)
-        if got is None:
-            got = self._legal[key] = self.legal(**knobs)
-        return got
 
     @staticmethod
     def _separable() -> bool:
@@ -146,9 +139,12 @@ class Space:
         return self._pin(values, self.pins.cp)
 
     def ep_values(self, dp: int, cp: int) -> tuple[int, ...]:
-        moe = self.problem.shape.moe
-        values = [e for e in (divisors(moe.num_experts) if moe else (1,)) if self.legal(ep=e, dp=dp, cp=cp)]
-        return self._pin(values, self.pins.ep)
+        got = self._ep.get((dp, cp))
+        if got is None:
+            moe = self.problem.shape.moe
+            values = [e for e in (divisors(moe.num_experts) if moe else (1,)) if self.legal(ep=e, dp=dp, cp=cp)]
+            got = self._ep[(dp, cp)] = self._pin(values, self.pins.ep)
+        return got
 
     def dp_values(self, counts: GpuCounts, base: int) -> tuple[list[int], int]:
         """(dp values whose world base x dp is allowed and meets the batch rule, number failing the batch)."""
@@ -201,42 +197,64 @@ class Space:
         self._pipeline[pp] = result
         return result
 
-    def sharding_choices(self, dp: int) -> tuple[Sharding, ...]:
+    def sharding_groups(self, dp: int) -> tuple[tuple[int, int, tuple[Sharding, ...]], ...]:
+        """sharding_choices(dp) as (zero_stage, dp_shard, its choices, one per offload) groups, in that order."""
         got = self._sharding.get(dp)
         if got is not None:
             return got
         pins = self.pins
-        out: list[Sharding] = []
-        shards: tuple[int, ...]
-        offloads: tuple[tuple[str, str], ...]  # (offload_optimizer, offload_params)
+        rows: list[tuple[int, int]] = []  # (dp_shard, zero_stage)
         for zero in (0, 1, 2, 3):
-            if pins.zero_stage is not None and zero != pins.zero_stage:
-                continue
-            if zero == 0:
-                shards, offloads = (1,), (("none", "none"),)
-            else:
-                opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
-                par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
-                shards, offloads = divisors(dp), tuple((oo, op) for oo in opt for op in par)
-            # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two cached questions: no rule
-            # reads both the shard group and the offload knobs (asserted in _separable)
-            offloads = tuple((oo, op) for oo, op in offloads
-                             if (pins.offload_optimizer is None or oo == pins.offload_optimizer)
-                             and (pins.offload_params is None or op == pins.offload_params)
-                             and self._legal_cached(("offload", zero, oo, op), zero_stage=zero, offload_optimizer=oo,
-                                                    offload_params=op))
-            for d in shards:
-                if (pins.dp_shard is not None and d != pins.dp_shard) \
-                        or not self._legal_cached(("shard", zero, d, dp), dp=dp, dp_shard=d, zero_stage=zero):
-                    continue
-                for oo, op in offloads:
-                    # a zero stage needs a shard group of more than one GPU, except ZeRO-Offload on one rank
-                    if zero > 0 and d == 1 and not (dp == 1 and (oo != "none" or op != "none")):
-                        continue
-                    out.append(self._sharding_of(zero, d, oo, op))
+            if (pins.zero_stage is None or zero == pins.zero_stage) and self.offload_choices(zero):
+                rows += [(d, zero) for d in ((1,) if zero == 0 else divisors(dp))
+                         if pins.dp_shard is None or d == pins.dp_shard]
+        # legal(dp, dp_shard, zero_stage, offload_optimizer, offload_params) as two questions: no rule reads both the
+        # shard group and the offload knobs (asserted in _separable)
+        legal = rules.legal_rows(self.facts, F.STRUCTURAL_CODES, {"dp": dp}, ("dp_shard", "zero_stage"), rows)
+        out = []
+        for d, zero in legal:
+            key = (zero, d, dp == 1)
+            choices = self._offloaded.get(key)
+            if choices is None:
+                # a zero stage needs a shard group of more than one GPU, except ZeRO-Offload on one rank
+                choices = self._offloaded[key] = tuple(
+                    Sharding(zero, d, oo, op) for oo, op in self.offload_choices(zero)
+                    if not (zero > 0 and d == 1 and not (dp == 1 and (oo != "none" or op != "none"))))
+            if choices:
+                out.append((zero, d, choices))
         result = tuple(out)
         self._sharding[dp] = result
         return result
+
+    def offload_choices(self, zero: int) -> tuple[tuple[str, str], ...]:
+        """The legal (offload_optimizer, offload_params) pairs of a zero stage, pins applied."""
+        got = self._offloads.get(zero)
+        if got is None:
+            pins = self.pins
+            if zero == 0:
+                pairs: tuple[tuple[str, str], ...] = (("none", "none"),)
+            else:
+                opt = ("none", "cpu", "nvme") if zero == 3 else ("none", "cpu")
+                par = ("none", "cpu", "nvme") if zero == 3 else ("none",)
+                pairs = tuple((oo, op) for oo in opt for op in par)
+            got = self._offloads[zero] = tuple(
+                (oo, op) for oo, op in pairs
+                if (pins.offload_optimizer is None or oo == pins.offload_optimizer)
+                and (pins.offload_params is None or op == pins.offload_params)
+                and self.legal(zero_stage=zero, offload_optimizer=oo, offload_params=op))
+        return got
+
+    def sharding_choices(self, dp: int) -> tuple[Sharding, ...]:
+        got = self._sharding_flat.get(dp)
+        if got is None:
+            got = self._sharding_flat[dp] = tuple(sh for _, _, choices in self.sharding_groups(dp) for sh in choices)
+        return got
+
+    def sharding_count(self, dp: int) -> int:
+        got = self._sharding_n.get(dp)
+        if got is None:
+            got = self._sharding_n[dp] = sum(len(choices) for _, _, choices in self.sharding_groups(dp))
+        return got
 
     def batch_choices(self, dp: int) -> tuple[tuple[int, int], ...]:
         """(micro_batch, grad_accum) pairs for ``dp``."""
@@ -252,11 +270,8 @@ class Space:
             out = grad_accums_for(b, tol, dp, range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1))
         if self.pins.micro_batch is not None:
             out = [c for c in out if c[0] == self.pins.micro_batch]
-        checks = rules.rules_reading(frozenset(("dp", "micro_batch", "grad_accum")), F.STRUCTURAL_CODES)
-        partial, facts = rules.Knobs.partial, self.facts  # legal(dp=, micro_batch=, grad_accum=), hoisted
-        out = [(mb, ga) for mb, ga in out
-               if rules.first_violation_of(facts, checks, partial(dp=dp, micro_batch=mb, grad_accum=ga)) is None]
-        result = tuple(out)
+        # legal(dp=dp, micro_batch=mb, grad_accum=ga) for every pair at once
+        result = tuple(rules.legal_rows(self.facts, F.STRUCTURAL_CODES, {"dp": dp}, ("micro_batch", "grad_accum"), out))
         self._batch[dp] = result
         return result
 
@@ -267,17 +282,33 @@ class Space:
                               schedule="1f1b", dp_replicate=dp // sh.dp_shard, dp_shard=sh.dp_shard,
                               offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
 
-    def sharding_classes(self, dp: int) -> tuple[tuple[Sharding, int], ...]:
-        """sharding_choices(dp) by sharding_class: (the first choice of each class, how many it stands for)."""
+    def sharding_classes(self, dp: int) -> tuple[tuple[int, Sharding, int], ...]:
+        """sharding_choices(dp) by sharding_class: (the class's number, the first choice of the class, how many it
+        stands for). A group's classes are found once per (zero stage, dp_shard > 1, replicate > 1): support_key_of
+        reads the degrees only as > 1 (tests/unit/solver/test_solver_frameworks.py holds it)."""
         got = self._classes.get(dp)
         if got is None:
-            first: dict[tuple, Sharding] = {}
-            counts: dict[tuple, int] = {}
-            for sh in self.sharding_choices(dp):
-                cls = self.sharding_class(dp, sh)
-                first.setdefault(cls, sh)
-                counts[cls] = counts.get(cls, 0) + 1
-            got = self._classes[dp] = tuple((first[c], counts[c]) for c in first)
+            first: dict[int, Sharding] = {}
+            counts: dict[int, int] = {}
+            for zero, d, choices in self.sharding_groups(dp):
+                key = (zero, d > 1, dp // d > 1, dp == 1, len(choices))
+                ids = self._group_classes.get(key)
+                if ids is None:
+                    ids = self._group_classes[key] = tuple(
+                        self._class_ids.setdefault(self.sharding_class(dp, sh), len(self._class_ids)) for sh in choices)
+                for cid, sh in zip(ids, choices):
+                    if cid not in counts:
+                        first[cid], counts[cid] = sh, 1
+                    else:
+                        counts[cid] += 1
+            got = self._classes[dp] = tuple((c, first[c], counts[c]) for c in first)
+        return got
+
+    def grad_accums(self, dp: int) -> tuple[int, ...]:
+        """The grad_accum of each of batch_choices(dp), in order."""
+        got = self._gas.get(dp)
+        if got is None:
+            got = self._gas[dp] = tuple(ga for _, ga in self.batch_choices(dp))
         return got
 
     def batch_extremes(self, dp: int) -> tuple[int, int]:
@@ -286,7 +317,7 @@ class Space:
         got = self._extremes.get(dp)
         if got is None:
             batches = self.batch_choices(dp)
-            got = self._extremes[dp] = (max(mb for mb, _ in batches), max(mb * ga for mb, ga in batches))
+            got = self._extremes[dp] = (max(batches)[0], max(map(operator.mul, *zip(*batches))))
         return got
 
     def recompute_choices(self) -> tuple[str, ...]:
@@ -341,7 +372,7 @@ class Space:
                                     "leaves a dp that does not")
 
     def inner_count(self, shape: Shape) -> int:
-        return (len(self.pipeline_choices(shape.pp)) * len(self.sharding_choices(shape.dp))
+        return (len(self.pipeline_choices(shape.pp)) * self.sharding_count(shape.dp)
                 * len(self.batch_choices(shape.dp)) * len(self.recompute_choices()) * len(self.sp_choices(shape.tp, shape.cp)))
 
     def layout(self, shape: Shape, sched: str, vpp: int, sh: Sharding, mb: int, ga: int, recompute: str,

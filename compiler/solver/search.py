@@ -178,10 +178,12 @@ class _Search:
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
+        self._class_support: dict[tuple, list[bool | None]] = {}  # num_options: verdicts by sharding class number
         self._pipe_classes: dict[int, tuple] = {}
         self._thin: dict[tuple, bool] = {}  # choice_thin's verdicts
         self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
+        self._counts: dict[tuple, tuple[int, int, int]] = {}  # shape_counts
         self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
                          for i, o in enumerate(problem.gpu_options)}
@@ -340,16 +342,29 @@ class _Search:
         n = self._num_options.get(key)
         if n is None:
             n = 0
+            classes = self.space.sharding_classes(shape.dp)
             for sp in sps:
-                for sh, count in self.space.sharding_classes(shape.dp):
-                    skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
-                                          zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
-                                          dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
-                                          offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
-                    supported = self._support.get(skey)
+                # support by sharding class number, for the degrees as support_key_of reads them (> 1)
+                vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sp)
+                verdicts = self._class_support.get(vkey)
+                if verdicts is None:
+                    verdicts = self._class_support[vkey] = []
+                for cid, sh, count in classes:
+                    if cid >= len(verdicts):
+                        verdicts += [None] * (cid + 1 - len(verdicts))
+                    supported = verdicts[cid]
                     if supported is None:
-                        supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
-                    n += count if supported else 0
+                        skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
+                                              zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
+                                              dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                                              offload_optimizer=sh.offload_optimizer,
+                                              offload_params=sh.offload_params)
+                        supported = self._support.get(skey)
+                        if supported is None:
+                            supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
+                        verdicts[cid] = supported
+                    if supported:
+                        n += count
             self._num_options[key] = n
         return n
 
@@ -367,7 +382,8 @@ class _Search:
         key = (dp, pp)
         got = self._bad_batches.get(key)
         if got is None:
-            got = self._bad_batches[key] = sum(1 for _, ga in self.space.batch_choices(dp) if ga % pp)
+            gas = self.space.grad_accums(dp)
+            got = self._bad_batches[key] = len(gas) - list(map(pp.__rmod__, gas)).count(0)
         return got
 
     def run(self) -> None:
@@ -376,19 +392,11 @@ class _Search:
         for code, n in shape_space.rejected_shapes.items():
             self.tally.reject(code, n, shape_space.examples.get(code, ""))
         queue = []
-        rc_n = len(space.recompute_choices())
         for order, shape in enumerate(shape_space.shapes):
-            total = space.inner_count(shape)
+            total, supported, bad_interleave = self.shape_counts(shape)
             if total == 0:
                 continue
             self.num_considered += total
-            batches = space.batch_choices(shape.dp)
-            supported = bad_interleave = 0
-            for (sched, interleaved), count in self.pipeline_classes(shape.pp):
-                n_opts = self.num_options(shape, sched, 2 if interleaved else 1)
-                supported += count * n_opts * len(batches) * rc_n
-                if interleaved:
-                    bad_interleave += count * n_opts * rc_n * self.bad_interleave_batches(shape.dp, shape.pp)
             if supported < total:
                 self.tally.add(F.FRAMEWORK_UNSUPPORTED, total - supported)
             if bad_interleave:
@@ -398,6 +406,7 @@ class _Search:
             supported -= bad_interleave
             if supported == 0:
                 continue
+            batches = space.batch_choices(shape.dp)
             self.largest_gpus = max(self.largest_gpus, shape.world)
             mb_cap, most = space.batch_extremes(shape.dp)
             bubble = self._bubble.get((shape.pp, shape.dp))
@@ -427,6 +436,32 @@ class _Search:
                 self.num_pruned += n
                 continue
             self.explore(shape)
+
+    def shape_counts(self, shape: Shape) -> tuple[int, int, int]:
+        """(layouts of ``shape``, those every target supports, those of them interleaved 1F1B cannot batch), cached
+        by what they depend on: the degrees as support_key_of reads them (> 1; the well-calibrated search's options
+        also read the GPU and the scale), pp and dp whole, and the sequence-parallel choices. A large space repeats
+        each key for many tp x cp."""
+        space = self.space
+        sps = space.sp_choices(shape.tp, shape.cp)
+        key: tuple = (shape.tp > 1, shape.cp > 1, shape.ep > 1, shape.pp, shape.dp, sps)
+        if self.calibrated:
+            key += (shape.option, scale_bucket(shape.world))
+        got = self._counts.get(key)
+        if got is not None:
+            return got
+        total = space.inner_count(shape)
+        supported = bad_interleave = 0
+        if total:
+            rc_n = len(space.recompute_choices())
+            n_batches = len(space.batch_choices(shape.dp))
+            for (sched, interleaved), count in self.pipeline_classes(shape.pp):
+                n_opts = self.num_options(shape, sched, 2 if interleaved else 1)
+                supported += count * n_opts * n_batches * rc_n
+                if interleaved:
+                    bad_interleave += count * n_opts * rc_n * self.bad_interleave_batches(shape.dp, shape.pp)
+        got = self._counts[key] = (total, supported, bad_interleave)
+        return got
 
     def shape_stages_lb(self, shape: Shape, threshold: float) -> float:
         """stages_lb, kept per shape: a value found by an earlier search of the same problem (a larger option set,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 
 from compiler.layout import Layout
 from compiler.problem import lower
@@ -140,3 +141,33 @@ def test_rules_reading_skips_only_rules_that_cannot_fire() -> None:
         assert rules.first_violation_of(facts, subset, knobs) == full, knobs
         fired += full is not None
     assert fired > 50  # the sample does break rules
+
+
+def test_legal_rows_says_what_each_rows_own_question_says() -> None:
+    """rules.legal_rows (asked once per dp by batch_choices and sharding_groups) against first_violation_of asked
+    row by row with Knobs.partial: the same rows, for knobs that break a rule reading only the fixed ones (ep on a
+    dense model), one reading the rows (the batch, the shard group), and several at once."""
+    from compiler import rules
+
+    p = problem(tol=0.25, batch=64)
+    facts, codes = p.facts, F.STRUCTURAL_CODES
+
+    def one_by_one(fixed: dict, names: tuple, rows: list) -> list:
+        return [row for row in rows if rules.first_violation_of(
+            facts, rules.rules_reading(frozenset(fixed) | frozenset(names), codes),
+            rules.Knobs.partial(**fixed, **dict(zip(names, row)))) is None]
+
+    batch_rows = [(mb, ga) for mb in range(1, 9) for ga in range(1, 40)]
+    shard_rows = [(d, z) for z in range(4) for d in range(1, 13)]
+    three = [(mb, ga, d) for mb in (1, 2, 3) for ga in (8, 16, 21, 32) for d in (1, 2, 3, 4)]
+    cases = [({"dp": dp}, ("micro_batch", "grad_accum"), batch_rows) for dp in (1, 2, 3, 4, 6)]
+    cases += [({"dp": dp}, ("dp_shard", "zero_stage"), shard_rows) for dp in (1, 4, 6, 12)]
+    cases += [({"dp": 4, "ep": 2, "cp": 1}, ("micro_batch", "grad_accum"), batch_rows),  # ep on a dense model
+              ({"dp": 2}, ("micro_batch", "grad_accum", "dp_shard"), three)]
+    for fixed, names, rows in cases:
+        got = rules.legal_rows(facts, codes, fixed, names, rows)
+        assert got == one_by_one(fixed, names, rows), (fixed, names)
+    assert rules.legal_rows(facts, codes, {"dp": 4, "ep": 2, "cp": 1}, ("micro_batch", "grad_accum"), batch_rows) == []
+    assert 0 < len(rules.legal_rows(facts, codes, {"dp": 4}, ("micro_batch", "grad_accum"), batch_rows)) < len(batch_rows)
+    with pytest.raises(TypeError):
+        rules.legal_rows(facts, codes, {"dp": 4}, ("micro_batches",), [(1,)])
