@@ -514,15 +514,24 @@ def legal_rows(facts: Facts, codes: tuple[str, ...] | None, fixed: dict[str, Any
     # and keeps no reference to them
     probe = Knobs.partial(**fixed)
     values = probe.__dict__
-    if len(per_row) == 1 and len(names) == 2:  # the solver's (micro_batch, grad_accum) and (dp_shard, zero_stage) rows
-        (check,), (first, second) = per_row, names
-        out = []
+    out = []
+    if len(names) == 2:  # the solver's (micro_batch, grad_accum) and (dp_shard, zero_stage) rows
+        first, second = names
+        if len(per_row) == 1:
+            check = per_row[0]
+            for row in rows:
+                values[first], values[second] = row
+                if check(facts, probe) is None:
+                    out.append(row)
+            return out
         for row in rows:
             values[first], values[second] = row
-            if check(facts, probe) is None:
+            for check in per_row:
+                if check(facts, probe) is not None:
+                    break
+            else:
                 out.append(row)
         return out
-    out = []
     for row in rows:
         values.update(zip(names, row))
         for check in per_row:

@@ -31,7 +31,6 @@ compiler.rules about the values it offers (the same rules the spec's pins, the c
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -317,7 +316,7 @@ class Space:
         got = self._extremes.get(dp)
         if got is None:
             batches = self.batch_choices(dp)
-            got = self._extremes[dp] = (max(batches)[0], max(map(operator.mul, *zip(*batches))))
+            got = self._extremes[dp] = (max(batches)[0], max(mb * ga for mb, ga in batches))
         return got
 
     def recompute_choices(self) -> tuple[str, ...]:
