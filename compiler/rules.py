@@ -506,34 +506,21 @@ def legal_rows(facts: Facts, codes: tuple[str, ...] | None, fixed: dict[str, Any
         raise TypeError(f"unknown knobs: {sorted((set(names) | fixed.keys()) - _KNOB_NAMES)}")
     varying = frozenset(names)
     asked = rules_reading(varying | frozenset(fixed), codes)
-    if first_violation_of(facts, tuple(r for r in asked if varying.isdisjoint(r.knobs)),
-                          Knobs.partial(**fixed)) is not None:
+    # one Knobs whose varying values are overwritten row by row: a check is a pure function of its arguments and
+    # keeps no reference to them
+    probe = Knobs.partial(**fixed)
+    if first_violation_of(facts, tuple(r for r in asked if varying.isdisjoint(r.knobs)), probe) is not None:
         return []
     per_row = tuple(r.check for r in asked if not varying.isdisjoint(r.knobs))
-    # one Knobs whose varying values are overwritten row by row: a check is a pure function of its arguments
-    # and keeps no reference to them
-    probe = Knobs.partial(**fixed)
     values = probe.__dict__
+    pair = len(names) == 2  # the solver's rows: (micro_batch, grad_accum) and (dp_shard, zero_stage)
+    first, second = names[0], names[-1]
     out = []
-    if len(names) == 2:  # the solver's (micro_batch, grad_accum) and (dp_shard, zero_stage) rows
-        first, second = names
-        if len(per_row) == 1:
-            check = per_row[0]
-            for row in rows:
-                values[first], values[second] = row
-                if check(facts, probe) is None:
-                    out.append(row)
-            return out
-        for row in rows:
-            values[first], values[second] = row
-            for check in per_row:
-                if check(facts, probe) is not None:
-                    break
-            else:
-                out.append(row)
-        return out
     for row in rows:
-        values.update(zip(names, row))
+        if pair:
+            values[first], values[second] = row  # (a dict update from zip() costs twice as much)
+        else:
+            values.update(zip(names, row))
         for check in per_row:
             if check(facts, probe) is not None:
                 break

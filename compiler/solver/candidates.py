@@ -290,7 +290,7 @@ class Space:
             first: dict[int, Sharding] = {}
             counts: dict[int, int] = {}
             for zero, d, choices in self.sharding_groups(dp):
-                key = (zero, d > 1, dp // d > 1, dp == 1, len(choices))
+                key = (zero, d > 1, dp // d > 1, dp == 1)  # (these fix the group's offload choices too)
                 ids = self._group_classes.get(key)
                 if ids is None:
                     ids = self._group_classes[key] = tuple(

@@ -281,18 +281,12 @@ class _Search:
                     if supported:
                         ok.append((sp, sh))
                     continue
-                skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
-                                      zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
-                                      dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
-                                      offload_optimizer=sh.offload_optimizer, offload_params=sh.offload_params)
-                supported = self._support.get(skey)
-                if supported is None or (not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples):
+                supported = self.choice_supported(shape, sched, vpp, sp, sh)
+                if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
                     layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
-                    supported = self.supported(layout, skey)
-                    if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
-                        r = F.check_framework(self.problem, layout)
-                        assert r is not None
-                        self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+                    r = F.check_framework(self.problem, layout)
+                    assert r is not None
+                    self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
                 verdicts[cls] = supported
                 if supported:
                     ok.append((sp, sh))
@@ -354,15 +348,7 @@ class _Search:
                         verdicts += [None] * (cid + 1 - len(verdicts))
                     supported = verdicts[cid]
                     if supported is None:
-                        skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
-                                              zero_stage=sh.zero_stage, vpp=vpp, schedule=sched,
-                                              dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
-                                              offload_optimizer=sh.offload_optimizer,
-                                              offload_params=sh.offload_params)
-                        supported = self._support.get(skey)
-                        if supported is None:
-                            supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
-                        verdicts[cid] = supported
+                        supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
                     if supported:
                         n += count
             self._num_options[key] = n
@@ -692,6 +678,17 @@ class _Search:
                 self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
                 return True
         return False
+
+    def choice_supported(self, shape: Shape, sched: str, vpp: int, sp: bool, sh: Sharding) -> bool:
+        """Whether every target runs the layouts of this (shape, schedule, sequence parallel, sharding) choice."""
+        skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
+                              zero_stage=sh.zero_stage, vpp=vpp, schedule=sched, dp_replicate=shape.dp // sh.dp_shard,
+                              dp_shard=sh.dp_shard, offload_optimizer=sh.offload_optimizer,
+                              offload_params=sh.offload_params)
+        supported = self._support.get(skey)
+        if supported is None:
+            supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
+        return supported
 
     def supported(self, layout: Layout, key: tuple) -> bool:
         ok = self._support.get(key)

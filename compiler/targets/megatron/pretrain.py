@@ -54,6 +54,7 @@ UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "hetero
 _CAPTURED: dict[str, Any] = {}
 
 
+from compiler.runtime.common import print_json  # noqa: E402
 from compiler.runtime.measure import SAVED  # noqa: E402 - the generated trainers' own counter (one home)
 
 
@@ -409,8 +410,7 @@ def train() -> None:
              model_provider=partial(model_provider, gpt_builder), get_embedding_ranks=get_embedding_ranks)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     record = {SUMMARY_KEY: True, "rank": rank, **measure()}
-    sys.stdout.write(json.dumps(record) + "\n")  # one write (see compiler.runtime.common.print_json)
-    sys.stdout.flush()
+    print_json(record)  # the generated trainers' summary writer: one write per line
     sys.stderr.flush()
     os._exit(0)  # like the generated trainers: c10d/gloo threads can abort interpreter shutdown
 

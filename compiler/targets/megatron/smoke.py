@@ -452,13 +452,14 @@ def fill_result(result: TargetResult, lines: list[str], setup: SmokeSetup,
     """``lines``: the console; ``rank_stdout``: each rank's own stdout.log (torchrun --log-dir), whose
     records a console line can lose when two ranks' output meet on it."""
     log = parse_megatron_log(lines)
-    for path in (rank_stdout or {}).values():
-        try:
-            own = parse_megatron_log(path.read_text(errors="replace").splitlines())
-        except OSError:
-            continue
-        for rank, record in own.ranks.items():
-            log.ranks.setdefault(rank, record)
+    if rank_stdout and len(log.ranks) < setup.world_size:  # a console line lost a rank's record
+        for path in rank_stdout.values():
+            try:
+                own = parse_megatron_log(path.read_text(errors="replace").splitlines())
+            except OSError:
+                continue
+            for rank, record in own.ranks.items():
+                log.ranks.setdefault(rank, record)
     result.losses, result.steps_done = log.losses, len(log.losses)
     if log.step_times_s:
         after_first = log.step_times_s[1:] or log.step_times_s
