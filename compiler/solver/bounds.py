@@ -86,6 +86,8 @@ class Bounds:
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, dict[tuple[int, str], float]] = {}
         self._domain: dict[int, int] = {}
+        self._straggler: dict[int, float] = {}
+        self._states_setup: dict[tuple[int, bool], Setup] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -174,7 +176,7 @@ class Bounds:
             f, b = self.stage_fb(shape, whole, mb_cap, sp, "none")
             tokens = mb_cap * self.problem.seq_len // shape.cp
             got = self._per_token[key] = (f + b) * shape.tp / tokens
-        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        straggler = self._straggler_per_s(shape.world)
         return SAFETY * got * (1.0 + straggler)
 
     def stage_gpu_s_per_token_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
@@ -187,7 +189,7 @@ class Bounds:
         (makespan units) x that stage's time, and a step of m micro-batches holds m x mb x seq / cp tokens per
         pipeline: times the smallest (makespan units / m) of the schedules with ``vpp`` it bounds the layouts."""
         worst = self.group_worst_fb(shape, vpp, mb_cap, recompute, sps)
-        straggler, _ = cm.sync_overhead_s(shape.world, 1.0, self.eff)
+        straggler = self._straggler_per_s(shape.world)
         tokens = mb_cap * self.problem.seq_len // shape.cp
         return SAFETY * worst * shape.pp * shape.tp / tokens * (1.0 + straggler)
 
@@ -230,6 +232,13 @@ class Bounds:
         got = self._domain.get(shape.option)
         if got is None:
             got = self._domain[shape.option] = self.setup(shape.option, self._probe(shape)).nvlink_domain_gpus
+        return got
+
+    def _straggler_per_s(self, world: int) -> float:
+        """The straggler wait per second of busy time of a step on ``world`` GPUs (cm.sync_overhead_s)."""
+        got = self._straggler.get(world)
+        if got is None:
+            got = self._straggler[world] = cm.sync_overhead_s(world, 1.0, self.eff)[0]
         return got
 
     def sync_lb(self, shape: Shape, busy_s: float) -> float:
@@ -337,12 +346,19 @@ class Bounds:
         return got
 
     def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
-        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last, sh)
+        # not dp: the model states read the shard group (dp_shard x cp), not the replicas (memory.py
+        # model_state_bytes_per_gpu; test_model_states_cache_matches_the_cost_model), so the dps share them
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, sl.dense, sl.moe, sl.first, sl.last, sh)
         got = self._states.get(key)
         if got is None:
             view = _ShardingView(shape, sh)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
-            setup = self.setup(shape.option, self._probe(shape, pp=shape.pp, sh=sh))
+            # of the setup the states read the recipe (which the ZeRO stage can change, make_setup) and the target's
+            # bookkeeping, not its layout: one setup per (GPU, ZeRO >= 1) serves every sharding (test_model_states_cache_matches_the_cost_model)
+            skey = (shape.option, sh.zero_stage >= 1)
+            setup = self._states_setup.get(skey)
+            if setup is None:
+                setup = self._states_setup[skey] = self.setup(shape.option, self._probe(shape, pp=shape.pp, sh=sh))
             got = self._states[key] = cm.model_state_bytes(setup, spp, view)
         return got
 

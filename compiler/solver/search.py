@@ -642,10 +642,14 @@ class _Search:
                                                usable, n)
                 continue
             cands = []
+            by_sharding: dict[Sharding, float] = {}  # the bound reads the sharding, not sequence parallelism
             for i, (sp, sh) in enumerate(opts):
-                def make(sh=sh, sp=sp):
-                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-                cands.append((bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, make), i, sp, sh))
+                step_lb = by_sharding.get(sh)
+                if step_lb is None:
+                    def make(sh=sh, sp=sp):
+                        return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+                    step_lb = by_sharding[sh] = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, make)
+                cands.append((step_lb, i, sp, sh))
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):
                 # bounds ascend along cands: the first layout a bound rules out rules out the rest of the group

@@ -179,6 +179,43 @@ def test_p2p_cache_matches_the_cost_model() -> None:
     assert checked == 128
 
 
+def test_model_states_cache_matches_the_cost_model() -> None:
+    """Bounds._model_states shares its cache across the data-parallel degrees (the states read the shard group,
+    not the replicas): asked for each dp after other dps filled the cache, it equals the cost model's states of
+    that dp's own layout, for every target's bookkeeping (Megatron, DeepSpeed, FSDP), with ZeRO 0-3, HSDP and
+    offload."""
+    from compiler.costmodel import parts as cm
+    from compiler.solver.bounds import _ShardingView
+    from compiler.solver.candidates import Shape
+
+    checked = 0
+    for model, target, ep in (("llama3-8b", "megatron", 1), ("llama3-8b", "deepspeed", 1), ("llama3-8b", "fsdp", 1),
+                              ("mixtral-8x7b", "megatron", 2)):
+        problem = lower(load_spec_text(textwrap.dedent(f"""
+            name: states
+            model: {{preset: {model}}}
+            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
+            cluster: {{gpu: h100-sxm, max_gpus: 512}}
+            targets: [{target}]
+        """), "spec.yaml"))
+        bounds = Bounds(problem)
+        option = problem.gpu_options[0]
+        for tp, pp in ((1, 1), (2, 4), (8, 2)):
+            for dp in (64, 2, 16, 6, 4):
+                shape = Shape(0, option.name, option.gpus_per_node, tp, pp, 1, dp, ep)
+                for shard in (d for d in (1, 2, 3, 4, 8, 16, 32, 64) if dp % d == 0):
+                    for sh in (Sharding(0, 1), Sharding(1, shard), Sharding(2, shard), Sharding(3, shard),
+                               Sharding(2, shard, offload_optimizer="cpu"),
+                               Sharding(3, shard, offload_optimizer="cpu", offload_params="cpu")):
+                        for sl in bounds.distinct(pp, 1):
+                            setup = bounds.setup(0, bounds._probe(shape, pp=pp, sh=sh))
+                            want = cm.model_state_bytes(setup, bounds._stage_params(shape, pp, 1, sl),
+                                                        _ShardingView(shape, sh))
+                            assert bounds._model_states(shape, 1, sl, sh) == want, (model, target, tp, pp, dp, sh)
+                            checked += 1
+    assert checked > 1000
+
+
 # the shape-level bounds of the search (search._Search.groups_lb and stages_lb): no feasible layout of a shape has a smaller
 # objective key, with the budget and the memory it uses to leave groups out (tight budgets, small GPUs)
 GROUPS_SPECS = {
