@@ -88,6 +88,7 @@ class Bounds:
         self._domain: dict[int, int] = {}
         self._straggler: dict[int, float] = {}
         self._states_setup: dict[tuple[int, bool], Setup] = {}
+        self._least: dict[int, tuple[tuple, tuple[Sharding, ...]]] = {}
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -367,8 +368,24 @@ class Bounds:
                id(options))
         got = self._states.get(key)
         if got is None:
-            got = self._states[key] = min(self._model_states(shape, vpp, sl, sh) for _, sh in options)
+            got = self._states[key] = min(self._model_states(shape, vpp, sl, sh) for sh in self._least_states(options))
         return got
+
+    def _least_states(self, options: tuple) -> tuple[Sharding, ...]:
+        """The shardings of ``options`` that can hold the fewest model states: per (ZeRO stage, offloads), the
+        widest shard group. Within one such class the states only fall as dp_shard grows (each sharded part is
+        divided by it: memory.params_after_sharding; test_model_states_fall_with_the_shard_group), so the
+        minimum over ``options`` is the minimum over these, the same value."""
+        got = self._least.get(id(options))
+        if got is None or got[0] is not options:
+            widest: dict[tuple[int, str, str], Sharding] = {}
+            for _, sh in options:
+                cls = (sh.zero_stage, sh.offload_optimizer, sh.offload_params)
+                known = widest.get(cls)
+                if known is None or sh.dp_shard > known.dp_shard:
+                    widest[cls] = sh
+            got = self._least[id(options)] = (options, tuple(widest.values()))
+        return got[1]
 
     def _fixed(self, layout: Layout) -> float:
         return cm.fixed_bytes(layout)

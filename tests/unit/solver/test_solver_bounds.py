@@ -216,6 +216,43 @@ def test_model_states_cache_matches_the_cost_model() -> None:
     assert checked > 1000
 
 
+def test_model_states_fall_with_the_shard_group() -> None:
+    """Bounds._least_states keeps, of each (ZeRO stage, offloads) class, only the widest shard group: the cost
+    model's model states must never grow with dp_shard within a class (every target's bookkeeping, dense and
+    expert parameters, with context parallelism)."""
+    from compiler.costmodel import parts as cm
+    from compiler.solver.bounds import _ShardingView
+    from compiler.solver.candidates import Shape
+
+    checked = 0
+    for model, target, ep in (("llama3-8b", "megatron", 1), ("llama3-8b", "deepspeed", 1), ("llama3-8b", "fsdp", 1),
+                              ("mixtral-8x7b", "megatron", 4), ("mixtral-8x7b", "megatron", 8)):
+        problem = lower(load_spec_text(textwrap.dedent(f"""
+            name: states
+            model: {{preset: {model}}}
+            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
+            cluster: {{gpu: h100-sxm, max_gpus: 1024}}
+            targets: [{target}]
+        """), "spec.yaml"))
+        bounds = Bounds(problem)
+        option = problem.gpu_options[0]
+        for tp, pp, cp in ((1, 1, 1), (2, 4, 1), (4, 2, 2)):
+            shape = Shape(0, option.name, option.gpus_per_node, tp, pp, cp, 128, ep)
+            for zero, off_opt, off_params in ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"),
+                                              (3, "none", "none"), (2, "cpu", "none"), (3, "cpu", "cpu")):
+                for sl in bounds.distinct(pp, 1):
+                    before = float("inf")
+                    for shard in (1, 2, 4, 8, 16, 32, 64, 128):
+                        sh = Sharding(zero, shard, offload_optimizer=off_opt, offload_params=off_params)
+                        setup = bounds.setup(0, bounds._probe(shape, pp=pp, sh=sh))
+                        states = cm.model_state_bytes(setup, bounds._stage_params(shape, pp, 1, sl),
+                                                      _ShardingView(shape, sh))
+                        assert states <= before, (model, target, tp, pp, cp, zero, off_opt, off_params, shard)
+                        before = states
+                        checked += 1
+    assert checked > 1000
+
+
 # the shape-level bounds of the search (search._Search.groups_lb and stages_lb): no feasible layout of a shape has a smaller
 # objective key, with the budget and the memory it uses to leave groups out (tight budgets, small GPUs)
 GROUPS_SPECS = {
