@@ -177,6 +177,13 @@ def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int,
     ((kind == "B") x pp v + virtual stage) x m + micro-batch. A forward needs the forward of the virtual stage
     before it (none on the first), a backward the backward of the virtual stage after it (the last one's own
     forward). They do not depend on the durations, so the solver's many ratios of one schedule share them."""
+    if schedule != "gpipe" and v == 1:
+        return tuple(_one_f_one_b_plan(s, pp, m) for s in range(pp))
+    return _listed_plan(schedule, pp, m, v)
+
+
+def _listed_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """_step_plan from each stage's operation list (stage_order)."""
     n_virtual = pp * v
     last = n_virtual - 1
     out = []
@@ -200,6 +207,23 @@ def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int,
                 fwd.append(0)
         out.append((tuple(own), tuple(deps), tuple(cross), tuple(fwd)))
     return tuple(out)
+
+
+def _one_f_one_b_plan(s: int, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """_step_plan's tuples of stage ``s`` under 1F1B (one_f_one_b_order, v = 1), built from the order's three runs
+    (warm-up forwards, forward-backward pairs, the last backwards) without its operation list
+    (tests/unit/costmodel/test_cm_pp_schedule.py checks them against it)."""
+    w = min(pp - s - 1, m)
+    f0, b0 = s * m, (pp + s) * m  # the slots of forward 0 and backward 0 (every forward slot is below b0)
+    own = [f0 + i for i in range(w)] + [x for j in range(m - w) for x in (f0 + w + j, b0 + j)] \
+        + [b0 + i for i in range(m - w, m)]
+    # a forward needs the previous stage's (none on the first), a backward the next stage's backward, the last
+    # stage's its own forward
+    b_dep = -pp * m if s == pp - 1 else m
+    deps = [(-1 if s == 0 else x - m) if x < b0 else x + b_dep for x in own]
+    fwd = [1] * w + [1, 0] * (m - w) + [0] * w
+    f_cross, b_cross = int(s != 0), int(s != pp - 1)
+    return tuple(own), tuple(deps), tuple(f_cross if f else b_cross for f in fwd), tuple(fwd)
 
 
 def _run(plans: tuple[tuple[tuple[int, ...], ...], ...], pp: int, m: int, v: int, backward_ratio: float,

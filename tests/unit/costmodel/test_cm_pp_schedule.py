@@ -185,3 +185,13 @@ def test_the_makespan_alone_is_the_event_simulation_bit_for_bit(schedule: str) -
                     full = simulate(schedule, pp, m, v, r, x, keep_events=True)
                     assert fast.makespan == full.makespan and fast.busy == full.busy, (pp, v, m, r, x)
                     assert fast.events == () and len(full.events) == 2 * pp * v * m
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_one_f_one_b_plan_is_the_listed_one(schedule: str) -> None:
+    """Without interleaving, the simulation's per-stage plan is built in closed form (the three runs of
+    one_f_one_b_order): the same tuples as from the operation lists, for every depth and micro-batch count up
+    to 16 x 40 and some deeper pipelines and longer steps."""
+    for pp in (*range(1, 17), 24, 32):
+        for m in (*range(1, 41), 128, 255):
+            assert P._step_plan.__wrapped__(schedule, pp, m, 1) == P._listed_plan(schedule, pp, m, 1), (pp, m)
