@@ -254,10 +254,26 @@ def as_in_plan(obj: Any) -> Any:
     return _from_data(type(obj), plan_data(obj), type(obj).__name__)
 
 
+_PLAIN = (str, int, float, bool, type(None))  # what _to_data returns as it is (plan.json's scalars)
+
+
+@functools.cache
+def _data_fields(cls: Any) -> tuple[tuple[str, bool], ...] | None:
+    """(name, omitted when None) of each field of the dataclass ``cls``; None when ``cls`` is not a dataclass.
+    A plan holds thousands of pipeline events: the fields are looked up once per class."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return tuple((f.name, bool(f.metadata.get("omit_if_none"))) for f in dataclasses.fields(cls))
+
+
 def _to_data(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if not (f.metadata.get("omit_if_none") and getattr(obj, f.name) is None)}
+    cls: Any = type(obj)
+    if cls in _PLAIN:
+        return obj
+    fields = _data_fields(cls)
+    if fields is not None:
+        return {name: _to_data(value) for name, omit in fields
+                if not ((value := getattr(obj, name)) is None and omit)}
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if isinstance(obj, Mapping):
@@ -290,21 +306,50 @@ def _exact_section(where: str) -> bool:
     return len(parts) > 1 and parts[0] == "plan" and parts[1].split("[")[0] not in ESTIMATED_SECTIONS
 
 
-def _from_data(tp: Any, data: Any, where: str) -> Any:
-    """``data`` as a value of type ``tp``, checked; ``where`` is its path in plan.json (for the error)."""
+def _path(where: Any) -> str:
+    """The plan.json path ``where`` names, as an error says it: ``where`` is the root's name or (the parent's
+    path, ".field" or a list index), formatted only for an error (a plan holds thousands of pipeline events)."""
+    pieces = []
+    while isinstance(where, tuple):
+        where, piece = where
+        pieces.append(f"[{piece}]" if isinstance(piece, int) else piece)
+    return where + "".join(reversed(pieces))
+
+
+def _from_data(tp: Any, data: Any, where: Any) -> Any:
+    """``data`` as a value of type ``tp``, checked; ``where`` is its path in plan.json (for the error; _path)."""
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise ValueError(f"plan.json: {_path(where)} must be a number, got {data!r}"[:300])
+        if isinstance(data, int) and not _exact_section(_path(where)):
+            return round_sig(float(data), 4)  # an int in an estimated float field: round as to_dict rounds floats
+        return float(data) if isinstance(data, int) else data
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise ValueError(f"plan.json: {_path(where)} must be an integer, got {data!r}"[:300])
+        return data
+    if tp is str:
+        if not isinstance(data, str):
+            raise ValueError(f"plan.json: {_path(where)} must be a string, got {data!r}"[:300])
+        return data
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise ValueError(f"plan.json: {_path(where)} must be true or false, got {data!r}"[:300])
+        return data
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
-            raise ValueError(f"plan.json: {where} must be an object, got {data!r}"[:300])
-        missing = [name for name, _, required in _field_types(tp) if required and name not in data]
+            raise ValueError(f"plan.json: {_path(where)} must be an object, got {data!r}"[:300])
+        fields = _field_types(tp)
+        missing = [name for name, _, required in fields if required and name not in data]
         if missing:
-            raise ValueError(f"plan.json: {where} lacks {', '.join(missing)}")
-        values = {name: _from_data(hint, data[name], f"{where}.{name}") for name, hint, _ in _field_types(tp)
+            raise ValueError(f"plan.json: {_path(where)} lacks {', '.join(missing)}")
+        values = {name: _from_data(hint, data[name], (where, "." + name)) for name, hint, _ in fields
                   if name in data}
         try:
             return tp(**values)
         except (AssertionError, TypeError) as exc:  # a Layout's own invariants
-            raise ValueError(f"plan.json: {where}: {exc}") from None
+            raise ValueError(f"plan.json: {_path(where)}: {exc}") from None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         # pydantic's ValidationError is a ValueError; values are read back as plan.json holds them (a time limit
         # in whole seconds, not as a spec writes it)
@@ -312,9 +357,9 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(data, (list, tuple)):
-            raise ValueError(f"plan.json: {where} must be a list, got {data!r}"[:300])
+            raise ValueError(f"plan.json: {_path(where)} must be a list, got {data!r}"[:300])
         inner = args[0] if args else Any
-        return tuple(_from_data(inner, v, f"{where}[{i}]") for i, v in enumerate(data))
+        return tuple(_from_data(inner, v, (where, i)) for i, v in enumerate(data))
     if origin in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(tp) if a is not type(None)]
         if data is None:
@@ -322,31 +367,13 @@ def _from_data(tp: Any, data: Any, where: str) -> Any:
         return _from_data(members[0], data, where) if len(members) == 1 else data
     if origin is typing.Literal:
         if data not in typing.get_args(tp):
-            raise ValueError(f"plan.json: {where} must be one of {', '.join(map(str, typing.get_args(tp)))}, "
+            raise ValueError(f"plan.json: {_path(where)} must be one of {', '.join(map(str, typing.get_args(tp)))}, "
                              f"got {data!r}"[:300])
         return data
     if origin is not None and origin in (Mapping, dict, collections.abc.Mapping):
         if not isinstance(data, Mapping):
-            raise ValueError(f"plan.json: {where} must be an object, got {data!r}"[:300])
+            raise ValueError(f"plan.json: {_path(where)} must be an object, got {data!r}"[:300])
         return dict(data)
-    if tp is bool:
-        if not isinstance(data, bool):
-            raise ValueError(f"plan.json: {where} must be true or false, got {data!r}"[:300])
-        return data
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise ValueError(f"plan.json: {where} must be an integer, got {data!r}"[:300])
-        return data
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise ValueError(f"plan.json: {where} must be a number, got {data!r}"[:300])
-        if isinstance(data, int) and not _exact_section(where):
-            return round_sig(float(data), 4)  # an int in an estimated float field: round as to_dict rounds floats
-        return float(data) if isinstance(data, int) else data
-    if tp is str:
-        if not isinstance(data, str):
-            raise ValueError(f"plan.json: {where} must be a string, got {data!r}"[:300])
-        return data
     return data
 
 

@@ -80,3 +80,17 @@ def test_bad_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     err = run_cli(["estimate", "--plan", str(path)], exit_code=2).stderr
     assert "error[tp_not_divisor]: tensor_parallel must divide num_attention_heads (32), got tp=3" in err
+
+
+def test_a_bad_field_deep_in_a_plan_is_named_by_its_path() -> None:
+    """plan.json paths are built only for an error: a field inside a list of a section still reads as one path."""
+    from compiler.plan import Plan
+
+    data = json.loads((REPO / "generated/llama3-405b/plan.json").read_text())
+    data["estimate"]["pipeline"][17]["end_s"] = "x"
+    with pytest.raises(ValueError, match=r"plan\.json: plan\.estimate\.pipeline\[17\]\.end_s must be a number"):
+        Plan.from_dict(data)
+    data = json.loads((REPO / "generated/llama3-405b/plan.json").read_text())
+    data["alternatives"][2]["layout"]["schedule"] = "zigzag"
+    with pytest.raises(ValueError, match=r"plan\.json: plan\.alternatives\[2\]\.layout\.schedule must be one of"):
+        Plan.from_dict(data)
