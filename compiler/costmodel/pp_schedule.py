@@ -179,6 +179,8 @@ def _step_plan(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[tuple[int,
     forward). They do not depend on the durations, so the solver's many ratios of one schedule share them."""
     if schedule != "gpipe" and v == 1:
         return tuple(_one_f_one_b_plan(s, pp, m) for s in range(pp))
+    if schedule == "interleaved_1f1b":
+        return tuple(_interleaved_plan(s, pp, m, v) for s in range(pp))
     return _listed_plan(schedule, pp, m, v)
 
 
@@ -224,6 +226,41 @@ def _one_f_one_b_plan(s: int, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
     fwd = [1] * w + [1, 0] * (m - w) + [0] * w
     f_cross, b_cross = int(s != 0), int(s != pp - 1)
     return tuple(own), tuple(deps), tuple(f_cross if f else b_cross for f in fwd), tuple(fwd)
+
+
+def _interleaved_plan(s: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+    """_step_plan's tuples of stage ``s`` under interleaved 1F1B (interleaved_order, v > 1), without the operation
+    list: the k-th forward and backward's (chunk, micro-batch) as _interleaved_chunk maps them, in the order's three
+    runs (tests/unit/costmodel/test_cm_pp_schedule.py checks them against the list)."""
+    total, group = m * v, pp * v  # (pp x v virtual stages, as micro-batches go in groups of pp through v chunks)
+    last = group - 1
+    cross = int(pp > 1)  # a neighbouring virtual stage is on another rank unless there is one rank
+    warmup = total if m == pp else min(total, (pp - s - 1) * 2 + (v - 1) * pp)
+    own: list[int] = []
+    deps: list[int] = []
+    crosses: list[int] = []
+
+    def forward(k: int) -> None:  # needs the forward of the virtual stage before (none on the first)
+        vs, mb = (k % group) // pp * pp + s, (k // group) * pp + k % pp
+        own.append(vs * m + mb)
+        deps.append(-1 if vs == 0 else (vs - 1) * m + mb)
+        crosses.append(0 if vs == 0 else cross)
+
+    def backward(k: int) -> None:  # needs the backward of the virtual stage after (the last one: its own forward)
+        vs, mb = (v - 1 - (k % group) // pp) * pp + s, (k // group) * pp + k % pp
+        own.append((group + vs) * m + mb)
+        deps.append(vs * m + mb if vs == last else (group + vs + 1) * m + mb)
+        crosses.append(0 if vs == last else cross)
+
+    for k in range(warmup):
+        forward(k)
+    for j in range(total - warmup):
+        forward(warmup + j)
+        backward(j)
+    for j in range(total - warmup, total):
+        backward(j)
+    fwd = [1] * warmup + [1, 0] * (total - warmup) + [0] * warmup
+    return tuple(own), tuple(deps), tuple(crosses), tuple(fwd)
 
 
 def _run(plans: tuple[tuple[tuple[int, ...], ...], ...], pp: int, m: int, v: int, backward_ratio: float,

@@ -195,3 +195,16 @@ def test_one_f_one_b_plan_is_the_listed_one(schedule: str) -> None:
     for pp in (*range(1, 17), 24, 32):
         for m in (*range(1, 41), 128, 255):
             assert P._step_plan.__wrapped__(schedule, pp, m, 1) == P._listed_plan(schedule, pp, m, 1), (pp, m)
+
+
+def test_interleaved_plan_is_the_listed_one() -> None:
+    """Interleaved 1F1B's per-stage plan built without the operation lists (Megatron's chunk order,
+    _interleaved_chunk) is the one built from them: pp up to 12 and 16, v up to 8, m from pp (all warm-up) to 12 pp."""
+    checked = 0
+    for pp in (*range(1, 13), 16):
+        for v in (2, 3, 4, 5, 8):
+            for m in (pp, 2 * pp, 3 * pp, 5 * pp, 12 * pp):
+                want = P._listed_plan("interleaved_1f1b", pp, m, v)
+                assert P._step_plan.__wrapped__("interleaved_1f1b", pp, m, v) == want, (pp, v, m)
+                checked += 1
+    assert checked == 13 * 5 * 5
