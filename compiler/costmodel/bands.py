@@ -199,6 +199,7 @@ class BandTable:
         self._wide = (min(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_LOW)),
                       max(0.0, UNCALIBRATED_WIDENING * percentile(errors, 0.8)),
                       max(0.0, UNCALIBRATED_WIDENING * percentile(errors, Q_HIGH)))
+        self._levels: dict[int, tuple[list[int], dict[tuple, list[Residual]]]] = {}
         self.band = functools.lru_cache(maxsize=4096)(self._band)
 
     @classmethod
@@ -207,10 +208,21 @@ class BandTable:
         return cls(Residual(float(r["log_error_loso"]), str(r["features"]["source"]), regime_of(r["features"]))
                    for r in rows if r["features"]["source"] != exclude_source)
 
+    def _level_index(self, n: int) -> tuple[list[int], dict[tuple, list[Residual]]]:
+        """The residuals of LEVELS[n] by the regime fields it compares (in the table's order), built once."""
+        got = self._levels.get(n)
+        if got is None:
+            idx = [REGIME_KEYS.index(k) for k in LEVELS[n]]
+            groups: dict[tuple, list[Residual]] = {}
+            for r in self.residuals:
+                groups.setdefault(tuple(r.regime[i] for i in idx), []).append(r)
+            got = self._levels[n] = (idx, groups)
+        return got
+
     def _band(self, key: tuple) -> ErrorBand:
-        for level in LEVELS:
-            idx = [REGIME_KEYS.index(k) for k in level]
-            match = [r for r in self.residuals if all(r.regime[i] == key[i] for i in idx)]
+        for n, level in enumerate(LEVELS):
+            idx, groups = self._level_index(n)
+            match = groups.get(tuple(key[i] for i in idx), [])
             sources = len({r.source for r in match})
             if len(match) >= MIN_RUNS and sources >= MIN_SOURCES:
                 low, p80, high = residual_band([r.log_error for r in match],

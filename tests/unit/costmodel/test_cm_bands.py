@@ -228,3 +228,25 @@ def test_confidence_is_validated_with_its_location() -> None:
         load_spec_text(text, "t.yaml")
     assert "budget.confidence must be one of expected, p80, p90" in err.value.diagnostics[0].summary
     assert "t.yaml:6:15" in err.value.render()
+
+
+def test_band_lookup_by_level_index_is_the_scan() -> None:
+    """BandTable._band looks each level's matches up in an index of the residuals: the same matches, in the same
+    order, as scanning every residual, so the same band, for every regime of the committed residuals and for
+    regimes mixed from their fields."""
+    import itertools
+
+    from compiler.costmodel.bands import LEVELS, REGIME_KEYS, MIN_RUNS, MIN_SOURCES, default_table
+
+    table = default_table()
+    regimes = sorted({r.regime for r in table.residuals}, key=repr)
+    mixed = [tuple(a[i] if i % 2 else b[i] for i in range(len(a))) for a, b in itertools.islice(
+        itertools.permutations(regimes, 2), 400)]
+    for key in regimes + mixed:
+        for n, level in enumerate(LEVELS):
+            idx = [REGIME_KEYS.index(k) for k in level]
+            scanned = [r for r in table.residuals if all(r.regime[i] == key[i] for i in idx)]
+            assert table._level_index(n)[1].get(tuple(key[i] for i in idx), []) == scanned
+            if len(scanned) >= MIN_RUNS and len({r.source for r in scanned}) >= MIN_SOURCES:
+                break
+        assert table.band(key) == table._band(key)
