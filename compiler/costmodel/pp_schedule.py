@@ -54,10 +54,18 @@ def gpipe_order(stage: int, pp: int, m: int) -> list[Op]:
     return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
 
 
+def warmup_forwards(schedule: str, stage: int, pp: int, m: int, v: int) -> int:
+    """The forwards a stage runs before its first backward under 1F1B (pp - stage - 1) or interleaved 1F1B
+    ((pp - stage - 1) x 2 + (v - 1) x pp, every one when m == pp), at most all of them."""
+    if schedule == "interleaved_1f1b" and v > 1:
+        return m * v if m == pp else min(m * v, (pp - stage - 1) * 2 + (v - 1) * pp)
+    return min(pp - stage - 1, m)
+
+
 def one_f_one_b_order(stage: int, pp: int, m: int) -> list[Op]:
     """PipeDream-Flush 1F1B: pp-stage-1 warm-up forwards, then one forward one backward
     (Narayanan et al. 2021, sec. 2.2.1)."""
-    warmup = min(pp - stage - 1, m)
+    warmup = warmup_forwards("1f1b", stage, pp, m, 1)
     ops: list[Op] = [("F", 0, i) for i in range(warmup)]
     f, b = warmup, 0
     while f < m:
@@ -83,7 +91,7 @@ def interleaved_order(stage: int, pp: int, m: int, v: int) -> list[Op]:
     forward_backward_pipelining_with_interleaving): micro-batches go through the v chunks in
     groups of pp; warm-up (pp - stage - 1) * 2 + (v - 1) * pp forwards. Needs m % pp == 0."""
     total = m * v
-    warmup = total if m == pp else min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
+    warmup = warmup_forwards("interleaved_1f1b", stage, pp, m, v)
     ops: list[Op] = []
     for k in range(warmup):
         c, i = _interleaved_chunk(k, pp, v, True)
@@ -123,10 +131,7 @@ def peak_inflight_chunks(schedule: str, stage: int, pp: int, m: int, v: int) -> 
     if schedule == "gpipe":
         return m * v  # every forward before the first backward
     total = m * v
-    if schedule == "interleaved_1f1b" and v > 1:
-        warmup = total if m == pp else min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
-    else:
-        warmup = min(pp - stage - 1, m)
+    warmup = warmup_forwards(schedule, stage, pp, m, v)
     # warm-up forwards, then one forward (live + 1) and one backward (live - 1) in turn
     return total if warmup >= total else warmup + 1
 
@@ -215,7 +220,7 @@ def _one_f_one_b_plan(s: int, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
     """_step_plan's tuples of stage ``s`` under 1F1B (one_f_one_b_order, v = 1), built from the order's three runs
     (warm-up forwards, forward-backward pairs, the last backwards) without its operation list
     (tests/unit/costmodel/test_cm_pp_schedule.py checks them against it)."""
-    w = min(pp - s - 1, m)
+    w = warmup_forwards("1f1b", s, pp, m, 1)
     f0, b0 = s * m, (pp + s) * m  # the slots of forward 0 and backward 0 (every forward slot is below b0)
     own = [f0 + i for i in range(w)] + [x for j in range(m - w) for x in (f0 + w + j, b0 + j)] \
         + [b0 + i for i in range(m - w, m)]
@@ -230,12 +235,13 @@ def _one_f_one_b_plan(s: int, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
 
 def _interleaved_plan(s: int, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
     """_step_plan's tuples of stage ``s`` under interleaved 1F1B (interleaved_order, v > 1), without the operation
-    list: the k-th forward and backward's (chunk, micro-batch) as _interleaved_chunk maps them, in the order's three
-    runs (tests/unit/costmodel/test_cm_pp_schedule.py checks them against the list)."""
+    list: the k-th forward and backward's (chunk, micro-batch) as _interleaved_chunk maps them (its arithmetic
+    inline: calling it per operation is as slow as the list), in the order's three runs
+    (tests/unit/costmodel/test_cm_pp_schedule.py checks them against the list)."""
     total, group = m * v, pp * v  # (pp x v virtual stages, as micro-batches go in groups of pp through v chunks)
     last = group - 1
     cross = int(pp > 1)  # a neighbouring virtual stage is on another rank unless there is one rank
-    warmup = total if m == pp else min(total, (pp - s - 1) * 2 + (v - 1) * pp)
+    warmup = warmup_forwards("interleaved_1f1b", s, pp, m, v)
     own: list[int] = []
     deps: list[int] = []
     crosses: list[int] = []

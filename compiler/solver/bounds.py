@@ -355,7 +355,7 @@ class Bounds:
             view = _ShardingView(shape, sh)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
             # of the setup the states read the recipe (which the ZeRO stage can change, make_setup) and the target's
-            # bookkeeping, not its layout: one setup per (GPU, ZeRO >= 1) serves every sharding (test_model_states_cache_matches_the_cost_model)
+            # bookkeeping, not its layout: one setup per (GPU, ZeRO >= 1) serves every sharding (the same test)
             skey = (shape.option, sh.zero_stage >= 1)
             setup = self._states_setup.get(skey)
             if setup is None:

@@ -179,27 +179,38 @@ def test_p2p_cache_matches_the_cost_model() -> None:
     assert checked == 128
 
 
+def _states_bounds(model: str, target: str, max_gpus: int) -> Bounds:
+    """The bounds of a spec of ``model`` for ``target`` on up to ``max_gpus`` H100s (the model-state tests)."""
+    return Bounds(lower(load_spec_text(textwrap.dedent(f"""
+        name: states
+        model: {{preset: {model}}}
+        training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
+        cluster: {{gpu: h100-sxm, max_gpus: {max_gpus}}}
+        targets: [{target}]
+    """), "spec.yaml")))
+
+
+def _cost_model_states(bounds: Bounds, shape, sl, sh: Sharding) -> float:
+    """The cost model's model states of stage ``sl`` under the layout's own setup (no cache of the bounds)."""
+    from compiler.costmodel import parts as cm
+    from compiler.solver.bounds import _ShardingView
+
+    setup = bounds.setup(0, bounds._probe(shape, pp=shape.pp, sh=sh))
+    return cm.model_state_bytes(setup, bounds._stage_params(shape, shape.pp, 1, sl), _ShardingView(shape, sh))
+
+
 def test_model_states_cache_matches_the_cost_model() -> None:
     """Bounds._model_states shares its cache across the data-parallel degrees (the states read the shard group,
     not the replicas): asked for each dp after other dps filled the cache, it equals the cost model's states of
     that dp's own layout, for every target's bookkeeping (Megatron, DeepSpeed, FSDP), with ZeRO 0-3, HSDP and
     offload."""
-    from compiler.costmodel import parts as cm
-    from compiler.solver.bounds import _ShardingView
     from compiler.solver.candidates import Shape
 
     checked = 0
     for model, target, ep in (("llama3-8b", "megatron", 1), ("llama3-8b", "deepspeed", 1), ("llama3-8b", "fsdp", 1),
                               ("mixtral-8x7b", "megatron", 2)):
-        problem = lower(load_spec_text(textwrap.dedent(f"""
-            name: states
-            model: {{preset: {model}}}
-            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
-            cluster: {{gpu: h100-sxm, max_gpus: 512}}
-            targets: [{target}]
-        """), "spec.yaml"))
-        bounds = Bounds(problem)
-        option = problem.gpu_options[0]
+        bounds = _states_bounds(model, target, 512)
+        option = bounds.problem.gpu_options[0]
         for tp, pp in ((1, 1), (2, 4), (8, 2)):
             for dp in (64, 2, 16, 6, 4):
                 shape = Shape(0, option.name, option.gpus_per_node, tp, pp, 1, dp, ep)
@@ -208,9 +219,7 @@ def test_model_states_cache_matches_the_cost_model() -> None:
                                Sharding(2, shard, offload_optimizer="cpu"),
                                Sharding(3, shard, offload_optimizer="cpu", offload_params="cpu")):
                         for sl in bounds.distinct(pp, 1):
-                            setup = bounds.setup(0, bounds._probe(shape, pp=pp, sh=sh))
-                            want = cm.model_state_bytes(setup, bounds._stage_params(shape, pp, 1, sl),
-                                                        _ShardingView(shape, sh))
+                            want = _cost_model_states(bounds, shape, sl, sh)
                             assert bounds._model_states(shape, 1, sl, sh) == want, (model, target, tp, pp, dp, sh)
                             checked += 1
     assert checked > 1000
@@ -220,22 +229,13 @@ def test_model_states_fall_with_the_shard_group() -> None:
     """Bounds._least_states keeps, of each (ZeRO stage, offloads) class, only the widest shard group: the cost
     model's model states must never grow with dp_shard within a class (every target's bookkeeping, dense and
     expert parameters, with context parallelism)."""
-    from compiler.costmodel import parts as cm
-    from compiler.solver.bounds import _ShardingView
     from compiler.solver.candidates import Shape
 
     checked = 0
     for model, target, ep in (("llama3-8b", "megatron", 1), ("llama3-8b", "deepspeed", 1), ("llama3-8b", "fsdp", 1),
                               ("mixtral-8x7b", "megatron", 4), ("mixtral-8x7b", "megatron", 8)):
-        problem = lower(load_spec_text(textwrap.dedent(f"""
-            name: states
-            model: {{preset: {model}}}
-            training: {{tokens: 1T, sequence_length: 4096, global_batch: 4096}}
-            cluster: {{gpu: h100-sxm, max_gpus: 1024}}
-            targets: [{target}]
-        """), "spec.yaml"))
-        bounds = Bounds(problem)
-        option = problem.gpu_options[0]
+        bounds = _states_bounds(model, target, 1024)
+        option = bounds.problem.gpu_options[0]
         for tp, pp, cp in ((1, 1, 1), (2, 4, 1), (4, 2, 2)):
             shape = Shape(0, option.name, option.gpus_per_node, tp, pp, cp, 128, ep)
             for zero, off_opt, off_params in ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"),
@@ -244,9 +244,7 @@ def test_model_states_fall_with_the_shard_group() -> None:
                     before = float("inf")
                     for shard in (1, 2, 4, 8, 16, 32, 64, 128):
                         sh = Sharding(zero, shard, offload_optimizer=off_opt, offload_params=off_params)
-                        setup = bounds.setup(0, bounds._probe(shape, pp=pp, sh=sh))
-                        states = cm.model_state_bytes(setup, bounds._stage_params(shape, pp, 1, sl),
-                                                      _ShardingView(shape, sh))
+                        states = _cost_model_states(bounds, shape, sl, sh)
                         assert states <= before, (model, target, tp, pp, cp, zero, off_opt, off_params, shard)
                         before = states
                         checked += 1
