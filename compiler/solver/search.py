@@ -184,7 +184,11 @@ class _Search:
         self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._counts: dict[tuple, tuple[int, int, int]] = {}  # shape_counts
-        self._bubble: dict[tuple[int, int], float] = {}  # (pp, dp) -> Bounds.shape_bubble_factor
+        # (pp, dp) -> Bounds.shape_bubble_factor over every pipeline choice; (pp, dp, pipes) -> over those pipes
+        # (both read only the space: shared with ``like``)
+        self._bubble: dict[tuple, float] = like._bubble if like is not None else {}
+        self._mb_gas: dict[tuple[int, int], tuple[list[int], dict[int, tuple[int, ...]], tuple[int, ...]]] = \
+            like._mb_gas if like is not None else {}
         self._pricing = {i: Pricing(problem.tokens, problem.seq_len, o.price_per_gpu_hour_usd)
                          for i, o in enumerate(problem.gpu_options)}
 
@@ -326,7 +330,7 @@ class _Search:
     def num_options(self, shape: Shape, sched: str, vpp: int) -> int:
         """len(self.options(shape, sched, vpp)), counted per sharding class (Space.sharding_classes) without
         listing the choices: the search lists them only for the shapes it explores."""
-        if F.FRAMEWORK_UNSUPPORTED not in self.tally.examples or self.calibrated:  # options() picks the example
+        if F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:  # options() picks the example
             return len(self.options(shape, sched, vpp))
         sps = self.space.sp_choices(shape.tp, shape.cp)
         key = self._options_key(shape, sched, vpp, sps)
@@ -349,7 +353,9 @@ class _Search:
                     supported = verdicts[cid]
                     if supported is None:
                         supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
-                    if supported:
+                    # (the well-calibrated search's options leave out thin choices: choice_thin reads the sharding's
+                    # ZeRO stage and offloads, which its class holds)
+                    if supported and not (self.calibrated and self.choice_thin(shape, sched, vpp, sp, sh)):
                         n += count
             self._num_options[key] = n
         return n
@@ -475,30 +481,42 @@ class _Search:
         mb_cap, most = space.batch_extremes(shape.dp)
         overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
         by_vpp: dict[int, list[tuple[str, int]]] = {}
+        has_options: dict[tuple[str, bool], int] = {}  # options read vpp only as > 1
         for sched, vpp in space.pipeline_choices(shape.pp):
-            if self.num_options(shape, sched, vpp):
+            n = has_options.get((sched, vpp > 1))
+            if n is None:
+                n = has_options[(sched, vpp > 1)] = self.num_options(shape, sched, vpp)
+            if n:
                 by_vpp.setdefault(vpp, []).append((sched, vpp))
         rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
-        gas_of: dict[int, list[int]] = {}
-        for mb, ga in batches:
-            gas_of.setdefault(mb, []).append(ga)
-        mbs = sorted(gas_of, reverse=True)
+        mbs = self._micro_batches(shape.dp, 1)[0]
         usable = bounds.usable_bytes(shape)
         best = float("inf")
         floor = self.shape_floor(shape)
+
+        def key_at(vpp: int, bubble: float, mb: int, rc: str) -> float:
+            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb, rc) * bubble + overhead
+            return key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
+
+        class_opts: dict[tuple[tuple[str, ...], bool], tuple] = {}  # the options read vpp only as > 1
         for vpp, pipes in by_vpp.items():
-            bubble = bounds.shape_bubble_factor(shape, pipes, batches)
+            bkey = (shape.pp, shape.dp, tuple(pipes))
+            bubble = self._bubble.get(bkey)
+            if bubble is None:
+                bubble = self._bubble[bkey] = bounds.shape_bubble_factor(shape, pipes, batches)
             # the memory is asked only when the best micro-batch without recompute could win
             g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb_cap) * bubble + overhead
             fastest = key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
             if can_prune(fastest * floor, threshold):
                 best = min(best, fastest)
                 continue
-            with_opts = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
-            interleaved = pipes[0][0] == "interleaved_1f1b"
-            gas_ok = {mb: gas for mb in mbs
-                      if (gas := tuple(ga for ga in gas_of[mb] if not interleaved or ga % shape.pp == 0))}
-            every_ga = tuple(sorted({ga for gas in gas_ok.values() for ga in gas}))
+            ckey = (tuple(sched for sched, _ in pipes), vpp > 1)
+            with_opts = class_opts.get(ckey)
+            if with_opts is None:
+                with_opts = class_opts[ckey] = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
+            if bounds.family_states_lb(shape, vpp, with_opts) * self.memory_factor > usable:
+                continue  # the model states alone do not fit: no micro-batch or recompute mode does
+            _, gas_ok, every_ga = self._micro_batches(shape.dp, shape.pp if pipes[0][0] == "interleaved_1f1b" else 1)
             if not every_ga:
                 continue
             family = bounds.family_memory(shape, vpp, with_opts)
@@ -506,6 +524,13 @@ class _Search:
             inflight: dict[int, tuple[float, ...]] = {}
             end = len(mbs)
             for rc in rcs:
+                if threshold < float("inf"):
+                    # the mode's bound at the largest micro-batch is its smallest: when it cannot win, no micro-batch
+                    # of the mode can, whatever fits
+                    key = key_at(vpp, bubble, mbs[0], rc)
+                    if can_prune(key * floor, threshold):
+                        best = min(best, key)
+                        continue
                 # the largest micro-batch whose layouts may fit (time per token only falls with it); the scan starts
                 # at the largest one whose memory bound with every grad_accum's in-flight count may fit: that bound
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
@@ -538,6 +563,20 @@ class _Search:
                 if cap == mb_cap:
                     break  # more recompute only adds time at the same micro-batch
         return best * floor
+
+    def _micro_batches(self, dp: int, group: int) -> tuple[list[int], dict[int, tuple[int, ...]], tuple[int, ...]]:
+        """(the micro-batches of batch_choices(dp), largest first; each one's grad_accums that are multiples of
+        ``group`` (pp under interleaved 1F1B, else 1), for those that have any; all those grad_accums, sorted)."""
+        key = (dp, group)
+        got = self._mb_gas.get(key)
+        if got is None:
+            gas_of: dict[int, list[int]] = {}
+            for mb, ga in self.space.batch_choices(dp):
+                gas_of.setdefault(mb, []).append(ga)
+            gas_ok = {mb: gas for mb, gas_all in gas_of.items() if (gas := tuple(ga for ga in gas_all if ga % group == 0))}
+            got = self._mb_gas[key] = (sorted(gas_of, reverse=True), gas_ok,
+                                       tuple(sorted({ga for gas in gas_ok.values() for ga in gas})))
+        return got
 
     def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
         """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'

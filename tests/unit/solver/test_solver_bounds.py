@@ -110,6 +110,11 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
         pipes = tuple((s, opts) for s, v in space.pipeline_choices(shape.pp) if v == vpp)
         assert bounds.family_memory_lb(shape, vpp, pipes, mb, (ga,), rc) <= total, layout.tag
+        # without the activations: below the family's bound at every micro-batch and recompute mode (the search
+        # skips a vpp whose states alone do not fit)
+        states = bounds.family_states_lb(shape, vpp, pipes)
+        assert all(states <= bounds.family_memory_lb(shape, vpp, pipes, m, (ga,), r)
+                   for m in (1, mb) for r in ("none", "selective", "full")), layout.tag
         # the search bisects the micro-batches on this bound at fixed grad_accums: it must only grow with them
         mems = [bounds.family_memory_lb(shape, vpp, pipes, m, (ga,), rc) for m in (1, 2, 3, mb, mb + 1, 2 * mb, 64)]
         ordered = sorted(zip((1, 2, 3, mb, mb + 1, 2 * mb, 64), mems))
@@ -223,6 +228,31 @@ def test_model_states_cache_matches_the_cost_model() -> None:
                             assert bounds._model_states(shape, 1, sl, sh) == want, (model, target, tp, pp, dp, sh)
                             checked += 1
     assert checked > 1000
+
+
+def test_family_states_are_shared_only_by_vpps_with_the_same_stages() -> None:
+    """Bounds.family_states_lb is cached per candidate stages, not per vpp: after every vpp of a pp filled one
+    cache, each vpp's value equals that of fresh bounds asked for that vpp alone (uneven Megatron splits give
+    vpps of one pp different stages: 126 layers on pp 4, 6 and 16)."""
+    from compiler.solver.candidates import Shape
+
+    shared = _states_bounds("llama3.1-405b", "megatron", 4096)
+    option = shared.problem.gpu_options[0]
+    space = Space(shared.problem)
+    checked = 0
+    compositions = set()
+    for tp, pp, dp in ((8, 4, 16), (8, 6, 8), (8, 16, 4), (4, 2, 32)):
+        shape = Shape(0, option.name, option.gpus_per_node, tp, pp, 1, dp, 1)
+        opts = tuple((sp, sh) for sp in space.sp_choices(tp, 1) for sh in space.sharding_choices(dp))
+        vpps = sorted({v for _, v in space.pipeline_choices(pp)})
+        for vpp in vpps:
+            pipes = tuple((s, opts) for s, v in space.pipeline_choices(pp) if v == vpp)
+            fresh = Bounds(shared.problem).family_states_lb(shape, vpp, pipes)
+            assert shared.family_states_lb(shape, vpp, pipes) == fresh, (tp, pp, dp, vpp)
+            compositions.add((pp, tuple((sl.dense, sl.first, sl.last) for sl in shared.distinct(pp, vpp))))
+            checked += 1
+    assert checked > 20
+    assert len(compositions) > len({pp for pp, _ in compositions})  # some pp has vpps with different stages
 
 
 def test_model_states_fall_with_the_shard_group() -> None:
