@@ -58,10 +58,17 @@ class Shape:
     cp: int
     dp: int
     ep: int
+    # derived once (the search asks them millions of times: shapes key its caches)
+    world: int = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "world", self.tp * self.pp * self.cp * self.dp)
+        object.__setattr__(self, "_hash", hash((self.option, self.gpu, self.gpus_per_node, self.tp, self.pp, self.cp,
+                                                self.dp, self.ep)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def num_parallel_dims(self) -> int:
