@@ -83,7 +83,6 @@ class Bounds:
         self._worst_fb: dict[tuple, float] = {}
         self._family_memory: dict[tuple, FamilyMemory] = {}
         self._family_inflight: dict[tuple, float] = {}
-        self._family_states: dict[tuple, float] = {}
         self._compositions: dict[tuple[int, int], tuple[tuple[int, int, bool, bool], ...]] = {}
         self._fixed_bytes: dict[tuple, float] = {}
         self._act_mb: dict[tuple, dict[tuple[int, str], float]] = {}
@@ -440,22 +439,21 @@ class Bounds:
         return self.family_memory(shape, vpp, pipes).lb(mb, gas, recompute,
                                                         self.family_inflight(shape, vpp, pipes, gas))
 
+    def compositions(self, pp: int, vpp: int) -> tuple[tuple[int, int, bool, bool], ...]:
+        """(dense, MoE, first, last) of each candidate stage (distinct): what the model states read of a split."""
+        got = self._compositions.get((pp, vpp))
+        if got is None:
+            got = self._compositions[(pp, vpp)] = tuple((sl.dense, sl.moe, sl.first, sl.last)
+                                                         for sl in self.distinct(pp, vpp))
+        return got
+
     def family_states_lb(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]) -> float:
         """family_memory_lb without the activations, so at most its value for every micro-batch, grad_accum and
         recompute mode: the largest candidate stage's smallest model states over the options, plus the fixed bytes.
-        The states read a stage's layers, not vpp (_stage_params), so vpps whose splits give the same candidate
-        stages share the value."""
-        comp = self._compositions.get((shape.pp, vpp))
-        if comp is None:
-            comp = self._compositions[(shape.pp, vpp)] = tuple(
-                (sl.dense, sl.moe, sl.first, sl.last) for sl in self.distinct(shape.pp, vpp))
-        key = (shape, comp, tuple(id(opts) for _, opts in pipes))
-        got = self._family_states.get(key)
-        if got is None:
-            states = max(min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes)
-                         for sl in self.distinct(shape.pp, vpp))
-            got = self._family_states[key] = _mem_safe(cm.fragmentation_factor() * states + self._shape_fixed(shape))
-        return got
+        The states read a stage's layers, not vpp (_stage_params): vpps with the same compositions() have the same
+        value (a caller may keep it by them)."""
+        states = max(min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in self.distinct(shape.pp, vpp))
+        return _mem_safe(cm.fragmentation_factor() * states + self._shape_fixed(shape))
 
     def family_inflight(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...],
                         gas: tuple[int, ...]) -> tuple[float, ...]:

@@ -499,6 +499,7 @@ class _Search:
             return key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
 
         class_opts: dict[tuple[tuple[str, ...], bool], tuple] = {}  # the options read vpp only as > 1
+        states_too_big: dict[tuple, bool] = {}  # by the vpp's stage compositions and options class
         for vpp, pipes in by_vpp.items():
             bkey = (shape.pp, shape.dp, tuple(pipes))
             bubble = self._bubble.get(bkey)
@@ -514,7 +515,12 @@ class _Search:
             with_opts = class_opts.get(ckey)
             if with_opts is None:
                 with_opts = class_opts[ckey] = tuple((sched, self.options(shape, sched, v)) for sched, v in pipes)
-            if bounds.family_states_lb(shape, vpp, with_opts) * self.memory_factor > usable:
+            skey = (bounds.compositions(shape.pp, vpp), ckey)
+            too_big = states_too_big.get(skey)
+            if too_big is None:
+                too_big = states_too_big[skey] = bounds.family_states_lb(shape, vpp, with_opts) * self.memory_factor \
+                    > usable
+            if too_big:
                 continue  # the model states alone do not fit: no micro-batch or recompute mode does
             _, gas_ok, every_ga = self._micro_batches(shape.dp, shape.pp if pipes[0][0] == "interleaved_1f1b" else 1)
             if not every_ga:

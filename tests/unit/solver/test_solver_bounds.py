@@ -230,29 +230,28 @@ def test_model_states_cache_matches_the_cost_model() -> None:
     assert checked > 1000
 
 
-def test_family_states_are_shared_only_by_vpps_with_the_same_stages() -> None:
-    """Bounds.family_states_lb is cached per candidate stages, not per vpp: after every vpp of a pp filled one
-    cache, each vpp's value equals that of fresh bounds asked for that vpp alone (uneven Megatron splits give
-    vpps of one pp different stages: 126 layers on pp 4, 6 and 16)."""
+def test_family_states_are_equal_for_vpps_with_the_same_stages() -> None:
+    """The search keeps Bounds.family_states_lb per (Bounds.compositions, options): vpps whose splits give the same
+    candidate stages must have the same value, each asked of fresh bounds (uneven Megatron splits give vpps of one
+    pp different stages: 126 layers on pp 4, 6 and 16)."""
     from compiler.solver.candidates import Shape
 
-    shared = _states_bounds("llama3.1-405b", "megatron", 4096)
-    option = shared.problem.gpu_options[0]
-    space = Space(shared.problem)
-    checked = 0
-    compositions = set()
+    problem = _states_bounds("llama3.1-405b", "megatron", 4096).problem
+    option = problem.gpu_options[0]
+    space = Space(problem)
+    checked = groups = 0
     for tp, pp, dp in ((8, 4, 16), (8, 6, 8), (8, 16, 4), (4, 2, 32)):
         shape = Shape(0, option.name, option.gpus_per_node, tp, pp, 1, dp, 1)
         opts = tuple((sp, sh) for sp in space.sp_choices(tp, 1) for sh in space.sharding_choices(dp))
-        vpps = sorted({v for _, v in space.pipeline_choices(pp)})
-        for vpp in vpps:
+        by_stages: dict[tuple, set[float]] = {}
+        for vpp in sorted({v for _, v in space.pipeline_choices(pp) if v > 1}):
             pipes = tuple((s, opts) for s, v in space.pipeline_choices(pp) if v == vpp)
-            fresh = Bounds(shared.problem).family_states_lb(shape, vpp, pipes)
-            assert shared.family_states_lb(shape, vpp, pipes) == fresh, (tp, pp, dp, vpp)
-            compositions.add((pp, tuple((sl.dense, sl.first, sl.last) for sl in shared.distinct(pp, vpp))))
+            fresh = Bounds(problem)
+            by_stages.setdefault(fresh.compositions(pp, vpp), set()).add(fresh.family_states_lb(shape, vpp, pipes))
             checked += 1
-    assert checked > 20
-    assert len(compositions) > len({pp for pp, _ in compositions})  # some pp has vpps with different stages
+        assert all(len(values) == 1 for values in by_stages.values()), (tp, pp, dp, by_stages)
+        groups += len(by_stages)
+    assert groups > 4 and checked > groups  # some pp has vpps with different stages, and some share theirs
 
 
 def test_model_states_fall_with_the_shard_group() -> None:
