@@ -185,6 +185,8 @@ class _Search:
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._counts: dict[tuple, tuple[int, int, int]] = {}  # shape_counts
         # (pp, dp) -> Bounds.shape_bubble_factor over every pipeline choice; (pp, dp, pipes) -> over those pipes
+        # shape -> its GPU-seconds per token bound (run): reads only the bounds, shared too
+        self._shape_g: dict[Shape, float] = like._shape_g if like is not None else {}
         # (both read only the space: shared with ``like``)
         self._bubble: dict[tuple, float] = like._bubble if like is not None else {}
         self._mb_gas: dict[tuple[int, int], tuple[list[int], dict[int, tuple[int, ...]], tuple[int, ...]]] = \
@@ -398,15 +400,18 @@ class _Search:
             supported -= bad_interleave
             if supported == 0:
                 continue
-            batches = space.batch_choices(shape.dp)
             self.largest_gpus = max(self.largest_gpus, shape.world)
-            mb_cap, most = space.batch_extremes(shape.dp)
-            bubble = self._bubble.get((shape.pp, shape.dp))
-            if bubble is None:
-                bubble = self._bubble[(shape.pp, shape.dp)] = bounds.shape_bubble_factor(
-                    shape, space.pipeline_choices(shape.pp), batches)
-            g = (bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap) * bubble
-                 + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
+            g = self._shape_g.get(shape)
+            if g is None:
+                batches = space.batch_choices(shape.dp)
+                mb_cap, most = space.batch_extremes(shape.dp)
+                bubble = self._bubble.get((shape.pp, shape.dp))
+                if bubble is None:
+                    bubble = self._bubble[(shape.pp, shape.dp)] = bounds.shape_bubble_factor(
+                        shape, space.pipeline_choices(shape.pp), batches)
+                g = self._shape_g[shape] = (
+                    bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap) * bubble
+                    + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
