@@ -477,8 +477,11 @@ class _Search:
         the shape's largest micro-batch without recompute could win, it is taken per recompute mode at the
         largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
         bound breaks the budget or the deadline or that fits no micro-batch (memory is not asked for a vpp whose
-        bound is above ``threshold`` without it). A few stage times per shape, where groups_lb costs every
-        group."""
+        bound is above ``threshold`` without it, nor for a vpp whose model states alone do not fit: none of its
+        micro-batches does). A mode whose bound at the largest micro-batch is above ``threshold`` gives that bound
+        without asking memory: the value may then be below the exact minimum but is above ``threshold`` too, so a
+        shape is pruned exactly when the exact minimum would prune it. A few stage times per shape, where
+        groups_lb costs every group."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
