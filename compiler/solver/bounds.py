@@ -452,8 +452,12 @@ class Bounds:
         recompute mode: the largest candidate stage's smallest model states over the options, plus the fixed bytes.
         The states read a stage's layers, not vpp (_stage_params): vpps with the same compositions() have the same
         value (a caller may keep it by them)."""
-        states = max(min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes) for sl in self.distinct(shape.pp, vpp))
+        states = max(self._family_states(shape, vpp, sl, pipes) for sl in self.distinct(shape.pp, vpp))
         return _mem_safe(cm.fragmentation_factor() * states + self._shape_fixed(shape))
+
+    def _family_states(self, shape: Shape, vpp: int, sl: StageLayers, pipes: tuple[tuple[str, tuple], ...]) -> float:
+        """Stage ``sl``'s smallest model states over the options of every schedule of the family."""
+        return min(self._min_states(shape, vpp, sl, opts) for _, opts in pipes)
 
     def family_inflight(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...],
                         gas: tuple[int, ...]) -> tuple[float, ...]:
@@ -501,7 +505,7 @@ class FamilyMemory:
     def __init__(self, bounds: Bounds, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]):
         self.bounds, self.shape, self.vpp, self.sched = bounds, shape, vpp, pipes[0][0]
         self.sp = sp = bounds._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
-        self.stages = tuple((min(bounds._min_states(shape, vpp, sl, opts) for _, opts in pipes),
+        self.stages = tuple((bounds._family_states(shape, vpp, sl, pipes),
                              bounds._pm_table(shape, sp, sl), sl) for sl in bounds.distinct(shape.pp, vpp))
         self.base = bounds._shape_fixed(shape)
         self.frag = cm.fragmentation_factor()

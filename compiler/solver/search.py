@@ -184,10 +184,9 @@ class _Search:
         self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._counts: dict[tuple, tuple[int, int, int]] = {}  # shape_counts
-        # (pp, dp) -> Bounds.shape_bubble_factor over every pipeline choice; (pp, dp, pipes) -> over those pipes
         # shape -> its GPU-seconds per token bound (run): reads only the bounds, shared too
         self._shape_g: dict[Shape, float] = like._shape_g if like is not None else {}
-        # (both read only the space: shared with ``like``)
+        # shape_bubble's and _micro_batches' values: they read only the space, shared too
         self._bubble: dict[tuple, float] = like._bubble if like is not None else {}
         self._mb_gas: dict[tuple[int, int], tuple[list[int], dict[int, tuple[int, ...]], tuple[int, ...]]] = \
             like._mb_gas if like is not None else {}
@@ -403,15 +402,10 @@ class _Search:
             self.largest_gpus = max(self.largest_gpus, shape.world)
             g = self._shape_g.get(shape)
             if g is None:
-                batches = space.batch_choices(shape.dp)
                 mb_cap, most = space.batch_extremes(shape.dp)
-                bubble = self._bubble.get((shape.pp, shape.dp))
-                if bubble is None:
-                    bubble = self._bubble[(shape.pp, shape.dp)] = bounds.shape_bubble_factor(
-                        shape, space.pipeline_choices(shape.pp), batches)
                 g = self._shape_g[shape] = (
-                    bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap) * bubble
-                    + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
+                    bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap)
+                    * self.shape_bubble(shape) + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
@@ -485,7 +479,6 @@ class _Search:
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
-        batches = space.batch_choices(shape.dp)
         mb_cap, most = space.batch_extremes(shape.dp)
         overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
         by_vpp: dict[int, list[tuple[str, int]]] = {}
@@ -509,13 +502,9 @@ class _Search:
         class_opts: dict[tuple[tuple[str, ...], bool], tuple] = {}  # the options read vpp only as > 1
         states_too_big: dict[tuple, bool] = {}  # by the vpp's stage compositions and options class
         for vpp, pipes in by_vpp.items():
-            bkey = (shape.pp, shape.dp, tuple(pipes))
-            bubble = self._bubble.get(bkey)
-            if bubble is None:
-                bubble = self._bubble[bkey] = bounds.shape_bubble_factor(shape, pipes, batches)
+            bubble = self.shape_bubble(shape, tuple(pipes))
             # the memory is asked only when the best micro-batch without recompute could win
-            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb_cap) * bubble + overhead
-            fastest = key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
+            fastest = key_at(vpp, bubble, mb_cap, "none")
             if can_prune(fastest * floor, threshold):
                 best = min(best, fastest)
                 continue
@@ -577,6 +566,17 @@ class _Search:
                 if cap == mb_cap:
                     break  # more recompute only adds time at the same micro-batch
         return best * floor
+
+    def shape_bubble(self, shape: Shape, pipes: tuple[tuple[str, int], ...] | None = None) -> float:
+        """Bounds.shape_bubble_factor of ``shape`` over ``pipes`` (None: every pipeline choice of its pp), kept per
+        (pp, dp, pipes): it reads nothing else of the shape."""
+        key = (shape.pp, shape.dp, pipes)
+        got = self._bubble.get(key)
+        if got is None:
+            got = self._bubble[key] = self.bounds.shape_bubble_factor(
+                shape, self.space.pipeline_choices(shape.pp) if pipes is None else pipes,
+                self.space.batch_choices(shape.dp))
+        return got
 
     def _micro_batches(self, dp: int, group: int) -> tuple[list[int], dict[int, tuple[int, ...]], tuple[int, ...]]:
         """(the micro-batches of batch_choices(dp), largest first; each one's grad_accums that are multiples of
