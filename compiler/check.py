@@ -8,7 +8,6 @@ checked and generated/ folders that no spec names are reported as orphaned too.
 """
 from __future__ import annotations
 
-import difflib
 import json
 import multiprocessing
 import os
@@ -18,6 +17,7 @@ from typing import Any, Sequence
 
 from compiler.artifacts import MANIFEST, ArtifactSet, hand_edited_files, read_regular_file
 from compiler.errors import DtcError, ExitCode, shell_command
+from compiler.review.files import unified_diff
 from compiler.review.folder import compare_folder
 
 SPEC_SUFFIXES = (".yaml", ".yml")  # what a spec file's name ends with (find_specs; dtc diff --base's changed_specs)
@@ -86,9 +86,8 @@ def compare(expected: ArtifactSet, out_dir: Path, result: SpecCheck) -> None:
         if rel in c.foreign:
             result.diffs[rel] = [f"{out_dir / rel}: a symbolic link or other non-regular file; not followed or read"]
         else:
-            result.diffs[rel] = list(difflib.unified_diff(
-                c.actual[rel].splitlines(), expected[rel].splitlines(), f"{out_dir / rel}", f"{result.spec} (compiled)",
-                lineterm=""))
+            result.diffs[rel] = unified_diff(c.actual[rel].splitlines(), expected[rel].splitlines(), f"{out_dir / rel}",
+                                             f"{result.spec} (compiled)", lineterm="")
     if MANIFEST in result.stale and (len(result.stale) > 1 or result.missing or result.orphaned):
         result.stale.remove(MANIFEST)
         result.diffs.pop(MANIFEST, None)

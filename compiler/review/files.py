@@ -55,6 +55,59 @@ class FileChange:
     unified: str = ""
 
 
+# difflib's matcher is quadratic in the lines that differ: a 1.3 MB plan.json whose numbers all moved (a cost-model
+# change) took minutes. Past this many (old x new) differing lines they are replaced as a whole instead (still an
+# exact unified diff that patch applies, not a minimal one).
+MAX_DIFF_CELLS = 4_000_000
+
+
+def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: str, *, n: int = 3,
+                 lineterm: str = "\n") -> list[str]:
+    """difflib.unified_diff's format, in time linear in the lines outside the changed middle: for a big file the
+    common first and last lines are set aside before difflib matches the rest; a middle too big for it (MAX_DIFF_CELLS) is replaced
+    as a whole. The edit script is always exact, so every hunk's context is the file's. Files small enough for difflib
+    get difflib's own diff."""
+    if len(old) * len(new) <= MAX_DIFF_CELLS:
+        return list(difflib.unified_diff(old, new, fromfile, tofile, n=n, lineterm=lineterm))
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
+        tail += 1
+    a_end, b_end = len(old) - tail, len(new) - tail
+    if head == a_end and head == b_end:
+        return []
+    if (a_end - head) * (b_end - head) <= MAX_DIFF_CELLS:
+        middle = [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in
+                  difflib.SequenceMatcher(None, old[head:a_end], new[head:b_end]).get_opcodes()]
+    else:
+        tag = "replace" if a_end > head and b_end > head else "delete" if a_end > head else "insert"
+        middle = [(tag, head, a_end, head, b_end)]
+    matcher = difflib.SequenceMatcher(None, (), ())
+    matcher.a, matcher.b = old, new  # type: ignore[assignment]
+    matcher.opcodes = ([("equal", 0, head, 0, head)] if head else []) + middle \
+        + ([("equal", a_end, len(old), b_end, len(new))] if tail else [])
+    out = [f"--- {fromfile}{lineterm}", f"+++ {tofile}{lineterm}"]
+    for group in matcher.get_grouped_opcodes(n):
+        first, last = group[0], group[-1]
+        out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@{lineterm}")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + line for line in old[i1:i2]]
+                continue
+            out += ["-" + line for line in old[i1:i2]] + ["+" + line for line in new[j1:j2]]
+    return out
+
+
+def _range(start: int, stop: int) -> str:
+    """difflib's unified range: 'first,length' (1-based), 'first' for one line, 'before,0' for none."""
+    length = stop - start
+    if length == 1:
+        return f"{start + 1}"
+    return f"{start if length == 0 else start + 1},{length}"
+
+
 def file_changes(old: ArtifactSet, new: ArtifactSet, context: int):
     """A FileChange per artifact of either side (new order, then removed files), the manifest skipped."""
     order = list(new.files) + [p for p in old.files if p not in new.files]
@@ -72,8 +125,8 @@ def compare_file(path: str, old: str | None, new: str | None, *, context: int = 
     action = "add" if old is None else "remove" if new is None else "change"
     old_lines = (old or "").splitlines(keepends=True)
     new_lines = (new or "").splitlines(keepends=True)
-    diff = list(difflib.unified_diff(old_lines, new_lines, f"a/{path}" if old is not None else "/dev/null",
-                                     f"b/{path}" if new is not None else "/dev/null", n=context))
+    diff = unified_diff(old_lines, new_lines, f"a/{path}" if old is not None else "/dev/null",
+                        f"b/{path}" if new is not None else "/dev/null", n=context)
     added = sum(1 for line in diff[2:] if line.startswith("+"))
     removed = sum(1 for line in diff[2:] if line.startswith("-"))
     unified = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff)
