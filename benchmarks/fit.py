@@ -4,15 +4,19 @@
     python benchmarks/fit.py [--check]
 
 The ONE place fitted constants come from. Reads benchmarks/data/published_runs_dev.csv (the
-calibration set; see benchmarks/data/PROVENANCE.md) and compiler/data/physics.yaml (the
-sourced physics), fits compiler.costmodel.efficiency.FIT_PARAMETERS on every modellable run
+calibration set; see benchmarks/data/PROVENANCE.md), compiler/data/physics.yaml (the
+sourced physics) and compiler/data/bridge_perf_recipes.csv (the launch settings of the
+Megatron-Bridge rows, benchmarks/bridge_recipes.py), fits
+compiler.costmodel.efficiency.FIT_PARAMETERS on every modellable run
 (compiler/calibration/fit.py), refits once per left-out source, and writes
 
 * compiler/data/efficiency.yaml: the fitted constants, one set per left-out source, and the
   provenance (input sha256s, rows, in-sample and leave-one-source-out accuracy);
 * compiler/data/residuals.json: every run's in-sample and leave-one-source-out residual with its
   regime features (framework, GPU generation, precision / fp8 recipe, PP/VPP, CP, EP,
-  FSDP/ZeRO-3, offload, scale, sequence length), from which error bands are derived.
+  FSDP/ZeRO-3, offload, scale, sequence length), from which error bands are derived, and the
+  widening of an uncalibrated band at which 80% of the runs whose leave-one-source-out band is
+  uncalibrated fall inside it (compiler/costmodel/bands.py calibrate_widening).
 
 ``--check`` writes nothing and exits 1 if either file differs from what it would write.
 The output is deterministic: the same inputs give the same bytes. It takes minutes (every run
@@ -37,11 +41,13 @@ from ruamel.yaml import YAML  # noqa: E402
 
 from compiler.calibration.fit import RIDGE, fit_with_loso, predict  # noqa: E402
 from compiler.calibration.runs import load_runs  # noqa: E402
+from compiler.costmodel.bands import calibrate_widening  # noqa: E402
 from compiler.costmodel.efficiency import FIT_PARAMETERS, HUBER_DELTA, prior_efficiency  # noqa: E402
 from compiler.stats import percentile  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 PHYSICS = ROOT / "compiler" / "data" / "physics.yaml"
+BRIDGE_RECIPES = ROOT / "compiler" / "data" / "bridge_perf_recipes.csv"  # how Megatron-Bridge rows were launched
 EFFICIENCY = ROOT / "compiler" / "data" / "efficiency.yaml"
 RESIDUALS = ROOT / "compiler" / "data" / "residuals.json"
 
@@ -58,7 +64,7 @@ def parameters_digest() -> str:
 
 def input_digests() -> dict[str, str]:
     return {"calibration_sha256": sha256(CSV), "physics_sha256": sha256(PHYSICS),
-            "fit_parameters_sha256": parameters_digest()}
+            "bridge_recipes_sha256": sha256(BRIDGE_RECIPES), "fit_parameters_sha256": parameters_digest()}
 
 
 def _r4(x: float) -> float:
@@ -119,7 +125,8 @@ def build(progress=None) -> tuple[str, str]:
     yaml.width = 120
     yaml.dump(doc, buf)
     residuals = {"schema_version": 1, "generated_by": "python benchmarks/fit.py", **digests,
-                 "error": "predicted tokens/s per GPU / measured - 1", "rows": rows}
+                 "error": "predicted tokens/s per GPU / measured - 1", "rows": rows,
+                 "uncalibrated_widening": calibrate_widening(rows)}
     return header + buf.getvalue(), json.dumps(residuals, indent=1, sort_keys=True) + "\n"
 
 

@@ -40,6 +40,7 @@ def test_wheel_contains_templates_and_data(wheel_venv: Path) -> None:
                           "for t in registry.targets() if t.templates})"],
                          capture_output=True, text=True, cwd="/", check=True)
     assert "gpus.yaml" in out.stdout and "models.yaml" in out.stdout
+    assert "bridge_perf_recipes.csv" in out.stdout  # dtc calibrate reads Megatron-Bridge runs with it
     assert "report" in out.stdout
     assert "torchrun.sbatch.j2" in out.stdout and "megatron_args.sh.j2" in out.stdout
 

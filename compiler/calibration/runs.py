@@ -12,6 +12,10 @@ Rules that decide what a cell means, each tested in tests/unit/calibration/test_
 * framework: from the software_version / source text (Megatron-LM 2021-2022 before Transformer
   Engine; NeMo / Megatron-Bridge / Megatron-Core; torchtitan; llm-foundry; DeepSpeed; FSDP);
   torch.compile, Async TP and Float8 from the row's own words.
+* Megatron-Bridge rows: the table leaves out how a run was launched ("Recompute/offload/CUDA-graph
+  settings are in the matching scripts/performance recipe of that container", the rows' notes); the
+  recipe of the row's container, model, GPU, precision and layout (compiler/calibration/
+  bridge_recipes.py) says whether the iteration was one CUDA graph and the MoE all-to-all overlapped.
 * ZeRO / FSDP: "ZeRO-N" is stage N; FSDP / FULL_SHARD / Megatron-FSDP are stage 3 (a stated
   "sharding group N" is dp_shard), SHARD_GRAD_OP stage 2; "distributed optimizer" stage 1;
   "FSDP=0" and "none" are not sharded.
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
+from compiler.calibration.bridge_recipes import recipe_for
 from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features
 from compiler.layout import Layout, Offload, Recompute
@@ -130,6 +135,26 @@ def framework_of(row: dict) -> CostProfile:
     if "async tp" in text or "async-tp" in text:
         base = replace(base, name=base.name + "+async_tp", tp_overlap="full")
     return base
+
+
+def with_bridge_recipe(framework: CostProfile, row: dict, layout: Layout, precision: str, fp8_recipe: str
+                       ) -> CostProfile:
+    """A Megatron-Bridge row's profile with the launch settings of its recipe (compiler.calibration.bridge_recipes):
+    full-iteration CUDA graphs, and the EP all-to-all overlapped with another micro-batch (as DualPipe)."""
+    if framework.name != "megatron_bridge":
+        return framework
+    recipe = recipe_for(software_version=row.get("software_version") or "", model=row.get("model") or "",
+                        gpu_type=row.get("gpu_type") or "", precision=precision, fp8_recipe=fp8_recipe,
+                        num_gpus=layout.world_size, tp=layout.tp, pp=layout.pp, vp=layout.vpp, cp=layout.cp,
+                        ep=layout.ep, micro_batch=layout.micro_batch)
+    if recipe is None:
+        return framework
+    name = framework.name + ("+full_cuda_graph" if recipe.full_iteration_cuda_graph else "") \
+        + ("+a2a_overlap" if recipe.moe_a2a_overlap and layout.ep > 1 else "")
+    return replace(framework, name=name,
+                   cuda_graphs="full_iteration" if recipe.full_iteration_cuda_graph else framework.cuda_graphs,
+                   ep_overlap=framework.ep_overlap or (recipe.moe_a2a_overlap and layout.ep > 1),
+                   source=framework.source + f"; launch settings from {recipe.describe()}")
 
 
 # --- model shape --------------------------------------------------------------------------------------
@@ -459,6 +484,7 @@ def parse_row(row: dict, catalog: Catalog | None = None) -> PublishedRun:
     seq = _int(row, "seq_len") or 2048
     given = recompute_of(row)
     layout = layout_of(row, spec, framework, given or "none")
+    framework = with_bridge_recipe(framework, row, layout, precision, recipe)
     problem = make_problem(shape, option, seq_len=seq, global_batch=layout.global_batch, tokens=10**12,
                            precision=precision, num_gpus=n, fp8_recipe=recipe)
     run = PublishedRun(row_id=row.get("row_id", ""), source_id=row.get("source_id", ""), model=row.get("model", ""),

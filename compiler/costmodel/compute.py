@@ -35,7 +35,9 @@ Time of one micro-batch on one GPU, per part (each with its source in physics.ya
   achieved HBM fraction (fused or eager).
 * Launch-bound layers: a layer cannot run faster than its host launches its kernels
   (framework ops per layer x fit.cpu_op_s); MoE layers synchronise with the host every layer
-  (token counts), so each pays max(GPU, launch) on its own; dense layers overlap launches.
+  (token counts), so each pays max(GPU, launch) on its own; dense layers overlap launches. A
+  framework that replays the whole iteration as one CUDA graph (cost profile cuda_graphs) launches
+  nothing per kernel.
 * Gradient-buffer traffic of every local parameter in backward (weight-gradient accumulation).
 """
 from __future__ import annotations
@@ -416,7 +418,7 @@ def _layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
         memory_bound=memory_bound_time_per_layer_s(setup, moe_layer),
         casts=fp8_cast_time_s(setup, gemms),
         permute=moe_permute_time_s(setup) if moe_layer else 0.0,
-        launch_f=ops * setup.eff.fit("cpu_op_s"))
+        launch_f=0.0 if fw.cuda_graphs == "full_iteration" else ops * setup.eff.fit("cpu_op_s"))
 
 
 @dataclass(frozen=True)

@@ -78,18 +78,17 @@ def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: 
     a_end, b_end = len(old) - tail, len(new) - tail
     if head == a_end and head == b_end:
         return []
+    middle: list[tuple[str, int, int, int, int]]
     if (a_end - head) * (b_end - head) <= MAX_DIFF_CELLS:
         middle = [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in
                   difflib.SequenceMatcher(None, old[head:a_end], new[head:b_end]).get_opcodes()]
     else:
         tag = "replace" if a_end > head and b_end > head else "delete" if a_end > head else "insert"
         middle = [(tag, head, a_end, head, b_end)]
-    matcher = difflib.SequenceMatcher(None, (), ())
-    matcher.a, matcher.b = old, new  # type: ignore[assignment]
-    matcher.opcodes = ([("equal", 0, head, 0, head)] if head else []) + middle \
+    codes = ([("equal", 0, head, 0, head)] if head else []) + middle \
         + ([("equal", a_end, len(old), b_end, len(new))] if tail else [])
     out = [f"--- {fromfile}{lineterm}", f"+++ {tofile}{lineterm}"]
-    for group in matcher.get_grouped_opcodes(n):
+    for group in _grouped(codes, n):
         first, last = group[0], group[-1]
         out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@{lineterm}")
         for tag, i1, i2, j1, j2 in group:
@@ -98,6 +97,28 @@ def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: 
                 continue
             out += ["-" + line for line in old[i1:i2]] + ["+" + line for line in new[j1:j2]]
     return out
+
+
+def _grouped(codes: list[tuple[str, int, int, int, int]], n: int) -> list[list[tuple[str, int, int, int, int]]]:
+    """difflib.SequenceMatcher.get_grouped_opcodes on given opcodes: hunks with up to n lines of context."""
+    codes = list(codes)
+    if codes[0][0] == "equal":
+        tag, i1, i2, j1, j2 = codes[0]
+        codes[0] = tag, max(i1, i2 - n), i2, max(j1, j2 - n), j2
+    if codes[-1][0] == "equal":
+        tag, i1, i2, j1, j2 = codes[-1]
+        codes[-1] = tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)
+    groups, group = [], []
+    for tag, i1, i2, j1, j2 in codes:
+        if tag == "equal" and i2 - i1 > 2 * n:  # a long unchanged run ends the hunk
+            group.append((tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)))
+            groups.append(group)
+            group = []
+            i1, j1 = max(i1, i2 - n), max(j1, j2 - n)
+        group.append((tag, i1, i2, j1, j2))
+    if group and not (len(group) == 1 and group[0][0] == "equal"):
+        groups.append(group)
+    return groups
 
 
 def _range(start: int, stop: int) -> str:

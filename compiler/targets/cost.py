@@ -59,6 +59,12 @@ class CostProfile:
     # ... except on these GPU generations: ((generation, recipe), ...)
     fp8_recipe_by_generation: tuple[tuple[str, str], ...] = ()
     ep_overlap: bool = False  # MoE all-to-all hidden behind another micro-batch's compute (DualPipe)
+    # the training iteration is captured as one CUDA graph and replayed (Megatron-Core --cuda-graph-impl
+    # full_iteration, megatron/core/full_cuda_graph.py: forward and backward of every micro-batch in one
+    # graph): the host submits one graph launch per step instead of each kernel, and MoE layers do not wait
+    # for the host (token counts stay on the device: moe_paged_stash, padded expert buffers), so no layer is
+    # launch-bound. "none": kernels launched one by one (partial TE graphs of a few modules are not modelled)
+    cuda_graphs: Literal["none", "full_iteration"] = "none"
     optimizer_state_bytes: int = 0  # bytes of optimizer state per parameter; 0: the optimizer's fp32 default
     # the optimizer's fp32 master copy is the (sharded) parameter itself and the 16-bit weights exist only
     # unsharded for compute (FSDP2 with MixedPrecisionPolicy): no persistent 16-bit copy of a sharded weight

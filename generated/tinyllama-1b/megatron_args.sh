@@ -68,7 +68,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2951
+  --save-interval 2937
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from compiler.costmodel import bands
-from compiler.costmodel.bands import (LEVELS, MEMORY_MARGIN, MIN_RUNS, UNCALIBRATED_WIDENING, BandTable, Residual,
+from compiler.costmodel.bands import (LEVELS, MEMORY_MARGIN, MIN_RUNS, BandTable, Residual,
                                       percentile, regime_of)
 from compiler.estimate import ErrorBand, Estimate
 from compiler.layout import Layout
@@ -60,11 +60,11 @@ def test_fallback_to_a_coarser_regime_then_to_uncalibrated() -> None:
     assert band.calibrated and band.runs == 10 and "GPUs" not in band.regime
     # runs of one source only do not calibrate a regime (MIN_SOURCES): uncalibrated, a wide band
     one_source = residuals([0.01 * i for i in range(30)], sources=("a",))
-    wide = BandTable(one_source + residuals([-0.1, 0.2], framework="llm_foundry")).band_of(REGIME)
+    wide = BandTable(one_source + residuals([-0.1, 0.2], framework="llm_foundry"), widening=1.5).band_of(REGIME)
     assert not wide.calibrated and wide.thin and wide.runs == 0
     pooled = [0.01 * i for i in range(30)] + [-0.1, 0.2]
-    assert wide.high == pytest.approx(math.exp(UNCALIBRATED_WIDENING * percentile(pooled, 0.9)))
-    assert wide.low == pytest.approx(math.exp(min(0.0, UNCALIBRATED_WIDENING * percentile(pooled, 0.1))))
+    assert wide.high == pytest.approx(math.exp(1.5 * percentile(pooled, 0.9)))
+    assert wide.low == pytest.approx(math.exp(min(0.0, 1.5 * percentile(pooled, 0.1))))
     assert "uncalibrated" in wide.describe()
     # too few runs (MIN_RUNS) anywhere: uncalibrated too
     few = BandTable(residuals([0.1] * (MIN_RUNS - 1))).band_of(REGIME)
@@ -87,6 +87,19 @@ def test_coverage_leaves_each_source_out() -> None:
     assert n == 31
     assert by["calibrated"] == (20, 30)  # a and b inside (their band holds x's errors too), x outside
     assert by["uncalibrated"] == (1, 1) and inside == 21  # 'far' is alone in its regime: the wide band
+
+
+def test_uncalibrated_widening_is_the_smallest_that_covers_80_percent() -> None:
+    """calibrate_widening on the committed residuals gives the committed widening, and one grid step less
+    leaves fewer than 80% of the uncalibrated rows inside."""
+    rows = json.loads(bands.RESIDUALS.read_text())["rows"]
+    w = bands.calibrate_widening(rows)
+    assert w == bands.committed_widening()
+    inside, n = bands.coverage(rows, widening=w)[2]["uncalibrated"]
+    assert inside >= 0.8 * n
+    if w > 1.0:
+        below, _ = bands.coverage(rows, widening=round(w - bands.WIDENING_STEP, 4))[2]["uncalibrated"]
+        assert below < 0.8 * n
 
 
 def test_committed_loso_coverage_is_within_the_target() -> None:

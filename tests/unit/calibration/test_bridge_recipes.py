@@ -1,0 +1,136 @@
+"""Megatron-Bridge rows read with their recipe's launch settings (compiler/calibration/bridge_recipes.py)."""
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from compiler.calibration import bridge_recipes as B
+from compiler.calibration import runs as R
+from compiler.calibration.fit import predict
+from compiler.costmodel.efficiency import load_efficiency
+
+ROOT = Path(__file__).resolve().parents[3]
+CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bridge_recipes as generator  # noqa: E402
+
+
+def csv_row(row_id: str) -> dict:
+    with open(CSV, newline="", encoding="utf-8") as fh:
+        return next(r for r in csv.DictReader(fh) if r["row_id"] == row_id)
+
+
+def test_container_gpu_precision_and_model_are_read_as_the_recipe_names_spell_them():
+    assert B.container_of("NeMo 26.04.01 container (Megatron-Bridge + Megatron-Core)") == "26.04.01"
+    assert B.container_of("NeMo 26.06 container") == "26.06"
+    assert B.container_of("NeMo 24.07 (launcher)") == "24.07"
+    assert B.container_of("torchtitan 0.1") == ""
+    assert B.gpu_token("GB200 (NVL72)") == "GB200" and B.gpu_token("B200 (DGX-B200)") == "B200"
+    assert B.gpu_token("H100-SXM-80GB") == "H100"
+    assert B.precision_token("fp8", "mxfp8") == "FP8_MX" and B.precision_token("bf16", "") == "BF16"
+    assert B.precision_token("fp8", "fp8_tensorwise_current") == "FP8_CS"
+    assert B.precision_token("fp8", "fp8_blockwise") == "FP8_SC"
+    assert B.model_key("Qwen3 30B-A3B") == B.model_key("QWEN3_30B_A3B") == "QWEN330BA3B"
+    assert B.model_key("Llama 3.1 405B") == "LLAMA31405B"
+
+
+def test_full_iteration_cuda_graph_is_bridges_own_rule():
+    def recipe(impl: str, scope: str) -> B.BridgeRecipe:
+        return B.BridgeRecipe("26.06", "v0.5.0", "X", impl, scope, False)
+    assert recipe("full_iteration", "[]").full_iteration_cuda_graph
+    assert recipe("local", "full_iteration").full_iteration_cuda_graph
+    assert not recipe("local", "attn").full_iteration_cuda_graph
+    assert not recipe("transformer_engine", "attn moe_router moe_preprocess").full_iteration_cuda_graph
+    assert not recipe("", "").full_iteration_cuda_graph
+
+
+def test_the_26_06_qwen3_30b_mxfp8_row_ran_full_iteration_graphs_and_the_26_04_one_did_not():
+    # Megatron-Bridge 0.5.0 (NeMo 26.06) changed QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1 to
+    # cuda_graph_impl="full_iteration", moe_a2a_overlap=True; 0.4.0 (26.04) graphed the router only
+    new = R.parse_row(csv_row("334"))  # 26.06, GB200, MXFP8, mb 4
+    old = R.parse_row(csv_row("430"))  # 26.04, same layout
+    assert new.layout.describe() == old.layout.describe()
+    assert new.framework.cuda_graphs == "full_iteration" and new.framework.ep_overlap
+    assert "QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1" in new.framework.source
+    assert old.framework.cuda_graphs == "none" and not old.framework.ep_overlap
+    assert old.framework.name == "megatron_bridge" and new.framework.name.startswith("megatron_bridge+")
+    assert new.features["framework"] == old.features["framework"] == "megatron_bridge"
+
+
+def test_a_recipe_is_taken_only_when_its_layout_is_the_rows():
+    r = csv_row("334")
+    kw = dict(software_version=r["software_version"], model=r["model"], gpu_type=r["gpu_type"], precision="fp8",
+              fp8_recipe="mxfp8", num_gpus=8, tp=1, pp=1, vp=1, cp=1, ep=8, micro_batch=4)
+    found = B.recipe_for(**kw)
+    assert found is not None and found.megatron_bridge == "v0.5.0" and found.moe_a2a_overlap
+    assert B.recipe_for(**{**kw, "micro_batch": 2}) is None
+    assert B.recipe_for(**{**kw, "software_version": "NeMo 25.09 container"}) is None  # not extracted
+    assert B.recipe_for(**{**kw, "software_version": "torchtitan"}) is None
+    bf16 = B.recipe_for(**{**kw, "precision": "bf16", "fp8_recipe": ""})
+    assert bf16 is not None and not bf16.full_iteration_cuda_graph
+
+
+def test_rows_of_other_frameworks_never_take_a_recipe():
+    r = R.parse_row(csv_row("92"))  # NeMo 24.07 (nemo_2407 profile)
+    assert r.framework.cuda_graphs == "none" and "launch settings" not in r.framework.source
+
+
+def test_full_iteration_graphs_remove_the_launch_bound_time_and_nothing_else():
+    run = R.resolve(R.parse_row(csv_row("430")))  # a launch-bound MoE layer (hidden 2048, 16 local experts)
+    eff = load_efficiency()
+    eager = predict(run, eff)
+    graphed = predict(replace(run, framework=replace(run.framework, cuda_graphs="full_iteration")), eff)
+
+    def parts(est) -> str:
+        return next(i.formula for i in est.time.items if i.name == "forward_compute")
+    assert "launch_bound" in parts(eager) and "launch_bound" not in parts(graphed)
+    assert graphed.step_time_s < eager.step_time_s
+    for name in ("ep_comm", "optimizer_step", "dp_comm"):
+        assert next(i.value for i in graphed.time.items if i.name == name) == pytest.approx(
+            next(i.value for i in eager.time.items if i.name == name))
+
+
+def test_committed_table_has_the_generators_columns_and_covers_each_container():
+    with open(ROOT / "compiler" / "data" / B.RECIPES_FILE, newline="", encoding="utf-8") as fh:
+        table = list(csv.DictReader(fh))
+    assert tuple(table[0].keys()) == generator.COLUMNS
+    assert {r["container"] for r in table} == set(generator.CONTAINERS)
+    for container, tags in generator.CONTAINERS.items():
+        assert {r["megatron_bridge"] for r in table if r["container"] == container} == set(tags)
+
+
+def test_generator_reads_a_workload_file_against_its_own_utils(tmp_path):
+    """A two-commit Megatron-Bridge stand-in: the generator executes the tag's files, not dtc's guesses."""
+    import subprocess
+    repo = tmp_path / "mb"
+    (repo / "scripts/performance/utils").mkdir(parents=True)
+    (repo / "scripts/performance/configs/qwen").mkdir(parents=True)
+    (repo / "scripts/performance/utils/utils.py").write_text(
+        "from dataclasses import dataclass\nfrom typing import Optional\n@dataclass\nclass WorkloadBaseConfig:\n"
+        "    num_gpus: int = 1\n    tensor_model_parallel_size: int = 1\n    micro_batch_size: int = 1\n"
+        "    cuda_graph_impl: Optional[str] = None\n    cuda_graph_scope: Optional[list] = None\n"
+        "    moe_a2a_overlap: Optional[bool] = False\n")
+    (repo / "scripts/performance/configs/qwen/qwen3_workload_base_configs.py").write_text(
+        "from dataclasses import replace\nfrom utils.utils import WorkloadBaseConfig\n"
+        "BASE = WorkloadBaseConfig(num_gpus=8)\n"
+        "QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1 = replace(BASE, micro_batch_size=4, "
+        "cuda_graph_impl='full_iteration', cuda_graph_scope=[], moe_a2a_overlap=True)\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    subprocess.run(git + ["tag", "v0.5.0"], check=True)
+    configs = generator.tag_configs(repo, "v0.5.0")
+    assert configs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]["cuda_graph_impl"] == "full_iteration"
+    assert "BASE" not in configs
+
+
+def test_provenance_names_the_committed_tables_digest():
+    import hashlib
+    digest = hashlib.sha256((ROOT / "compiler" / "data" / B.RECIPES_FILE).read_bytes()).hexdigest()
+    assert digest in (ROOT / "benchmarks" / "data" / "PROVENANCE.md").read_text()
