@@ -37,12 +37,13 @@ import sys
 import types
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from compiler.calibration.bridge_recipes import RECIPES_FILE, model_key  # noqa: E402
+from compiler.calibration.bridge_recipes import GPU_TOKENS, RECIPES_FILE, model_key  # noqa: E402
 
 OUT = ROOT / "compiler" / "data" / RECIPES_FILE
 
@@ -56,7 +57,6 @@ CONTAINERS = {
     "26.06": ("v0.5.0",),
     "26.06.01": ("v0.5.1", "v0.5.0"),
 }
-GPUS = ("GB300", "GB200", "B300", "B200", "H100", "VR200", "R100")
 PRECISIONS = ("BF16", "FP8_CS", "FP8_MX", "FP8_SC", "NVFP4")
 COLUMNS = ("container", "megatron_bridge", "config", "model", "gpu", "precision", "num_gpus", "tp", "pp", "vp", "cp", "ep",
            "etp", "micro_batch", "global_batch", "cuda_graph_impl", "cuda_graph_scope", "moe_a2a_overlap",
@@ -72,9 +72,7 @@ def tag_configs(repo: Path, tag: str) -> dict[str, dict]:
     utils = types.ModuleType("utils.utils")
     package = types.ModuleType("utils")
     package.utils = utils  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in ("utils", "utils.utils")}
-    sys.modules.update({"utils": package, "utils.utils": utils})
-    try:
+    with mock.patch.dict(sys.modules, {"utils": package, "utils.utils": utils}):
         exec(compile(_git(repo, "show", f"{tag}:scripts/performance/utils/utils.py"), "utils.py", "exec"),
              utils.__dict__)
         out: dict[str, dict] = {}
@@ -88,12 +86,6 @@ def tag_configs(repo: Path, tag: str) -> dict[str, dict]:
                         and not isinstance(value, type) and not name.startswith("_"):
                     out[name] = asdict(value)
         return out
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
 
 
 def _token(name: str, options: tuple[str, ...]) -> str:
@@ -126,7 +118,7 @@ def rows(repo: Path) -> list[dict[str, str]]:
                 if "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
                     continue  # SFT / LoRA presets
                 c = configs[name]
-                gpu = _token(name, GPUS)
+                gpu = _token(name, GPU_TOKENS)
                 out.append({
                     "container": container, "megatron_bridge": tag, "config": name, "model": _model(name, gpu),
                     "gpu": gpu,

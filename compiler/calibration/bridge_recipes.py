@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 RECIPES_FILE = "bridge_perf_recipes.csv"
-GPU_TOKENS = ("GB300", "GB200", "B300", "B200", "H100")
+# the GPUs as the recipes' names spell them (GB before B: "B200" is in "GB200"); benchmarks/bridge_recipes.py
+# labels each config with them
+GPU_TOKENS = ("GB300", "GB200", "B300", "B200", "H100", "VR200", "R100")
 
 
 @dataclass(frozen=True)

@@ -251,14 +251,19 @@ class BandTable:
 def committed_widening() -> float:
     """The uncalibrated bands' widening benchmarks/fit.py calibrated (compiler/data/residuals.json); 1 in a file
     from before it was calibrated, which the fit reads only for the bands of the estimates it does not use."""
-    return float(json.loads(RESIDUALS.read_text(encoding="utf-8")).get("uncalibrated_widening", 1.0))
+    return float(_committed_residuals().get("uncalibrated_widening", 1.0))
 
 
 @functools.lru_cache(maxsize=1)
 def default_table() -> BandTable:
     """The bands of the committed residuals (compiler/data/residuals.json), read once."""
-    rows = json.loads(RESIDUALS.read_text(encoding="utf-8"))["rows"]
-    return BandTable.from_rows(rows)
+    return BandTable.from_rows(_committed_residuals()["rows"])
+
+
+@functools.lru_cache(maxsize=1)
+def _committed_residuals() -> dict[str, Any]:
+    """compiler/data/residuals.json, read once for its rows and its widening."""
+    return json.loads(RESIDUALS.read_text(encoding="utf-8"))
 
 
 def residual_band(errors: Sequence[float], *, p80_floor: float = 0.0) -> tuple[float, float, float]:

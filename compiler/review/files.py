@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from compiler.artifacts import MANIFEST, ArtifactSet
 
@@ -59,14 +59,15 @@ class FileChange:
 # change) took minutes. Past this many (old x new) differing lines they are replaced as a whole instead (still an
 # exact unified diff that patch applies, not a minimal one).
 MAX_DIFF_CELLS = 4_000_000
+_Opcode = tuple[Literal["replace", "delete", "insert", "equal"], int, int, int, int]
 
 
 def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: str, *, n: int = 3,
                  lineterm: str = "\n") -> list[str]:
     """difflib.unified_diff's format, in time linear in the lines outside the changed middle: for a big file the
-    common first and last lines are set aside before difflib matches the rest; a middle too big for it (MAX_DIFF_CELLS) is replaced
-    as a whole. The edit script is always exact, so every hunk's context is the file's. Files small enough for difflib
-    get difflib's own diff."""
+    common first and last lines are set aside before difflib matches the rest; a middle too big for it
+    (MAX_DIFF_CELLS) is replaced as a whole. The edit script is always exact, so every hunk's context is the
+    file's. Files small enough for difflib get difflib's own diff."""
     if len(old) * len(new) <= MAX_DIFF_CELLS:
         return list(difflib.unified_diff(old, new, fromfile, tofile, n=n, lineterm=lineterm))
     head = 0
@@ -78,17 +79,19 @@ def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: 
     a_end, b_end = len(old) - tail, len(new) - tail
     if head == a_end and head == b_end:
         return []
-    middle: list[tuple[str, int, int, int, int]]
+    middle: list[_Opcode]
     if (a_end - head) * (b_end - head) <= MAX_DIFF_CELLS:
         middle = [(tag, i1 + head, i2 + head, j1 + head, j2 + head) for tag, i1, i2, j1, j2 in
                   difflib.SequenceMatcher(None, old[head:a_end], new[head:b_end]).get_opcodes()]
     else:
-        tag = "replace" if a_end > head and b_end > head else "delete" if a_end > head else "insert"
-        middle = [(tag, head, a_end, head, b_end)]
-    codes = ([("equal", 0, head, 0, head)] if head else []) + middle \
-        + ([("equal", a_end, len(old), b_end, len(new))] if tail else [])
+        whole: Literal["replace", "delete", "insert"] = \
+            "replace" if a_end > head and b_end > head else "delete" if a_end > head else "insert"
+        middle = [(whole, head, a_end, head, b_end)]
+    before: list[_Opcode] = [("equal", 0, head, 0, head)] if head else []
+    after: list[_Opcode] = [("equal", a_end, len(old), b_end, len(new))] if tail else []
+    codes = before + middle + after
     out = [f"--- {fromfile}{lineterm}", f"+++ {tofile}{lineterm}"]
-    for group in _grouped(codes, n):
+    for group in _GivenOpcodes(codes).get_grouped_opcodes(n):
         first, last = group[0], group[-1]
         out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@{lineterm}")
         for tag, i1, i2, j1, j2 in group:
@@ -99,26 +102,15 @@ def unified_diff(old: Sequence[str], new: Sequence[str], fromfile: str, tofile: 
     return out
 
 
-def _grouped(codes: list[tuple[str, int, int, int, int]], n: int) -> list[list[tuple[str, int, int, int, int]]]:
-    """difflib.SequenceMatcher.get_grouped_opcodes on given opcodes: hunks with up to n lines of context."""
-    codes = list(codes)
-    if codes[0][0] == "equal":
-        tag, i1, i2, j1, j2 = codes[0]
-        codes[0] = tag, max(i1, i2 - n), i2, max(j1, j2 - n), j2
-    if codes[-1][0] == "equal":
-        tag, i1, i2, j1, j2 = codes[-1]
-        codes[-1] = tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)
-    groups, group = [], []
-    for tag, i1, i2, j1, j2 in codes:
-        if tag == "equal" and i2 - i1 > 2 * n:  # a long unchanged run ends the hunk
-            group.append((tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)))
-            groups.append(group)
-            group = []
-            i1, j1 = max(i1, i2 - n), max(j1, j2 - n)
-        group.append((tag, i1, i2, j1, j2))
-    if group and not (len(group) == 1 and group[0][0] == "equal"):
-        groups.append(group)
-    return groups
+class _GivenOpcodes(difflib.SequenceMatcher):
+    """A matcher whose edit script is given: difflib's own get_grouped_opcodes cuts it into hunks."""
+
+    def __init__(self, codes: list[_Opcode]):
+        super().__init__(None, (), ())
+        self._codes = codes
+
+    def get_opcodes(self) -> list[_Opcode]:
+        return list(self._codes)  # get_grouped_opcodes edits the list it gets
 
 
 def _range(start: int, stop: int) -> str:
