@@ -94,6 +94,18 @@ def _int(row: dict, key: str) -> int | None:
 # --- framework ----------------------------------------------------------------------------------------
 
 
+# torchtitan's train configs when its 2024 performance tables were published (pytorch/torchtitan commit 1ea476e9f,
+# 2024-04-24, "update readme.md and performance.md"): train_configs/llama3_8b.toml, llama2_13b.toml and
+# llama2_7b.toml set norm_type = "fused_rmsnorm", llama3_70b.toml and llama2_70b.toml norm_type = "rmsnorm"
+TORCHTITAN_2024_FUSED_RMSNORM = frozenset({"llama 3 8b", "llama 2 13b", "llama 2 7b"})
+TORCHTITAN_2024_SOURCE = ("norm_type = fused_rmsnorm in the model's shipped train config (pytorch/torchtitan "
+                          "1ea476e9f train_configs/, the commit of the performance tables): one Triton kernel that "
+                          "saves x, weight and rstd (torchtitan/models/norms.py FusedRMSNorm)")
+# torchtitan's composite RMSNorm launches 8 kernels (x.float(), pow, mean, + eps, rsqrt, *, type_as, * weight:
+# torchtitan/models/norms.py RMSNorm._norm / forward); the fused one launches 1
+EAGER_RMSNORM_KERNELS = 8
+
+
 def framework_of(row: dict) -> CostProfile:
     """The framework profile that ran the row, with the variations the row states."""
     text = _text(row, "source_id", "source", "software_version", "zero_fsdp", "notes")
@@ -115,6 +127,11 @@ def framework_of(row: dict) -> CostProfile:
                            "param_persistence_threshold 1e5 stay gathered), overlap_comm False by default")
     elif "torchtitan" in text:
         base = published_profile("torchtitan")
+        if "fused_rmsnorm" in text or "fused rmsnorm" in text or (
+                "2024" in version and _text(row, "model") in TORCHTITAN_2024_FUSED_RMSNORM):
+            base = replace(base, name=base.name + "+fused_rmsnorm", fused_norm=True,
+                           ops_per_dense_layer=base.ops_per_dense_layer - 2 * (EAGER_RMSNORM_KERNELS - 1),
+                           source=base.source + "; " + TORCHTITAN_2024_SOURCE)
     elif "llm-foundry" in text or "composer" in text or "mosaic" in version:
         base = published_profile("llm_foundry")
     elif "megatron" in text or "nemo" in text:

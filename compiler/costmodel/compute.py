@@ -332,7 +332,8 @@ def elementwise_bytes_per_token(setup: Setup, moe_layer: bool, eager: bool) -> f
     shape, table = setup.shape, setup.eff.physics.elementwise_bytes
     k = 1 if eager else 0
     w = attention_widths(shape)
-    out = 2 * shape.hidden_size * (table[shape.norm][k] + table["residual"][k])
+    norm = table[shape.norm][0 if setup.framework.fused_norm else k]
+    out = 2 * shape.hidden_size * (norm + table["residual"][k])
     if shape.position == "rope":
         out += (w.q_width + w.k_width) * table["rope"][k]
     act = table["swiglu" if shape.mlp == "swiglu" else "gelu"][k]

@@ -156,5 +156,8 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
     fp8 = fp8_recipe_of(problem, framework, gpu)
     if stages is None:
         stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)
+    impl = IMPLS[framework.activations]
+    if framework.fused_norm:  # a fused norm kernel keeps no fp32 copies (targets/cost.py)
+        impl = replace(impl, name=impl.name + "+fused_norm", rmsnorm_fp32_copies=0)
     return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, recipe=recipe, framework=framework,
-                 impl=IMPLS[framework.activations], stages=stages, fp8_recipe=fp8)
+                 impl=impl, stages=stages, fp8_recipe=fp8)

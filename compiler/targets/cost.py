@@ -92,6 +92,10 @@ class CostProfile:
     # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default), and
     # a fetch is tied to a submodule's forward hooks, so full recompute fetches every parameter a third time
     zero3_blocking: bool = False
+    # an otherwise eager block whose norms run as one fused kernel each (torchtitan's norm_type = "fused_rmsnorm":
+    # a Triton kernel that saves x, weight and rstd, not the fp32 copies of composite RMSNorm, and moves the bytes
+    # of a fused norm, physics.yaml memory_bound.bytes_per_element)
+    fused_norm: bool = False
 
     @property
     def grad_bytes(self) -> int:

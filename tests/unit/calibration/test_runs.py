@@ -105,7 +105,9 @@ def test_fp4_is_skipped_with_a_reason():
     (dict(software_version="NeMo 26.02 container (Megatron-Bridge + Megatron-Core)"), "megatron_bridge"),
     (dict(software_version="NeMo 25.02 container (NeMo 2.0)"), "megatron_bridge"),
     (dict(software_version="Megatron-LM (2021)", source_id="narayanan2021"), "megatron_lm_2021"),
-    (dict(software_version="torchtitan (mid-2024), FSDP2"), "torchtitan"),
+    (dict(software_version="torchtitan (mid-2024), FSDP2", model="Llama 3 70B"), "torchtitan"),
+    (dict(software_version="torchtitan (mid-2024), FSDP2", model="Llama 2 13B"), "torchtitan+fused_rmsnorm"),
+    (dict(software_version="torchtitan (2025), FSDP2", model="Llama 2 13B"), "torchtitan"),
     (dict(software_version="torchtitan (2025), FSDP2", notes="FSDP + torch.compile + Async TP"),
      "torchtitan+compile+async_tp"),
     (dict(software_version="llm-foundry / Composer (2023-2024), FlashAttention"), "llm_foundry"),
@@ -170,3 +172,29 @@ def test_deepspeed_zero3_of_2021_gathers_per_weight_matrix_and_blocks():
     assert (old.zero3_gathers_per_layer, old.zero3_blocking) == (4, True)
     new = R.framework_of(row(software_version="DeepSpeed 0.14 (2024)", zero_fsdp="ZeRO-3 (DeepSpeed)"))
     assert (new.zero3_gathers_per_layer, new.zero3_blocking) == (1, False)
+
+
+def test_torchtitan_fused_rmsnorm_saves_no_fp32_copies_and_moves_fused_norm_bytes():
+    """torchtitan's 2024 8B/13B configs ran norm_type = fused_rmsnorm (pytorch/torchtitan 1ea476e9f): the Triton
+    kernel saves x and rstd, not composite RMSNorm's fp32 input and output, and moves a fused norm's bytes. The
+    Llama 2 13B run without activation checkpointing (mb 2 x 4K on 80 GB) fits only so."""
+    from compiler.calibration.fit import predict
+    from compiler.costmodel.efficiency import load_efficiency
+    r = row(source_id="torchtitan_a100", software_version="torchtitan (mid-2024), FSDP2", model="Llama 2 13B",
+            num_layers="40", hidden_size="5120", ffn_hidden_size="13824", num_attention_heads="40",
+            num_kv_heads="40", vocab_size="32000", seq_len="4096", gpu_type="A100-SXM-80GB", num_gpus="64",
+            zero_fsdp="FSDP2 full shard (1D, 64-way)", activation_recompute="none", micro_batch_size="2",
+            global_batch_size="128", tokens_per_sec_per_gpu="2162")
+    fused = R.parse_row(r)
+    assert fused.framework.fused_norm and fused.framework.name == "torchtitan+fused_rmsnorm"
+    composite = R.parse_row(dict(r, software_version="torchtitan (2025), FSDP2"))
+    assert not composite.framework.fused_norm
+    eff = load_efficiency()
+    a, b = predict(fused, eff), predict(composite, eff)
+    act = {e.name: e.value for e in a.memory.items}["activations"]
+    act_composite = {e.name: e.value for e in b.memory.items}["activations"]
+    # each norm (2 per layer, and the final one) drops 2 fp32 copies (8 B per element) for its 2-byte input
+    saved_per_token = (act_composite - act) / (2 * 4096)
+    assert saved_per_token == pytest.approx((2 * 40 + 1) * 6 * 5120, rel=1e-6)
+    assert a.memory_high_bytes_per_gpu < 80 * 2**30 < b.memory_high_bytes_per_gpu
+    assert a.step_time_s < b.step_time_s  # 4 B per element through a fused norm, 36 through the composite one
