@@ -34,10 +34,15 @@ Time of one micro-batch on one GPU, per part (each with its source in physics.ya
   fit.memory_bound_traffic x the bytes a layer saves for backward, at the framework's kernels'
   achieved HBM fraction (fused or eager).
 * Launch-bound layers: a layer cannot run faster than its host launches its kernels
-  (framework ops per layer x fit.cpu_op_s); MoE layers synchronise with the host every layer
-  (token counts), so each pays max(GPU, launch) on its own; dense layers overlap launches. A
-  framework that replays the whole iteration as one CUDA graph (cost profile cuda_graphs) launches
-  nothing per kernel.
+  (framework ops per layer x fit.cpu_op_s); dense layers overlap launches with GPU work. A MoE
+  layer's forward synchronises the host with the GPU on the token counts (Megatron-Core
+  token_dispatcher.py: the alltoall dispatcher's cuda_sync_point "before_ep_alltoall" for ep > 1,
+  HybridEP's CPU sync on num_permuted_tokens without a static token budget), so the GPU has
+  drained when the host starts launching the MoE block (router to combine: the ops a MoE layer adds
+  to a dense one) and waits for those launches; the forward pays max(GPU + MoE-block launches,
+  all launches), the backward (counts kept from the forward) max(GPU, launches). A framework that
+  replays the whole iteration as one CUDA graph (cost profile cuda_graphs) launches nothing per
+  kernel and has no such sync.
 * Gradient-buffer traffic of every local parameter in backward (weight-gradient accumulation).
 """
 from __future__ import annotations
@@ -391,6 +396,9 @@ class LayerTime:
     casts: tuple[float, float]
     permute: float  # forward + backward
     launch_f: float  # host launch time of the forward (backward: 2x)
+    # ... of it, what the GPU waits for in a MoE layer's forward: the MoE block's launches, issued after the host
+    # synchronises on the token counts (the GPU has drained by then, so they cannot run ahead of it)
+    sync_wait_f: float = 0.0
 
     @property
     def forward_s(self) -> float:
@@ -409,17 +417,20 @@ def _layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
     gemms = layer_gemms(setup, moe_layer)
     fw = setup.framework
     ops: float = fw.ops_per_dense_layer
+    moe_block: float = 0.0
     if moe_layer:
         m = setup.shape.moe
         assert m is not None
         ops = fw.ops_per_moe_layer + fw.ops_per_local_expert * m.num_experts / setup.layout.ep
+        moe_block = ops - fw.ops_per_dense_layer  # router, dispatch, experts, combine: a MoE layer over a dense one
+    op_s = 0.0 if fw.cuda_graphs == "full_iteration" else setup.eff.fit("cpu_op_s")
     return LayerTime(
         gemm_f=sum(gemm_time_s(g, setup) for g in gemms),
         attention=attention_core_time_s(setup),
         memory_bound=memory_bound_time_per_layer_s(setup, moe_layer),
         casts=fp8_cast_time_s(setup, gemms),
         permute=moe_permute_time_s(setup) if moe_layer else 0.0,
-        launch_f=0.0 if fw.cuda_graphs == "full_iteration" else ops * setup.eff.fit("cpu_op_s"))
+        launch_f=ops * op_s if setup.eff.overlapped_launches else 0.0, sync_wait_f=moe_block * op_s)
 
 
 @dataclass(frozen=True)
@@ -473,8 +484,10 @@ def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
         if lt.casts[0] or lt.casts[1]:
             add("fp8_casts", n * lt.casts[0], n * lt.casts[1])
         if moe_layer:
-            # the host waits for the token counts every MoE layer: launches cannot run ahead of it
-            extra_f, extra_b = max(0.0, lt.launch_f - f), max(0.0, 2 * lt.launch_f - b)
+            # the host waits for the token counts every MoE layer (forward): the launches after it cannot run ahead
+            # of the GPU, which waits for them; the backward reuses the forward's counts and only pays
+            # max(GPU, launches)
+            extra_f, extra_b = max(lt.sync_wait_f, lt.launch_f - f), max(0.0, 2 * lt.launch_f - b)
             if extra_f or extra_b:
                 add("launch_bound", n * extra_f, n * extra_b)
             f, b = f + extra_f, b + extra_b

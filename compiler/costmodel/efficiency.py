@@ -193,6 +193,10 @@ class Efficiency:
     fitted: Mapping[str, float]
     fit_provenance: Mapping[str, Any] = field(default_factory=dict)
     loso: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # left-out source -> fitted values
+    # False: host launches that run beside GPU work are left out, keeping only the launches the GPU must wait
+    # for (a MoE layer's after its token-count sync): a stage's time then only falls, and stays linear in its
+    # pieces (the solver's bounds, parts.bound_efficiency)
+    overlapped_launches: bool = True
 
     def __post_init__(self) -> None:
         # the formulas read eff.<name> thousands of times per search: plain attributes, not __getattr__

@@ -27,7 +27,7 @@ comm, compute, step, stages, context) may change behind it as long as these keep
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compiler.costmodel import comm, memory, pp_schedule, step
@@ -58,11 +58,12 @@ def bound_target(problem: Problem) -> str:
 
 @functools.lru_cache(maxsize=32)
 def bound_efficiency(profile: ProfileRef | None = None) -> Efficiency:
-    """The shipped constants with the host's kernel-launch time set to 0. A stage is launch-bound when its
+    """The shipped constants without the host launches that can overlap GPU work. A stage is launch-bound when its
     launches take longer than its GPU work (compute.stage_compute: max(GPU, launches), per stage for dense
-    layers and per layer for MoE layers); leaving launches out only lowers a stage's time, and what remains is
-    linear in the stage's pieces (``unit_stage``), as the bounds need."""
-    return efficiency_of(profile).with_fitted({"cpu_op_s": 0.0})
+    layers and per layer for MoE layers, whose forward also waits for the launches after its token-count sync);
+    leaving the overlapped launches out only lowers a stage's time, and what remains is linear in the stage's
+    pieces (``unit_stage``), as the bounds need."""
+    return replace(efficiency_of(profile), overlapped_launches=False)
 
 
 def setup_for(problem: Problem, layout: Layout, gpu: GpuOption, *, stages: tuple[StageLayers, ...] | None = None,

@@ -71,7 +71,8 @@ class Bounds:
     def __init__(self, problem: Problem):
         self.problem = problem
         # the first framework target (the layout's estimate is its slowest target's, never below this one's),
-        # with host launch time left out (parts.bound_efficiency: what remains is linear in a stage's pieces)
+        # with the host launches that overlap GPU work left out (parts.bound_efficiency: what remains is linear in
+        # a stage's pieces)
         self.target = cm.bound_target(problem)
         self.eff = cm.bound_efficiency(problem.profile)
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]

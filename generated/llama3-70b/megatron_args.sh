@@ -68,7 +68,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 126
+  --save-interval 125
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker
