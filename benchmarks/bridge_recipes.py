@@ -11,27 +11,35 @@ scripts/performance/configs/<family>/*workload_base_configs.py holds one ``Workl
 per (model, GPU, precision, variant) with the layout and the launch settings (cuda_graph_impl,
 cuda_graph_scope, moe_a2a_overlap, moe_flex_dispatcher_backend, ...).
 
-This script reads those files at the Megatron-Bridge release each NeMo container ships
-(docs/releases/software-versions.md of Megatron-Bridge: NeMo 25.11 -> 0.2.0, 26.02 -> 0.3.0,
-26.04 -> 0.4.0, 26.06 -> 0.5.0). The point containers (26.02.01, 26.04.01, 26.06.01) are not in that
-table; their recipes are looked for in the minor release's patch tags first (v0.X.1, v0.X.2), then
-in v0.X.0. Every config of those tags is written, in that order of preference, one CSV row each;
-compiler/calibration/bridge_recipes.py picks, for a published row, the first config of its container
-whose model, GPU, precision and layout (GPUs, tp, pp, vp, cp, ep, micro-batch) are the row's.
+This script reads those files at the Megatron-Bridge release each NeMo container ships, as
+Megatron-Bridge's documentation version picker pairs them (docs/versions1.json of v0.6.0: "0.2.0 ·
+25.11", "0.3.0 · 26.02", "0.3.1 · 26.02.01", "0.4.0 · 26.04", "0.4.2 · 26.04.01", "0.5.0 · 26.06",
+"0.5.1 · 26.06.01", "0.6.0 · 26.08"; docs/releases/software-versions.md agrees for the four it lists).
+Every config of those tags is written, one CSV row each; compiler/calibration/bridge_recipes.py picks,
+for a published row, the first config of its container whose model, GPU, precision and layout (GPUs,
+tp, pp, vp, cp, ep, micro-batch) are the row's.
 
-Not covered: NeMo 25.09 (Megatron-Bridge 0.1.0rc3 kept its recipes as YAML perf matrices) and 26.08
-(0.6.0 moved them into Python functions under src/megatron/bridge/perf_recipes that need
-megatron to evaluate): their rows keep the framework profile's defaults.
+Up to 0.5.x the workload files import only ``dataclasses.replace`` and ``utils.utils.WorkloadBaseConfig``
+(a plain dataclass "because we cannot import MBridge on the headnode"), so each is executed against that
+tag's own utils.py. 0.6.0 moved the recipes into Python functions under src/megatron/bridge/perf_recipes
+(``<model>_pretrain_<N>gpu_<gpu>_<precision>[_<variant>]_config``) that build a full Megatron-Bridge
+config and need megatron to run; they are read statically instead (``PyRecipeReader``): the assignments
+of literals to ``cfg.<section>.<field>`` in order, following the package's own helpers the function calls
+with ``cfg`` (``_enable_hybridep_full_iteration_mxfp8(cfg)``, ...), with their keyword defaults and
+literal arguments bound and ``if``s on them decided; a branch on anything else is not taken, and an
+assignment of anything but a literal leaves the field unknown (blank).
 
-The workload files import only ``dataclasses.replace`` and ``utils.utils.WorkloadBaseConfig`` (a plain
-dataclass "because we cannot import MBridge on the headnode"), so each is executed against that tag's
-own utils.py. ``--check`` exits 1 if the committed CSV differs from what would be written.
+Not covered: NeMo 25.09 (Megatron-Bridge 0.1.0 kept its recipes as YAML perf matrices): its rows keep
+the framework profile's defaults. ``--check`` exits 1 if the committed CSV differs from what would be
+written.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import io
+import re
 import subprocess
 import sys
 import types
@@ -51,12 +59,18 @@ OUT = ROOT / "compiler" / "data" / RECIPES_FILE
 CONTAINERS = {
     "25.11": ("v0.2.0",),
     "26.02": ("v0.3.0",),
-    "26.02.01": ("v0.3.1", "v0.3.0"),
+    "26.02.01": ("v0.3.1",),
     "26.04": ("v0.4.0",),
-    "26.04.01": ("v0.4.1", "v0.4.2", "v0.4.0"),
+    "26.04.01": ("v0.4.2",),
     "26.06": ("v0.5.0",),
-    "26.06.01": ("v0.5.1", "v0.5.0"),
+    "26.06.01": ("v0.5.1",),
+    "26.08": ("v0.6.0",),
 }
+PY_RECIPES = "src/megatron/bridge/perf_recipes"  # 0.6.0 on: recipes as functions (read by PyRecipeReader)
+PY_PACKAGE = "megatron.bridge.perf_recipes"
+PY_RECIPE_NAME = re.compile(r"^(?P<model>.+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
+                            r"(?P<precision>bf16|fp8cs|fp8mx|fp8sc|nvfp4)(?:_(?P<variant>.+))?_config$")
+PY_PRECISIONS = {"bf16": "BF16", "fp8cs": "FP8_CS", "fp8mx": "FP8_MX", "fp8sc": "FP8_SC", "nvfp4": "NVFP4"}
 PRECISIONS = ("BF16", "FP8_CS", "FP8_MX", "FP8_SC", "NVFP4")
 COLUMNS = ("container", "megatron_bridge", "config", "model", "gpu", "precision", "num_gpus", "tp", "pp", "vp", "cp", "ep",
            "etp", "micro_batch", "global_batch", "cuda_graph_impl", "cuda_graph_scope", "moe_a2a_overlap",
@@ -88,6 +102,153 @@ def tag_configs(repo: Path, tag: str) -> dict[str, dict]:
         return out
 
 
+UNKNOWN = object()  # a field assigned something that is not a literal
+
+
+class PyRecipeReader:
+    """Reads the recipe functions of one tag's perf_recipes package without running them (module docstring)."""
+
+    def __init__(self, repo: Path, tag: str):
+        self.defs: dict[str, dict[str, ast.FunctionDef]] = {}  # module -> its top-level functions
+        self.imports: dict[str, dict[str, tuple[str, str]]] = {}  # module -> local name -> (module, name)
+        for path in _git(repo, "ls-tree", "-r", "--name-only", tag, PY_RECIPES).split():
+            if not path.endswith(".py"):
+                continue
+            module = path[len("src/"):-len(".py")].replace("/", ".").removesuffix(".__init__")
+            tree = ast.parse(_git(repo, "show", f"{tag}:{path}"), path)
+            self.defs[module] = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+            self.imports[module] = {a.asname or a.name: (n.module, a.name) for n in tree.body
+                                    if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+
+    def recipes(self) -> dict[str, dict]:
+        """name -> the settings its body assigns ("model.cuda_graph_impl": "full_iteration", ...)."""
+        out = {}
+        for module, defs in self.defs.items():
+            for name, fn in defs.items():
+                if PY_RECIPE_NAME.match(name):
+                    settings: dict[str, object] = {}
+                    self._run(module, fn, {}, settings)
+                    out[name] = settings
+        return out
+
+    def _resolve(self, module: str, name: str) -> tuple[str, ast.FunctionDef] | None:
+        if name in self.defs.get(module, {}):
+            return module, self.defs[module][name]
+        source = self.imports.get(module, {}).get(name)
+        if source and source[0] in self.defs and source[1] in self.defs[source[0]]:
+            return source[0], self.defs[source[0]][source[1]]
+        return None
+
+    def _run(self, module: str, fn: ast.FunctionDef, bound: dict[str, object], settings: dict[str, object],
+             cfg: str = "cfg") -> None:
+        for stmt in fn.body:
+            self._stmt(module, stmt, bound, settings, cfg)
+
+    def _value(self, node: ast.expr, bound: dict[str, object]) -> object:
+        if isinstance(node, ast.Name) and node.id in bound:
+            return bound[node.id]
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, SyntaxError, TypeError):
+            return UNKNOWN
+
+    def _path(self, node: ast.expr, cfg: str) -> str | None:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return ".".join(reversed(parts)) if isinstance(node, ast.Name) and node.id == cfg and parts else None
+
+    def _test(self, node: ast.expr, bound: dict[str, object]) -> bool | None:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            inner = self._test(node.operand, bound)
+            return None if inner is None else not inner
+        value = self._value(node, bound)
+        return None if value is UNKNOWN else bool(value)
+
+    def _stmt(self, module: str, stmt: ast.stmt, bound: dict[str, object], settings: dict[str, object],
+              cfg: str) -> None:
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                if isinstance(target, ast.Name) and target.id == cfg:  # cfg = another_recipe_config(): its settings
+                    value = stmt.value
+                    if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Call):
+                        # cfg = _with_global_batch_size(another_recipe_config(), 128): that recipe, then the helper
+                        self._call(module, value.args[0], bound, settings, cfg, own_cfg=True)
+                        self._call(module, value, bound, settings, cfg, own_cfg=False, cfg_given=True)
+                    else:
+                        self._call(module, value, bound, settings, cfg, own_cfg=True)
+                    continue
+                path = self._path(target, cfg)
+                if path is None:
+                    continue
+                call = stmt.value
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id.endswith("Config"):
+                    for key in [k for k in settings if k.startswith(path + ".")]:
+                        del settings[key]  # a new section object: what was set on the old one is gone
+                    for kw in call.keywords:
+                        if kw.arg:
+                            settings[f"{path}.{kw.arg}"] = self._value(kw.value, bound)
+                else:
+                    settings[path] = self._value(call, bound)
+        elif isinstance(stmt, ast.If):
+            decided = self._test(stmt.test, bound)
+            if decided is not None:
+                for inner in (stmt.body if decided else stmt.orelse):
+                    self._stmt(module, inner, bound, settings, cfg)
+        elif isinstance(stmt, ast.Expr):
+            self._call(module, stmt.value, bound, settings, cfg, own_cfg=False)
+
+    def _call(self, module: str, call: ast.expr, bound: dict[str, object], settings: dict[str, object], cfg: str,
+              *, own_cfg: bool, cfg_given: bool = False) -> None:
+        """A call of one of the package's functions: a helper taking ``cfg`` first (``own_cfg`` False; ``cfg_given``:
+        whatever its first argument's syntax), or a recipe building its own config that this one starts from."""
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+            return
+        passes_cfg = cfg_given or (bool(call.args) and isinstance(call.args[0], ast.Name) and call.args[0].id == cfg)
+        if passes_cfg == own_cfg:
+            return
+        found = self._resolve(module, call.func.id)
+        if found is None:
+            return
+        where, helper = found
+        params = [a.arg for a in helper.args.args]
+        given = call.args if own_cfg else call.args[1:]
+        named = params if own_cfg else params[1:]
+        defaults = helper.args.defaults
+        args: dict[str, object] = {p: self._value(d, {}) for p, d in zip(params[len(params) - len(defaults):],
+                                                                        defaults)}
+        args.update({p: self._value(a, bound) for p, a in zip(named, given)})
+        args.update({kw.arg: self._value(kw.value, bound) for kw in call.keywords if kw.arg})
+        self._run(where, helper, args, settings, cfg="cfg" if own_cfg else params[0])
+
+
+def py_tag_configs(repo: Path, tag: str) -> dict[str, dict]:
+    """The recipe functions of a 0.6.0-style tag as the columns' settings, by function name."""
+    out = {}
+    for name, got in PyRecipeReader(repo, tag).recipes().items():
+        def get(key: str) -> object:
+            value = got.get(key)
+            return None if value is UNKNOWN else value
+        m = PY_RECIPE_NAME.match(name)
+        assert m
+        out[name] = {
+            "num_gpus": int(m["gpus"]), "tensor_model_parallel_size": get("model.tensor_model_parallel_size"),
+            "pipeline_model_parallel_size": get("model.pipeline_model_parallel_size"),
+            "virtual_pipeline_model_parallel_size": get("model.virtual_pipeline_model_parallel_size"),
+            "context_parallel_size": get("model.context_parallel_size"),
+            "expert_model_parallel_size": get("model.expert_model_parallel_size"),
+            "expert_tensor_parallel_size": get("model.expert_tensor_parallel_size"),
+            "micro_batch_size": get("train.micro_batch_size"), "global_batch_size": get("train.global_batch_size"),
+            "cuda_graph_impl": get("model.cuda_graph_impl"), "cuda_graph_scope": get("model.cuda_graph_scope"),
+            "moe_a2a_overlap": get("comm_overlap.overlap_moe_expert_parallel_comm"),
+            "moe_flex_dispatcher_backend": get("model.moe_flex_dispatcher_backend"),
+            "recompute_modules": get("model.recompute_modules"),
+            "cpu_offloading_num_layers": get("model.cpu_offloading_num_layers"),
+        }
+    return out
+
+
 def _token(name: str, options: tuple[str, ...]) -> str:
     parts = f"_{name}_"
     return next((o for o in options if f"_{o}_" in parts), "")
@@ -108,21 +269,30 @@ def _cell(x) -> str:
     return str(x)
 
 
-def rows(repo: Path) -> list[dict[str, str]]:
+def rows(repo: Path, containers: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     out = []
     cache: dict[str, dict[str, dict]] = {}
-    for container, tags in CONTAINERS.items():
+    for container, tags in (CONTAINERS if containers is None else containers).items():
         for tag in tags:
-            configs = cache.setdefault(tag, tag_configs(repo, tag))
+            python = _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip() != ""
+            if tag not in cache:
+                cache[tag] = py_tag_configs(repo, tag) if python else tag_configs(repo, tag)
+            configs = cache[tag]
             for name in sorted(configs):
-                if "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
+                if not python and "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
                     continue  # SFT / LoRA presets
                 c = configs[name]
-                gpu = _token(name, GPU_TOKENS)
+                if python:
+                    m = PY_RECIPE_NAME.match(name)
+                    assert m
+                    gpu, model, precision = m["gpu"].upper(), model_key(m["model"]), PY_PRECISIONS[m["precision"]]
+                else:
+                    gpu = _token(name, GPU_TOKENS)
+                    model, precision = _model(name, gpu), _token(name, PRECISIONS)
                 out.append({
-                    "container": container, "megatron_bridge": tag, "config": name, "model": _model(name, gpu),
+                    "container": container, "megatron_bridge": tag, "config": name, "model": model,
                     "gpu": gpu,
-                    "precision": _token(name, PRECISIONS), "num_gpus": _cell(c.get("num_gpus")),
+                    "precision": precision, "num_gpus": _cell(c.get("num_gpus")),
                     "tp": _cell(c.get("tensor_model_parallel_size")), "pp": _cell(c.get("pipeline_model_parallel_size")),
                     "vp": _cell(c.get("virtual_pipeline_model_parallel_size")),
                     "cp": _cell(c.get("context_parallel_size")), "ep": _cell(c.get("expert_model_parallel_size")),

@@ -4,7 +4,8 @@ Megatron-Bridge's performance summary gives each run's layout; the rows' notes s
 CUDA-graph settings are in the matching scripts/performance recipe of that container, not in the table".
 compiler/data/bridge_perf_recipes.csv holds those recipes, one row per config, extracted from the
 Megatron-Bridge release of each NeMo container by benchmarks/bridge_recipes.py (its docstring names the
-releases and files). ``recipe_for`` finds a published row's recipe: the first config of the row's container
+releases and files; NeMo 26.08's 0.6.0 recipes are read statically from Python). ``recipe_for`` finds a
+published row's recipe: the first config of the row's container
 whose model, GPU and precision are the row's and whose layout (GPUs, tp, pp, vp, cp, ep, micro-batch) equals
 the row's; a config without a precision in its name (DeepSeek-V3's ``*_B300_V1``) is taken when no config
 of the row's precision matches. A row whose container or layout has no such config gets ``None`` and keeps
@@ -85,6 +86,16 @@ def _n(cell: str) -> int:
     return int(cell) if cell.strip() else 1
 
 
+def _layout(row: dict[str, str]) -> tuple[int, ...] | None:
+    """(GPUs, tp, pp, vp, cp, ep, micro-batch) of a config; None when it leaves tp, pp, cp, ep or the micro-batch
+    to its base recipe (a 0.6.0 recipe read statically that does not assign them: unknown, so never matched).
+    An unset vp is no interleaving."""
+    if any(not row[k].strip() for k in ("tp", "pp", "cp", "ep", "micro_batch")):
+        return None
+    return (_n(row["num_gpus"]), _n(row["tp"]), _n(row["pp"]), _n(row["vp"]), _n(row["cp"]), _n(row["ep"]),
+            _n(row["micro_batch"]))
+
+
 def recipe_for(*, software_version: str, model: str, gpu_type: str, precision: str, fp8_recipe: str,
                num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, micro_batch: int) -> BridgeRecipe | None:
     container = container_of(software_version)
@@ -97,8 +108,7 @@ def recipe_for(*, software_version: str, model: str, gpu_type: str, precision: s
     for row in _table():
         if row["container"] != container or (row["model"], row["gpu"]) != want:
             continue
-        if (_n(row["num_gpus"]), _n(row["tp"]), _n(row["pp"]), _n(row["vp"]), _n(row["cp"]), _n(row["ep"]),
-                _n(row["micro_batch"])) != layout:
+        if _layout(row) != layout:
             continue
         if row["precision"] == prec:
             return _recipe(row)

@@ -66,7 +66,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1773
+  --save-interval 1776
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -130,6 +130,80 @@ def test_generator_reads_a_workload_file_against_its_own_utils(tmp_path):
     assert "BASE" not in configs
 
 
+def test_generator_reads_060_recipe_functions_statically(tmp_path):
+    """A stand-in of Megatron-Bridge 0.6.0's perf_recipes package: recipe functions set fields of ``cfg`` and call
+    the package's helpers (keyword defaults and literal arguments bound, ``if``s on them decided), one recipe
+    starts from another through a wrapper, and a field given anything but a literal is unknown (blank)."""
+    import subprocess
+    repo = tmp_path / "mb"
+    pkg = repo / "src/megatron/bridge/perf_recipes"
+    (pkg / "qwen/gb300").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_common.py").write_text(
+        "def _with_global_batch_size(cfg, gbs):\n    cfg.train.global_batch_size = gbs\n    return cfg\n")
+    (pkg / "qwen/common.py").write_text(
+        "from megatron.bridge.training.config import CommOverlapConfig\n"
+        "def _full_iteration(cfg, overlap=True):\n"
+        "    cfg.model.cuda_graph_impl = 'full_iteration'\n    cfg.model.cuda_graph_scope = []\n"
+        "    if overlap:\n        cfg.comm_overlap = CommOverlapConfig(overlap_moe_expert_parallel_comm=True)\n"
+        "    if cfg.model.something:\n        cfg.model.cuda_graph_impl = 'none'\n")
+    (pkg / "qwen/gb300/qwen3_moe.py").write_text(
+        "from megatron.bridge.perf_recipes._common import _with_global_batch_size\n"
+        "from megatron.bridge.perf_recipes.qwen.common import _full_iteration\n"
+        "from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config\n"
+        "def qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config():\n"
+        "    cfg = qwen3_30b_a3b_pretrain_config()\n"
+        "    cfg.model.tensor_model_parallel_size = 1\n    cfg.model.pipeline_model_parallel_size = 1\n"
+        "    cfg.model.context_parallel_size = 1\n    cfg.model.expert_model_parallel_size = 8\n"
+        "    cfg.train.micro_batch_size = 8\n    cfg.train.global_batch_size = 512\n"
+        "    cfg.model.moe_flex_dispatcher_backend = 'hybridep'\n"
+        "    cfg.model.recompute_modules = some_list()\n"
+        "    _full_iteration(cfg)\n    return cfg\n"
+        "def qwen3_30b_a3b_pretrain_8gpu_gb300_bf16_config():\n"
+        "    cfg = qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config()\n"
+        "    _full_iteration(cfg, overlap=False)\n    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)\n"
+        "    return cfg\n"
+        "def qwen3_30b_a3b_pretrain_4gpu_gb300_fp8mx_config():\n"
+        "    cfg = _with_global_batch_size(qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config(), 128)\n"
+        "    return cfg\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    subprocess.run(git + ["tag", "v0.6.0"], check=True)
+    configs = generator.py_tag_configs(repo, "v0.6.0")
+    fp8 = configs["qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config"]
+    assert (fp8["num_gpus"], fp8["expert_model_parallel_size"], fp8["micro_batch_size"]) == (8, 8, 8)
+    assert fp8["cuda_graph_impl"] == "full_iteration" and fp8["cuda_graph_scope"] == []  # the 'if' on cfg: not taken
+    assert fp8["moe_a2a_overlap"] is True and fp8["moe_flex_dispatcher_backend"] == "hybridep"
+    assert fp8["recompute_modules"] is None  # not a literal
+    bf16 = configs["qwen3_30b_a3b_pretrain_8gpu_gb300_bf16_config"]
+    assert bf16["micro_batch_size"] == 8 and bf16["cuda_graph_impl"] == "full_iteration"
+    assert bf16["moe_a2a_overlap"] is None  # a new CommOverlapConfig without it
+    assert configs["qwen3_30b_a3b_pretrain_4gpu_gb300_fp8mx_config"]["global_batch_size"] == 128
+    table = [r for r in generator.rows(repo, containers={"26.08": ("v0.6.0",)})]
+    assert {(r["model"], r["gpu"], r["precision"]) for r in table} == {
+        ("QWEN330BA3B", "GB300", "FP8_MX"), ("QWEN330BA3B", "GB300", "BF16")}
+
+
+def test_a_config_that_leaves_its_layout_to_its_base_recipe_is_never_matched():
+    row = {"container": "26.08", "megatron_bridge": "v0.6.0", "config": "x", "model": "QWEN330BA3B", "gpu": "GB300",
+           "precision": "FP8_MX", "num_gpus": "8", "tp": "", "pp": "1", "vp": "", "cp": "1", "ep": "8",
+           "micro_batch": "8"}
+    assert B._layout(row) is None
+    assert B._layout({**row, "tp": "1"}) == (8, 1, 1, 1, 1, 8, 8)
+
+
+def test_the_26_08_rows_take_their_060_recipes():
+    """NeMo 26.08 ships Megatron-Bridge 0.6.0 (its docs/versions1.json: '0.6.0 (latest) · 26.08'), whose MXFP8
+    Qwen3 and DeepSeek-V3 recipes on GB200/GB300 replay the iteration as one graph and overlap the all-to-all."""
+    for row_id in ("287", "288", "293", "294", "295", "296"):
+        run = R.parse_row(csv_row(row_id))
+        assert "26.08" in csv_row(row_id)["software_version"]
+        assert run.framework.cuda_graphs == "full_iteration" and run.framework.ep_overlap, row_id
+        assert "v0.6.0" in run.framework.source
+
+
 def test_provenance_names_the_committed_tables_digest():
     import hashlib
     digest = hashlib.sha256((ROOT / "compiler" / "data" / B.RECIPES_FILE).read_bytes()).hexdigest()
