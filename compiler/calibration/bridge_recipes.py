@@ -7,7 +7,8 @@ Megatron-Bridge release of each NeMo container by benchmarks/bridge_recipes.py (
 releases and files; NeMo 26.08's 0.6.0 recipes are read statically from Python). ``recipe_for`` finds a
 published row's recipe: the first config of the row's container
 whose model, GPU and precision are the row's and whose layout (GPUs, tp, pp, vp, cp, ep, micro-batch) equals
-the row's; a config without a precision in its name (DeepSeek-V3's ``*_B300_V1``) is taken when no config
+the row's, preferring the variant whose global batch is the row's (a recipe's V1 / V2 / LARGE_SCALE differ in
+their global batch, and may differ in how they were launched); a config without a precision in its name (DeepSeek-V3's ``*_B300_V1``) is taken when no config
 of the row's precision matches. A row whose container or layout has no such config gets ``None`` and keeps
 the framework profile's defaults.
 
@@ -97,24 +98,28 @@ def _layout(row: dict[str, str]) -> tuple[int, ...] | None:
 
 
 def recipe_for(*, software_version: str, model: str, gpu_type: str, precision: str, fp8_recipe: str,
-               num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, micro_batch: int) -> BridgeRecipe | None:
+               num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, micro_batch: int,
+               global_batch: int | None = None) -> BridgeRecipe | None:
     container = container_of(software_version)
     if not container:
         return None
     want = (model_key(model), gpu_token(gpu_type))
     layout = (num_gpus, tp, pp, vp or 1, cp, ep, micro_batch)
     prec = precision_token(precision, fp8_recipe)
-    fallback = None
+    exact, named, fallback = None, None, None
     for row in _table():
         if row["container"] != container or (row["model"], row["gpu"]) != want:
             continue
         if _layout(row) != layout:
             continue
         if row["precision"] == prec:
-            return _recipe(row)
-        if not row["precision"] and fallback is None:
+            if global_batch is not None and row["global_batch"].strip() == str(global_batch):
+                exact = exact or row  # the variant that ran the published global batch (V1 / V2 / LARGE_SCALE)
+            named = named or row
+        elif not row["precision"] and fallback is None:
             fallback = row
-    return _recipe(fallback) if fallback else None
+    found = exact or named or fallback
+    return _recipe(found) if found else None
 
 
 def _recipe(row: dict[str, str]) -> BridgeRecipe:

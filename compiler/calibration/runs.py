@@ -163,7 +163,7 @@ def with_bridge_recipe(framework: CostProfile, row: dict, layout: Layout, precis
     recipe = recipe_for(software_version=row.get("software_version") or "", model=row.get("model") or "",
                         gpu_type=row.get("gpu_type") or "", precision=precision, fp8_recipe=fp8_recipe,
                         num_gpus=layout.world_size, tp=layout.tp, pp=layout.pp, vp=layout.vpp, cp=layout.cp,
-                        ep=layout.ep, micro_batch=layout.micro_batch)
+                        ep=layout.ep, micro_batch=layout.micro_batch, global_batch=layout.global_batch)
     if recipe is None:
         return framework
     name = framework.name + ("+full_cuda_graph" if recipe.full_iteration_cuda_graph else "") \

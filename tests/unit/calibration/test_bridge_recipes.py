@@ -186,6 +186,20 @@ def test_generator_reads_060_recipe_functions_statically(tmp_path):
         ("QWEN330BA3B", "GB300", "FP8_MX"), ("QWEN330BA3B", "GB300", "BF16")}
 
 
+def test_the_recipe_variant_that_ran_the_published_global_batch_wins():
+    """26.06's DeepSeek-V3 GB200 MXFP8 recipes share one layout: LARGE_SCALE (global batch 256) with partial TE graphs,
+    V1 / V2 (2048 / 4096) with full-iteration graphs. The published run used 4096."""
+    kw = dict(software_version="NeMo 26.06 container", model="DeepSeek-V3", gpu_type="GB200 (NVL72)", precision="fp8",
+              fp8_recipe="mxfp8", num_gpus=256, tp=1, pp=4, vp=4, cp=1, ep=64, micro_batch=1)
+    v2 = B.recipe_for(**kw, global_batch=4096)
+    assert v2 is not None and v2.config.endswith("FP8_MX_V2") and v2.full_iteration_cuda_graph
+    large = B.recipe_for(**kw, global_batch=256)
+    assert large is not None and large.config.endswith("LARGE_SCALE") and not large.full_iteration_cuda_graph
+    assert B.recipe_for(**kw, global_batch=1234) is not None  # no variant ran it: the first of the layout's
+    run = R.parse_row(csv_row("328"))
+    assert run.framework.cuda_graphs == "full_iteration" and "FP8_MX_V2" in run.framework.source
+
+
 def test_a_config_that_leaves_its_layout_to_its_base_recipe_is_never_matched():
     row = {"container": "26.08", "megatron_bridge": "v0.6.0", "config": "x", "model": "QWEN330BA3B", "gpu": "GB300",
            "precision": "FP8_MX", "num_gpus": "8", "tp": "", "pp": "1", "vp": "", "cp": "1", "ep": "8",
