@@ -32,15 +32,19 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
     "nemo_2407": replace(
         _BRIDGE, name="nemo_2407", display_name="NeMo 24.07 (Megatron-Core, NeMo-Framework-Launcher recipes)",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(),
+        cross_entropy="megatron_fp32",
         source=MEGATRON.source + "; NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/"
         "llama/h100/*.sh: +training.model.optim.grad_sync_dtype=bf16, fp8_hybrid with amax history 1024, i.e. delayed "
         "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16"),
     "megatron_bridge": replace(
         _BRIDGE, name="megatron_bridge", display_name="NeMo 2 / Megatron-Bridge performance recipes",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_current", fp8_recipe_by_generation=(),
-        source=MEGATRON.source + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce gradients in bf16: "
-        "megatron/bridge/perf_recipes/_common.py _perf_precision 'always sets grad_reduce_in_fp32=False' "
-        "(github.com/NVIDIA-NeMo/Megatron-Bridge), so main_grad buffers are bf16"),
+        cross_entropy="fused",
+        source=MEGATRON.source.split("; the loss is")[0] + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce "
+        "gradients in bf16: megatron/bridge/perf_recipes/_common.py _perf_precision 'always sets "
+        "grad_reduce_in_fp32=False' (github.com/NVIDIA-NeMo/Megatron-Bridge), so main_grad buffers are bf16; their "
+        "loss is Transformer Engine's fused cross entropy (cross_entropy_fusion_impl te: v0.1.0's perf YAMLs, "
+        "perf_recipes/_common.py _benchmark_common)"),
     "deepseek_v3": CostProfile(
         name="deepseek_v3", display_name="DeepSeek-V3's HAI-LLM (DualPipe, DeepEP)", activations="deepseek_v3",
         attention="cudnn", elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
@@ -50,7 +54,8 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
         "communication with another chunk's computation ('nearly zero all-to-all communication overhead'), DeepEP "
         "node-limited dispatch (each token to at most 4 nodes, NVLink forwarding), fine-grained FP8 GEMMs (1x128 / "
         "128x128 scales), FP32 gradient accumulation, AdamW moments in BF16, recomputed RMSNorm and MLA "
-        "up-projections, FP8 activation caches; no tensor parallelism"),
+        "up-projections, FP8 activation caches; no tensor parallelism; a fused cross entropy (an assumption: the stack is "
+        "not public)"),
     "llama3_meta": CostProfile(
         name="llama3_meta", display_name="Meta's Llama 3 training stack (4D parallelism)", activations="megatron_te",
         attention="fa2", elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
@@ -62,37 +67,41 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
         "stage inputs/outputs freed proactively; no activation checkpointing at 8K context. The stack is not "
         "public: fused elementwise kernels and a FlashAttention-2 class attention kernel (the public state of "
         "the art while the 405B was trained; FlashAttention-3 came out with the paper) and no overlap of "
-        "tensor-parallel collectives (none is described) are assumptions"),
+        "tensor-parallel collectives (none is described) and a fused cross entropy are assumptions"),
     "megatron_lm_2021": CostProfile(
         name="megatron_lm_2021", display_name="Megatron-LM (2021-2022, before Transformer Engine)",
         activations="paper", attention="unfused", elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32",
         tp_overlap="none", ops_per_dense_layer=18, ops_per_moe_layer=44, ops_per_local_expert=4,
         recompute_selective="attention_core", fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False,
+        cross_entropy="megatron_fp32",
         source="Megatron-LM as in Narayanan et al. 2021 / Korthikanti et al. 2022: attention as two batched GEMMs "
         "around a fused scale-mask-softmax kernel (no FlashAttention), the activation terms of Korthikanti Table 2, "
-        "fp32 gradient accumulation and all-reduce, no overlap of tensor-parallel collectives"),
+        "fp32 gradient accumulation and all-reduce, no overlap of tensor-parallel collectives, the fp32 "
+        "vocab_parallel_cross_entropy (mpu/cross_entropy.py on output.float())"),
     "torchtitan": CostProfile(
         name="torchtitan", display_name="torchtitan (FSDP2, torch 2.4-2.6)", activations="torch_eager",
         attention="fa2", elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
         ops_per_dense_layer=40, ops_per_moe_layer=60, ops_per_local_expert=6,
         recompute_selective="per_op_every_other_mm", fp8_recipe="fp8_tensorwise_current",
-        hierarchical_all_to_all=False, master_is_param=True,
+        hierarchical_all_to_all=False, master_is_param=True, cross_entropy="torch_fp32",
         source="pytorch/torchtitan models/llama (eager blocks as dtc's fsdp target, SDPA flash backend), FSDP2 with "
         "MixedPrecisionPolicy(bf16, reduce fp32), Float8 via torchao tensorwise dynamic (current) scaling, "
         "'selective (op)' activation checkpointing saves the outputs of matmuls and SDPA 'except every second mm' "
         "(torchtitan/models/llama/parallelize_llama.py _custom_policy); torch.compile "
         "fuses elementwise kernels when enabled; the fp32 sharded parameter is the optimizer's master and takes the "
-        "fp32 reduced gradient (as dtc's fsdp target)"),
+        "fp32 reduced gradient (as dtc's fsdp target); the loss is F.cross_entropy on fp32 logits "
+        "(2024: models/llama/model.py self.output(h).float(); since: components/loss.py pred.float())"),
     "llm_foundry": CostProfile(
         name="llm_foundry", display_name="MosaicML llm-foundry (PyTorch FSDP1 + Composer)", activations="torch_eager",
         attention="fa1", elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
         ops_per_dense_layer=34, ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op",
-        fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, master_is_param=True,
+        fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, master_is_param=True, cross_entropy="fused",
         source="mosaicml/llm-foundry MPT blocks (LayerNorm without bias, the Triton flash-attention kernel with ALiBi, "
         "attn_impl: triton in the 2023 MPT yamls, a FlashAttention-1 class kernel; GELU MLP), FSDP FULL_SHARD with "
         "mixed_precision DEFAULT (fp32 gradients reduced in fp32) or PURE (bf16), Composer trainer "
         "(scripts/train/benchmarking/README.md); FSDP1 flat parameters are fp32 shards (the master), gradients "
-        "reduced in fp32 into fp32 shards (torch/distributed/fsdp/_flat_param.py)"),
+        "reduced in fp32 into fp32 shards (torch/distributed/fsdp/_flat_param.py); loss_fn defaults to "
+        "fused_crossentropy, flash-attn's xentropy kernel (llmfoundry/models/mpt/modeling_mpt.py)"),
 })
 
 

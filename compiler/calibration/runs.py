@@ -101,6 +101,11 @@ TORCHTITAN_2024_FUSED_RMSNORM = frozenset({"llama 3 8b", "llama 2 13b", "llama 2
 TORCHTITAN_2024_SOURCE = ("norm_type = fused_rmsnorm in the model's shipped train config (pytorch/torchtitan "
                           "1ea476e9f train_configs/, the commit of the performance tables): one Triton kernel that "
                           "saves x, weight and rstd (torchtitan/models/norms.py FusedRMSNorm)")
+# NeMo 24.07's launcher configs fuse the cross entropy for its Llama 3 and Nemotron models only
+# (NVIDIA/NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/llama/llama3_*.yaml and nemotron/*.yaml:
+# cross_entropy_loss_fusion: true; Megatron-Core 0.8 then runs its jit-fused steps, the te impl came later);
+# its GPT-3 and Llama 2 configs leave Megatron-Core's unfused fp32 default
+NEMO_2407_FUSED_CROSS_ENTROPY = ("llama3", "nemotron")
 # torchtitan's composite RMSNorm launches 8 kernels (x.float(), pow, mean, + eps, rsqrt, *, type_as, * weight:
 # torchtitan/models/norms.py RMSNorm._norm / forward); the fused one launches 1
 EAGER_RMSNORM_KERNELS = 8
@@ -121,6 +126,7 @@ def framework_of(row: dict) -> CostProfile:
             # out, h-to-4h, 4h-to-h) one collective each, on the critical path
             base = replace(base, name="deepspeed+megatron_gpt_2021", attention="unfused",
                            activations=published_profile("megatron_lm_2021").activations,
+                           cross_entropy=published_profile("megatron_lm_2021").cross_entropy,
                            zero3_gathers_per_layer=4, zero3_blocking=True,
                            source=base.source + "; DeepSpeed 0.3-0.4 ZeRO-3 (2021, deepspeed/runtime/zero/stage3.py): "
                            "blocking per-submodule fetches, one all-gather per weight matrix (parameters under "
@@ -140,6 +146,9 @@ def framework_of(row: dict) -> CostProfile:
         nemo1 = "nemo" in text
         base = published_profile("megatron_lm_2021" if old else "megatron_bridge" if bridge
                                  else "nemo_2407" if nemo1 else "megatron")
+        if base.name == "nemo_2407" and _text(row, "model").replace(" ", "").startswith(NEMO_2407_FUSED_CROSS_ENTROPY):
+            base = replace(base, cross_entropy="megatron_native", source=base.source + "; cross_entropy_loss_fusion: "
+                           "true in its launcher config (NeMo-Framework-Launcher 24.07 conf/training)")
     elif "deepspeed" in text:
         base = published_profile("deepspeed_defaults")
     elif "fsdp" in text:

@@ -383,6 +383,15 @@ def moe_permute_time_s(setup: Setup) -> float:
     return nbytes / setup.hbm_rate()
 
 
+def cross_entropy_time_s(setup: Setup) -> tuple[float, float]:
+    """(forward, backward) HBM time of the loss over one micro-batch's logits on this GPU (tokens x vocab / tp), by
+    the framework's cross-entropy implementation (physics.yaml memory_bound.cross_entropy_bytes_per_element)."""
+    f, b = setup.eff.physics.cross_entropy_bytes[setup.framework.cross_entropy]
+    logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.layout.tp
+    rate = setup.hbm_rate("fused")
+    return logits * f / rate, logits * b / rate
+
+
 # --- one stage, one micro-batch ------------------------------------------------------------------------
 
 
@@ -506,8 +515,10 @@ def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
     if sl.last:
         logits = setup.memo("logits_s", lambda: gemm_time_s(logits_gemm(setup), setup))
         add("logits", logits, 2 * logits)
-        fwd += logits
-        bwd += 2 * logits
+        loss_f, loss_b = cross_entropy_time_s(setup)
+        add("cross_entropy", loss_f, loss_b)
+        fwd += logits + loss_f
+        bwd += 2 * logits + loss_b
     # dense layers: the host launches ahead of the GPU unless it is slower than the GPU overall
     if launch_f > fwd:
         add("launch_bound", launch_f - fwd, 0.0)

@@ -147,6 +147,7 @@ class Physics:
     attention_borrow: Mapping[str, str]
     memory_bound_fraction: Mapping[str, float]  # fused / eager
     elementwise_bytes: Mapping[str, tuple[float, float]]  # step -> (fused, eager) forward bytes per element
+    cross_entropy_bytes: Mapping[str, tuple[float, float]]  # implementation -> (forward, backward) bytes per logit
     dvfs_exponent: float
     busbw_fraction: Mapping[str, float]
     latency_s: Mapping[str, float]
@@ -284,7 +285,8 @@ def parse_physics(data: dict) -> Physics:
             if not ref or "hd128" not in variants:
                 raise ValueError(f"{_file(PHYSICS_FILE)}: attention.tables.{cls}.{kernel} needs a reference GPU and hd128")
             tables[cls][kernel] = AttentionTable(ref, MappingProxyType(variants))
-    mb = _keys(data["memory_bound"], ("fraction", "bytes_per_element", "sources"), "memory_bound")
+    mb = _keys(data["memory_bound"], ("fraction", "bytes_per_element", "cross_entropy_bytes_per_element", "sources"),
+               "memory_bound")
     bpe = _keys(mb["bytes_per_element"], ELEMENTWISE_STEPS, "memory_bound.bytes_per_element")
     for step, pair in bpe.items():
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in pair)):
@@ -310,6 +312,8 @@ def parse_physics(data: dict) -> Physics:
         attention_borrow=MappingProxyType(dict(att["borrow"])),
         memory_bound_fraction=_floats(mb["fraction"], "memory_bound.fraction"),
         elementwise_bytes=MappingProxyType({k: (float(v[0]), float(v[1])) for k, v in bpe.items()}),
+        cross_entropy_bytes=MappingProxyType({str(k): (float(v[0]), float(v[1]))
+                                              for k, v in mb["cross_entropy_bytes_per_element"].items()}),
         dvfs_exponent=float(power["dvfs_exponent"]),
         busbw_fraction=_floats(comm["busbw_fraction"], "comm.busbw_fraction"),
         latency_s=_floats(comm["latency_s"], "comm.latency_s"),

@@ -96,6 +96,11 @@ class CostProfile:
     # a Triton kernel that saves x, weight and rstd, not the fp32 copies of composite RMSNorm, and moves the bytes
     # of a fused norm, physics.yaml memory_bound.bytes_per_element)
     fused_norm: bool = False
+    # the loss over the output layer's logits (physics.yaml memory_bound.cross_entropy_bytes_per_element): one fused
+    # kernel (Transformer Engine's, Megatron-Core --cross-entropy-fusion-impl te; flash-attn's xentropy), Megatron-Core's
+    # jit-fused steps (--cross-entropy-loss-fusion, native), its unfused fp32 vocab_parallel_cross_entropy, or
+    # F.cross_entropy on fp32 logits
+    cross_entropy: Literal["fused", "megatron_native", "megatron_fp32", "torch_fp32"] = "fused"
 
     @property
     def grad_bytes(self) -> int:

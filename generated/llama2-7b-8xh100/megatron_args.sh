@@ -66,7 +66,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1776
+  --save-interval 1768
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -68,7 +68,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2920
+  --save-interval 2849
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

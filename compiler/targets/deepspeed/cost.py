@@ -11,7 +11,7 @@ COST = CostProfile(
     ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, zero3_live_params=STAGE3_MAX_LIVE_PARAMETERS,
     zero_fp32_partition_copy=True,
-    offload_moves_gradients=True,
+    offload_moves_gradients=True, cross_entropy="torch_fp32",
     source="dtc's ds_train.py (DeepSpeed 0.19.8): eager nn.Module blocks (nn.RMSNorm, SDPA, repeat_interleave GQA), "
     "gradients accumulated and reduced in fp32 (render.py writes this profile's grad_dtype and grad_reduce_dtype as "
     "ds_config.json's data_types.grad_accum_dtype and communication_data_type), ZeRO stages; AutoTP "

@@ -8,7 +8,7 @@ COST = CostProfile(
     name="fsdp", display_name="PyTorch FSDP2 (dtc's generated trainer)", activations="torch_eager", attention="fa2",
     elementwise="eager", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none", ops_per_dense_layer=40,
     ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="per_op", fp8_recipe="fp8_tensorwise_current",
-    hierarchical_all_to_all=False, master_is_param=True, offload_moves_gradients=True,
+    hierarchical_all_to_all=False, master_is_param=True, offload_moves_gradients=True, cross_entropy="torch_fp32",
     source="dtc's fsdp_train.py (compiler/runtime/) with fsdp_config.json (torch 2.13): eager nn.Module blocks "
     "(nn.RMSNorm, SDPA whose flash backend is FlashAttention-2, repeat_interleave GQA, silu * up), MixedPrecisionPolicy(param_dtype=bf16, "
     "reduce_dtype=float32): bf16 gradients reduce-scattered in fp32 into fp32 sharded gradients; the fp32 sharded "

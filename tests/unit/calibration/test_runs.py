@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,38 @@ def test_torchtitan_fused_rmsnorm_saves_no_fp32_copies_and_moves_fused_norm_byte
     assert saved_per_token == pytest.approx((2 * 40 + 1) * 6 * 5120, rel=1e-6)
     assert a.memory_high_bytes_per_gpu < 80 * 2**30 < b.memory_high_bytes_per_gpu
     assert a.step_time_s < b.step_time_s  # 4 B per element through a fused norm, 36 through the composite one
+
+
+def test_the_loss_is_costed_by_the_cross_entropy_each_framework_runs():
+    """physics.yaml memory_bound.cross_entropy_bytes_per_element, per cost profile: NeMo 24.07's launcher fused it
+    for Llama 3 and Nemotron only; Megatron-Bridge runs Transformer Engine's kernel; torchtitan and dtc's own
+    trainers F.cross_entropy on fp32 logits; dtc's Megatron target passes no --cross-entropy-loss-fusion."""
+    import inspect
+
+    from compiler.costmodel import compute
+    from compiler.costmodel.context import make_setup
+    from compiler.costmodel.efficiency import load_efficiency
+    from compiler.runtime import model as runtime_model
+    from compiler.targets import registry
+    fused = R.framework_of(row(software_version="NeMo 24.07 container", model="LLAMA3-8B"))
+    unfused = R.framework_of(row(software_version="NeMo 24.07 container", model="GPT3-5B"))
+    assert (fused.cross_entropy, unfused.cross_entropy) == ("megatron_native", "megatron_fp32")
+    assert R.framework_of(row(software_version="NeMo 26.04 container (Megatron-Bridge)")).cross_entropy == "fused"
+    assert R.framework_of(row(software_version="torchtitan (2025), FSDP2")).cross_entropy == "torch_fp32"
+    assert registry.get("megatron").cost.cross_entropy == "megatron_fp32"
+    assert "--cross-entropy-loss-fusion" not in (ROOT / "generated/llama3-70b/megatron_args.sh").read_text()
+    assert {registry.get(t).cost.cross_entropy for t in ("fsdp", "deepspeed")} == {"torch_fp32"}
+    assert "logits.float()" in inspect.getsource(runtime_model.cross_entropy)
+    run = R.parse_row(row())  # Llama 3 8B, 8K, mb 1 on H100
+    eff = load_efficiency()
+    times = {}
+    for impl in ("fused", "megatron_native", "megatron_fp32", "torch_fp32"):
+        setup = make_setup(run.problem, run.layout, run.gpu, target=replace(run.framework, cross_entropy=impl), eff=eff)
+        times[impl] = compute.cross_entropy_time_s(setup)
+        part = {n: (f, b) for n, f, b in compute.stage_compute(setup, setup.stages[-1]).parts}["cross_entropy"]
+        assert part == pytest.approx(times[impl])
+    logits = 8192 * 128256  # tokens x vocab of one micro-batch, tp 1
+    rate = run.gpu.spec.hbm_bandwidth_bytes_per_s * eff.physics.memory_bound_fraction["fused"]
+    assert times["megatron_fp32"] == pytest.approx((logits * 38 / rate, logits * 14 / rate))
+    assert times["fused"] == pytest.approx((logits * 6 / rate, logits * 4 / rate))
+    assert sum(times["fused"]) < sum(times["megatron_native"]) < sum(times["torch_fp32"]) < sum(times["megatron_fp32"])

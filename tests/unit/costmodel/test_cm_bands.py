@@ -163,7 +163,9 @@ def test_solver_ranks_at_the_quantile_and_checks_the_memory_band() -> None:
     plan = solve(p80, top_k=3)
     assert plan.budget.confidence == "p80" and plan.estimate.band is not None
     keys = [objective_key(p80, plan.estimate)] + [objective_key(p80, c.estimate) for c in plan.alternatives]
-    assert keys == sorted(keys)
+    # the search ranks the exact estimates; plan.json's are rounded to 4 significant digits (compiler/plan.py), so
+    # keys recomputed from the plan follow the ranking up to that rounding
+    assert all(a <= b * (1 + 1e-3) for a, b in zip(keys, keys[1:]))
     for est in [plan.estimate] + [c.estimate for c in plan.alternatives]:
         assert est.memory_high_bytes_per_gpu == math.ceil(est.memory.total_bytes_per_gpu * (1 + MEMORY_MARGIN))
         assert est.memory_high_bytes_per_gpu <= est.memory.usable_bytes_per_gpu

@@ -47,7 +47,9 @@ def test_plan_and_alternatives() -> None:
     assert all(c.why_lost for c in plan.alternatives)
     # ranked at the spec's confidence (default p80): the time to train times each estimate's band factor
     keys = [objective_key(p, plan.estimate)] + [objective_key(p, c.estimate) for c in plan.alternatives]
-    assert keys == sorted(keys)
+    # the search ranks the exact estimates; plan.json's are rounded to 4 significant digits (compiler/plan.py), so
+    # keys recomputed from the plan follow the ranking up to that rounding
+    assert all(a <= b * (1 + 1e-3) for a, b in zip(keys, keys[1:]))
     assert len({c.layout for c in plan.alternatives} | {plan.layout}) == 4
     assert plan.estimate.memory.total_bytes_per_gpu <= plan.estimate.memory.usable_bytes_per_gpu
     accounted(plan)
