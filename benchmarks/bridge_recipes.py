@@ -67,7 +67,6 @@ CONTAINERS = {
     "26.08": ("v0.6.0",),
 }
 PY_RECIPES = "src/megatron/bridge/perf_recipes"  # 0.6.0 on: recipes as functions (read by PyRecipeReader)
-PY_PACKAGE = "megatron.bridge.perf_recipes"
 PY_RECIPE_NAME = re.compile(r"^(?P<model>.+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
                             r"(?P<precision>bf16|fp8cs|fp8mx|fp8sc|nvfp4)(?:_(?P<variant>.+))?_config$")
 PY_PRECISIONS = {"bf16": "BF16", "fp8cs": "FP8_CS", "fp8mx": "FP8_MX", "fp8sc": "FP8_SC", "nvfp4": "NVFP4"}
@@ -271,13 +270,13 @@ def _cell(x) -> str:
 
 def rows(repo: Path, containers: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     out = []
-    cache: dict[str, dict[str, dict]] = {}
+    cache: dict[str, tuple[bool, dict[str, dict]]] = {}  # tag -> (recipes as functions, its configs)
     for container, tags in (CONTAINERS if containers is None else containers).items():
         for tag in tags:
-            python = _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip() != ""
             if tag not in cache:
-                cache[tag] = py_tag_configs(repo, tag) if python else tag_configs(repo, tag)
-            configs = cache[tag]
+                python = _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip() != ""
+                cache[tag] = (python, py_tag_configs(repo, tag) if python else tag_configs(repo, tag))
+            python, configs = cache[tag]
             for name in sorted(configs):
                 if not python and "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
                     continue  # SFT / LoRA presets

@@ -15,6 +15,7 @@ from compiler.targets import registry
 from compiler.targets.cost import CostProfile
 from compiler.targets.deepspeed.cost import COST as DEEPSPEED
 from compiler.targets.megatron.cost import COST as MEGATRON
+from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 
 # NeMo's and Megatron-Bridge's recipes run Megatron-Core with Transformer Engine userbuffers overlapping the
 # tensor-parallel collectives of both passes (tp_comm_overlap in their performance recipes); their MoE runs are
@@ -33,14 +34,16 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
         _BRIDGE, name="nemo_2407", display_name="NeMo 24.07 (Megatron-Core, NeMo-Framework-Launcher recipes)",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(),
         cross_entropy="megatron_fp32",
-        source=MEGATRON.source + "; NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/"
+        source=MEGATRON_CORE_SOURCE + "; NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/"
         "llama/h100/*.sh: +training.model.optim.grad_sync_dtype=bf16, fp8_hybrid with amax history 1024, i.e. delayed "
-        "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16"),
+        "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16; their GPT-3 and "
+        "Llama 2 configs leave cross_entropy_loss_fusion off, Megatron-Core's unfused fp32 "
+        "vocab_parallel_cross_entropy (the Llama 3 and Nemotron ones: compiler/calibration/runs.py)"),
     "megatron_bridge": replace(
         _BRIDGE, name="megatron_bridge", display_name="NeMo 2 / Megatron-Bridge performance recipes",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_current", fp8_recipe_by_generation=(),
         cross_entropy="fused",
-        source=MEGATRON.source.split("; the loss is")[0] + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce "
+        source=MEGATRON_CORE_SOURCE + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce "
         "gradients in bf16: megatron/bridge/perf_recipes/_common.py _perf_precision 'always sets "
         "grad_reduce_in_fp32=False' (github.com/NVIDIA-NeMo/Megatron-Bridge), so main_grad buffers are bf16; their "
         "loss is Transformer Engine's fused cross entropy (cross_entropy_fusion_impl te: v0.1.0's perf YAMLs, "

@@ -28,8 +28,10 @@ SOURCE = (
     "whose host time TE's own benchmark puts at ~33 us, 1.65x a 20 us PyTorch operator (8 experts x 128 tokens, "
     "N=K=2048: 0.267 ms per multi-stream call with operands pre-swizzled, NVIDIA/TransformerEngine PR #3134): "
     "2 x (1 + 1.65) = 5 operators per expert; "
-    "selective recompute = the attention core (Korthikanti et al. 2022); the loss is Megatron-Core's unfused fp32 "
-    "vocab_parallel_cross_entropy (render.py passes no --cross-entropy-loss-fusion)")
+    "selective recompute = the attention core (Korthikanti et al. 2022)")
+# what dtc's own artifacts add to SOURCE (the stack facts NeMo's and Megatron-Bridge's profiles share)
+ARTIFACT_SOURCE = ("; the loss is Megatron-Core's unfused fp32 vocab_parallel_cross_entropy (render.py passes no "
+                   "--cross-entropy-loss-fusion)")
 
 # Kernel-launching operators of one forward (each costs the host fit.cpu_op_s): a dense layer's (counted from
 # transformer_layer.py, see SOURCE); the router and alltoall dispatcher of an MoE layer at EP > 1, counted by
@@ -49,7 +51,7 @@ COST = CostProfile(
     ops_per_dense_layer=OPS_PER_DENSE_LAYER, ops_per_moe_layer=OPS_PER_MOE_LAYER, ops_per_local_expert=OPS_PER_LOCAL_EXPERT,
     recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
-    hierarchical_all_to_all=False, cross_entropy="megatron_fp32", source=SOURCE)
+    hierarchical_all_to_all=False, cross_entropy="megatron_fp32", source=SOURCE + ARTIFACT_SOURCE)
 
 # render.py writes this dispatcher; the 'alltoall' dispatcher sends every routed copy of a token over the
 # network (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher), no node-level dedup:

@@ -104,9 +104,18 @@ def test_committed_table_has_the_generators_columns_and_covers_each_container():
         assert {r["megatron_bridge"] for r in table if r["container"] == container} == set(tags)
 
 
+def _commit_and_tag(repo: Path, tag: str) -> None:
+    """Make the files under ``repo`` one commit of a fresh git repository, tagged ``tag`` (a release stand-in)."""
+    import subprocess
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    subprocess.run(git + ["tag", tag], check=True)
+
+
 def test_generator_reads_a_workload_file_against_its_own_utils(tmp_path):
     """A two-commit Megatron-Bridge stand-in: the generator executes the tag's files, not dtc's guesses."""
-    import subprocess
     repo = tmp_path / "mb"
     (repo / "scripts/performance/utils").mkdir(parents=True)
     (repo / "scripts/performance/configs/qwen").mkdir(parents=True)
@@ -120,11 +129,7 @@ def test_generator_reads_a_workload_file_against_its_own_utils(tmp_path):
         "BASE = WorkloadBaseConfig(num_gpus=8)\n"
         "QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1 = replace(BASE, micro_batch_size=4, "
         "cuda_graph_impl='full_iteration', cuda_graph_scope=[], moe_a2a_overlap=True)\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(git + ["add", "."], check=True)
-    subprocess.run(git + ["commit", "-qm", "x"], check=True)
-    subprocess.run(git + ["tag", "v0.5.0"], check=True)
+    _commit_and_tag(repo, "v0.5.0")
     configs = generator.tag_configs(repo, "v0.5.0")
     assert configs["QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]["cuda_graph_impl"] == "full_iteration"
     assert "BASE" not in configs
@@ -134,7 +139,6 @@ def test_generator_reads_060_recipe_functions_statically(tmp_path):
     """A stand-in of Megatron-Bridge 0.6.0's perf_recipes package: recipe functions set fields of ``cfg`` and call
     the package's helpers (keyword defaults and literal arguments bound, ``if``s on them decided), one recipe
     starts from another through a wrapper, and a field given anything but a literal is unknown (blank)."""
-    import subprocess
     repo = tmp_path / "mb"
     pkg = repo / "src/megatron/bridge/perf_recipes"
     (pkg / "qwen/gb300").mkdir(parents=True)
@@ -166,11 +170,7 @@ def test_generator_reads_060_recipe_functions_statically(tmp_path):
         "def qwen3_30b_a3b_pretrain_4gpu_gb300_fp8mx_config():\n"
         "    cfg = _with_global_batch_size(qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config(), 128)\n"
         "    return cfg\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(git + ["add", "."], check=True)
-    subprocess.run(git + ["commit", "-qm", "x"], check=True)
-    subprocess.run(git + ["tag", "v0.6.0"], check=True)
+    _commit_and_tag(repo, "v0.6.0")
     configs = generator.py_tag_configs(repo, "v0.6.0")
     fp8 = configs["qwen3_30b_a3b_pretrain_8gpu_gb300_fp8mx_config"]
     assert (fp8["num_gpus"], fp8["expert_model_parallel_size"], fp8["micro_batch_size"]) == (8, 8, 8)
