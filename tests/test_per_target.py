@@ -71,6 +71,42 @@ def test_the_megatron_renderer_emits_the_fp8_recipe_the_cost_model_costs(generat
     assert make_setup(problem, lay, option).fp8_recipe == recipe
 
 
+@pytest.mark.parametrize("precision, fused", [("bf16", True), ("fp8", True), ("fp16", False), ("fp32", False)])
+def test_the_megatron_renderer_emits_the_loss_the_cost_model_costs(precision, fused) -> None:
+    """--cross-entropy-loss-fusion (native) exactly where the cost profile costs Megatron-Core's jit-fused loss: under
+    bf16 and fp8; fp16 and fp32 keep the unfused fp32 loss (the fused backward casts the gradient to bf16), and the
+    cost model costs a different number of bytes per logit for each."""
+    from compiler.costmodel.compute import cross_entropy_time_s
+    from compiler.costmodel.context import make_setup
+    from compiler.calibration.runs import gpu_option, make_problem
+    from compiler.catalog import load_catalog
+    from compiler.layout import Layout
+    from compiler.targets.megatron.render import megatron_args
+
+    plan = _plan(REPO / "generated" / "llama3-70b")
+    plan = plan.__class__(**{**plan.__dict__, "training": plan.training.__class__(
+        **{**plan.training.__dict__, "precision": precision})})
+    args = megatron_args(plan)
+    assert ("--cross-entropy-loss-fusion" in args) is fused
+    if fused:
+        assert args[args.index("--cross-entropy-fusion-impl") + 1] == "native"  # te: refused by megatron-core 0.19.2
+    else:
+        assert "--cross-entropy-fusion-impl" not in args
+    impl = registry.get("megatron").cost.cross_entropy_for(precision)
+    assert impl == ("megatron_native" if fused else "megatron_fp32")
+    gpu = load_catalog().find_gpu("h100-sxm")
+    option = gpu_option(gpu, 8)
+    times = {}
+    for p in (precision, "bf16" if not fused else "fp16"):
+        problem = make_problem(plan.model.shape, option, seq_len=4096, global_batch=8, tokens=10**9, precision=p,
+                               num_gpus=8, targets=("megatron",))
+        lay = Layout(gpu=gpu.name, gpus_per_node=8, tp=8, pp=1, cp=1, ep=1, dp_replicate=1, dp_shard=1,
+                     zero_stage=0, micro_batch=1, grad_accum=8)
+        times[p] = cross_entropy_time_s(make_setup(problem, lay, option))[0]
+    fused_f, unfused_f = (times[precision], times["fp16"]) if fused else (times["bf16"], times[precision])
+    assert fused_f < unfused_f  # 22 against 38 bytes per logit forward (physics.yaml)
+
+
 def test_plan_json_records_each_target_and_the_binding_one_is_the_estimate() -> None:
     plan = _plan(MULTI)
     framework_targets = [t for t in plan.targets if registry.get(t).cost is not None]

@@ -213,7 +213,7 @@ def test_environment_and_notes(matrix: dict[str, Plan]) -> None:
 def test_groups_are_ordered(matrix: dict[str, Plan]) -> None:
     names = [name for name, _ in megatron_arg_groups(matrix["distopt_tp_sp"])]
     assert names == ["parallelism", "model", "batch and iterations", "optimizer and learning-rate schedule",
-                     "precision", "activation recompute", "data and tokenizer", "logging", "checkpointing"]
+                     "precision", "loss", "activation recompute", "data and tokenizer", "logging", "checkpointing"]
 
 
 @pytest.mark.parametrize("kwargs, layout, needle", [

@@ -21,7 +21,7 @@ from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 # tensor-parallel collectives of both passes (tp_comm_overlap in their performance recipes); their MoE runs are
 # costed with a node-aware (DeepEP-style) dispatch as the fit has them (not verified recipe by recipe; dtc's own Megatron target
 # renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical)
-_BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True)
+_BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=())
 
 PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
     # published DeepSpeed runs keep DeepSpeed's bf16-mode defaults; dtc's ds_config.json asks for fp32 (cost.py)

@@ -385,8 +385,9 @@ def moe_permute_time_s(setup: Setup) -> float:
 
 def cross_entropy_time_s(setup: Setup) -> tuple[float, float]:
     """(forward, backward) HBM time of the loss over one micro-batch's logits on this GPU (tokens x vocab / tp), by
-    the framework's cross-entropy implementation (physics.yaml memory_bound.cross_entropy_bytes_per_element)."""
-    f, b = setup.eff.physics.cross_entropy_bytes[setup.framework.cross_entropy]
+    the framework's cross-entropy implementation under the run's precision (physics.yaml
+    memory_bound.cross_entropy_bytes_per_element)."""
+    f, b = setup.eff.physics.cross_entropy_bytes[setup.framework.cross_entropy_for(setup.recipe.name)]
     logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.layout.tp
     rate = setup.hbm_rate("fused")
     return logits * f / rate, logits * b / rate

@@ -101,6 +101,9 @@ class CostProfile:
     # jit-fused steps (--cross-entropy-loss-fusion, native), its unfused fp32 vocab_parallel_cross_entropy, or
     # F.cross_entropy on fp32 logits
     cross_entropy: Literal["fused", "megatron_native", "megatron_fp32", "torch_fp32"] = "fused"
+    # (precision, implementation): the loss under a training precision where it differs from cross_entropy (the
+    # renderer emits the same; compiler/costmodel/compute.py cross_entropy_time_s reads cross_entropy_for)
+    cross_entropy_by_precision: tuple[tuple[str, str], ...] = ()
 
     @property
     def grad_bytes(self) -> int:
@@ -109,6 +112,13 @@ class CostProfile:
     @property
     def grad_reduce_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    def cross_entropy_for(self, precision: str) -> str:
+        """The cross-entropy implementation this framework runs under a training precision (bf16, fp16, fp8, fp32)."""
+        for name, impl in self.cross_entropy_by_precision:
+            if name == precision:
+                return impl
+        return self.cross_entropy
 
     def fp8_recipe_on(self, generation: str) -> str:
         """The fp8 scaling recipe this framework runs on a GPU generation (the renderer emits the same)."""

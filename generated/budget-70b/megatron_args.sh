@@ -56,6 +56,9 @@ MEGATRON_ARGS=(
   --clip-grad 1.0
   # precision
   --bf16
+  # loss
+  --cross-entropy-loss-fusion
+  --cross-entropy-fusion-impl native
   # data and tokenizer
   --tokenizer-type NullTokenizer
   --vocab-size 128256

@@ -52,6 +52,9 @@ MEGATRON_ARGS=(
   --clip-grad 1.0
   # precision
   --bf16
+  # loss
+  --cross-entropy-loss-fusion
+  --cross-entropy-fusion-impl native
   # data and tokenizer
   --tokenizer-type NullTokenizer
   --vocab-size 32000
@@ -66,7 +69,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1768
+  --save-interval 1773
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -54,6 +54,9 @@ MEGATRON_ARGS=(
   --clip-grad 1.0
   # precision
   --bf16
+  # loss
+  --cross-entropy-loss-fusion
+  --cross-entropy-fusion-impl native
   # data and tokenizer
   --tokenizer-type NullTokenizer
   --vocab-size 32000
@@ -68,7 +71,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2849
+  --save-interval 2875
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -30,8 +30,13 @@ SOURCE = (
     "2 x (1 + 1.65) = 5 operators per expert; "
     "selective recompute = the attention core (Korthikanti et al. 2022)")
 # what dtc's own artifacts add to SOURCE (the stack facts NeMo's and Megatron-Bridge's profiles share)
-ARTIFACT_SOURCE = ("; the loss is Megatron-Core's unfused fp32 vocab_parallel_cross_entropy (render.py passes no "
-                   "--cross-entropy-loss-fusion)")
+ARTIFACT_SOURCE = ("; the loss is Megatron-Core's jit-fused cross entropy (render.py passes --cross-entropy-loss-fusion "
+                   "--cross-entropy-fusion-impl native under bf16 and fp8: megatron-core 0.19.2 training/arguments.py "
+                   "refuses the te implementation 'due to stability issues', and fusions/fused_cross_entropy.py "
+                   "calculate_gradients casts the logits' gradient to bf16, so fp16 and fp32 runs keep the unfused fp32 "
+                   "vocab_parallel_cross_entropy)")
+# the loss by precision (render.py emits the fusion flags exactly where this says megatron_native)
+CROSS_ENTROPY_BY_PRECISION = (("fp16", "megatron_fp32"), ("fp32", "megatron_fp32"))
 
 # Kernel-launching operators of one forward (each costs the host fit.cpu_op_s): a dense layer's (counted from
 # transformer_layer.py, see SOURCE); the router and alltoall dispatcher of an MoE layer at EP > 1, counted by
@@ -51,7 +56,8 @@ COST = CostProfile(
     ops_per_dense_layer=OPS_PER_DENSE_LAYER, ops_per_moe_layer=OPS_PER_MOE_LAYER, ops_per_local_expert=OPS_PER_LOCAL_EXPERT,
     recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
-    hierarchical_all_to_all=False, cross_entropy="megatron_fp32", source=SOURCE + ARTIFACT_SOURCE)
+    hierarchical_all_to_all=False, cross_entropy="megatron_native",
+    cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, source=SOURCE + ARTIFACT_SOURCE)
 
 # render.py writes this dispatcher; the 'alltoall' dispatcher sends every routed copy of a token over the
 # network (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher), no node-level dedup:

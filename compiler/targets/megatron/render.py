@@ -119,6 +119,7 @@ def megatron_arg_groups(plan: Plan) -> list[Group]:
         ("batch and iterations", _batch(plan)),
         ("optimizer and learning-rate schedule", _optimizer(plan)),
         ("precision", _precision(plan)),
+        ("loss", _loss(plan)),
         ("activation recompute", _recompute(plan.layout)),
         ("data and tokenizer", _data(plan)),
         ("logging", _logging(plan)),
@@ -304,6 +305,13 @@ def _optimizer(plan: Plan) -> list[list[str]]:
         _f("--clip-grad", float(t.grad_clip)),
     ]
     return out
+
+
+def _loss(plan: Plan) -> list[list[str]]:
+    """Megatron-Core's jit-fused cross entropy where the cost profile says it runs (cost.py ARTIFACT_SOURCE)."""
+    if COST.cross_entropy_for(plan.training.precision) == "megatron_native":
+        return [["--cross-entropy-loss-fusion"], _f("--cross-entropy-fusion-impl", "native")]
+    return []
 
 
 def _precision(plan: Plan) -> list[list[str]]:

@@ -204,7 +204,9 @@ def test_torchtitan_fused_rmsnorm_saves_no_fp32_copies_and_moves_fused_norm_byte
 def test_the_loss_is_costed_by_the_cross_entropy_each_framework_runs():
     """physics.yaml memory_bound.cross_entropy_bytes_per_element, per cost profile: NeMo 24.07's launcher fused it
     for Llama 3 and Nemotron only; Megatron-Bridge runs Transformer Engine's kernel; torchtitan and dtc's own
-    trainers F.cross_entropy on fp32 logits; dtc's Megatron target passes no --cross-entropy-loss-fusion."""
+    trainers F.cross_entropy on fp32 logits; dtc's Megatron target passes --cross-entropy-loss-fusion (native) under
+    bf16 and fp8 and costs it (tests/test_per_target.py checks the renderer), the stacks built on its profile keep
+    their own loss under every precision."""
     import inspect
 
     from compiler.costmodel import compute
@@ -217,8 +219,12 @@ def test_the_loss_is_costed_by_the_cross_entropy_each_framework_runs():
     assert (fused.cross_entropy, unfused.cross_entropy) == ("megatron_native", "megatron_fp32")
     assert R.framework_of(row(software_version="NeMo 26.04 container (Megatron-Bridge)")).cross_entropy == "fused"
     assert R.framework_of(row(software_version="torchtitan (2025), FSDP2")).cross_entropy == "torch_fp32"
-    assert registry.get("megatron").cost.cross_entropy == "megatron_fp32"
-    assert "--cross-entropy-loss-fusion" not in (ROOT / "generated/llama3-70b/megatron_args.sh").read_text()
+    megatron = registry.get("megatron").cost
+    assert [megatron.cross_entropy_for(p) for p in ("bf16", "fp8", "fp16", "fp32")] == \
+        ["megatron_native", "megatron_native", "megatron_fp32", "megatron_fp32"]
+    assert "--cross-entropy-loss-fusion" in (ROOT / "generated/llama3-70b/megatron_args.sh").read_text()  # bf16
+    for stack in (fused, unfused, R.framework_of(row(software_version="NeMo 26.04 container (Megatron-Bridge)"))):
+        assert stack.cross_entropy_for("fp16") == stack.cross_entropy  # not the Megatron target's fp16 rule
     assert {registry.get(t).cost.cross_entropy for t in ("fsdp", "deepspeed")} == {"torch_fp32"}
     assert "logits.float()" in inspect.getsource(runtime_model.cross_entropy)
     run = R.parse_row(row())  # Llama 3 8B, 8K, mb 1 on H100
