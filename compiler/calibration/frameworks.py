@@ -20,7 +20,8 @@ from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 # NeMo's and Megatron-Bridge's recipes run Megatron-Core with Transformer Engine userbuffers overlapping the
 # tensor-parallel collectives of both passes (tp_comm_overlap in their performance recipes); their MoE runs are
 # costed with a node-aware (DeepEP-style) dispatch as the fit has them (not verified recipe by recipe; dtc's own Megatron target
-# renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical)
+# renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical); their loss is stated per
+# profile below for every precision, not dtc's renderer's fp16/fp32 exception
 _BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=())
 
 PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({

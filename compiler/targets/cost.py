@@ -115,14 +115,14 @@ class CostProfile:
 
     def cross_entropy_for(self, precision: str) -> str:
         """The cross-entropy implementation this framework runs under a training precision (bf16, fp16, fp8, fp32)."""
-        for name, impl in self.cross_entropy_by_precision:
-            if name == precision:
-                return impl
-        return self.cross_entropy
+        return _override(self.cross_entropy_by_precision, precision, self.cross_entropy)
 
     def fp8_recipe_on(self, generation: str) -> str:
         """The fp8 scaling recipe this framework runs on a GPU generation (the renderer emits the same)."""
-        for gen, recipe in self.fp8_recipe_by_generation:
-            if gen == generation:
-                return recipe
-        return self.fp8_recipe
+        return _override(self.fp8_recipe_by_generation, generation, self.fp8_recipe)
+
+
+def _override(pairs: tuple[tuple[str, str], ...], key: str, default: str) -> str:
+    """The value ``pairs`` give ``key`` (the first pair naming it), else ``default``: a profile's by-precision and
+    by-generation exceptions."""
+    return next((value for name, value in pairs if name == key), default)
