@@ -57,6 +57,7 @@ Findings that shaped this (Slurm 22.05.8, Debian 12):
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import re
@@ -85,6 +86,10 @@ FINAL_STATES = frozenset({
 CMD_TIMEOUT_S = 30.0      # any single slurm client call
 START_TIMEOUT_S = 30.0    # daemons up and the real node idle
 STOP_TIMEOUT_S = 10.0     # SIGTERM grace before SIGKILL
+# One cluster at a time on a machine: clusters share munged (started by the first, stopped by its starter),
+# so pytest-xdist workers queue on this lock rather than start or stop munged under another's cluster.
+LOCK_PATH = Path("/tmp/dtc-test-slurm-cluster.lock")
+LOCK_TIMEOUT_S = 1800.0
 
 
 class SlurmNotInstalled(RuntimeError):
@@ -172,6 +177,7 @@ class SlurmCluster:
         self._procs: dict[str, subprocess.Popen] = {}
         self._started_munged = False
         self._stopped = False
+        self._lock_fd: int | None = None
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -200,8 +206,9 @@ class SlurmCluster:
             if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) and k != "SLURM_CONF":
                 del env[k]
 
-        deadline = time.monotonic() + timeout_s
         cluster = cls(workdir, workdir / "slurm.conf", env)
+        cluster._lock()
+        deadline = time.monotonic() + timeout_s
         try:
             cluster._ensure_munged(deadline)
             for attempt in range(2):        # a port may be grabbed between pick and bind
@@ -221,6 +228,26 @@ class SlurmCluster:
             cluster.stop()
             raise
         return cluster
+
+    def _lock(self) -> None:
+        """Wait for the machine's one-cluster lock (another test process's cluster to stop)."""
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o666)
+        end = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lock_fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    os.close(fd)
+                    raise RuntimeError(f"another test cluster held {LOCK_PATH} for {LOCK_TIMEOUT_S:.0f} s")
+                time.sleep(0.2)
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     def _write_conf(self, *, fake_gpu_nodes: int, gpus_per_node: int, gpu_type: str | None,
                     gpu_node_cpus: int, gpu_node_mem_mb: int) -> None:
@@ -519,6 +546,7 @@ class SlurmCluster:
                 pass
         self._kill_daemons()
         self._kill_leftovers()
+        self._unlock()
 
     def _leftover_pids(self) -> list[int]:
         """Live processes of this cluster: slurmstepd and job processes carry our
