@@ -17,7 +17,9 @@ Guarantees, precisely (tests/test_atomic_write.py):
   it stays as a ``.dtc-*`` entry until the next write for that name.
 - A kill at any moment leaves ``out_dir`` either the complete old set or the
   complete new set. The staging folder (``.dtc-tmp-<name>-*``) may remain next to
-  it; the next ``write_artifacts`` for that name removes it. Where
+  it; the next ``write_artifacts`` for that name removes it. That holds for a kill while
+  a run deletes a folder too (its staging folder, the replaced folder, an earlier run's
+  leftover): the staging mark goes into every folder dtc deletes first and out last. Where
   ``renameat2(RENAME_EXCHANGE)`` is unsupported (non-Linux, some network file
   systems) the swap is two renames, and a kill between them leaves the old set in
   ``.dtc-old-<name>-<pid>``, which the next write puts back before doing anything.
@@ -254,7 +256,7 @@ def _write_locked(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None
         _swap_in(staged, out_dir)
         _fsync_dir(parent, strict=False)  # the swap is done: the new folder is in place either way
     finally:
-        _remove(staged)
+        _remove_folder(staged)
 
 
 @contextlib.contextmanager
@@ -304,7 +306,7 @@ def _swap_in(staged: Path, out_dir: Path) -> None:
     except BaseException:
         os.rename(old, out_dir)  # put the old folder back before reporting the failure
         raise
-    _remove(old)
+    _remove_folder(old)
 
 
 _RENAME_EXCHANGE = 2
@@ -364,7 +366,7 @@ def _clean_leftovers(parent: Path, name: str) -> None:
     for prefix in (_TMP_PREFIX, _OLD_PREFIX):
         for path in _leftovers(parent, prefix, name):
             if is_dtc_leftover(path):
-                _remove(path)
+                _remove_folder(path)  # a kill while deleting it leaves it still provably dtc's
 
 
 def _discard(path: Path) -> None:
@@ -381,6 +383,16 @@ def _discard(path: Path) -> None:
         if child.name != STAGING_MARK:
             _remove(child)
     _remove(path)
+
+
+def _remove_folder(path: Path) -> None:
+    """Delete a staging, old or leftover folder of dtc's with the staging mark in first and out last (``_discard``),
+    so that a kill part-way leaves a folder the next write still recognises; a symbolic link or a file swapped into
+    its place is unlinked, never followed."""
+    if path.is_dir() and not path.is_symlink():
+        _discard(path)
+    else:
+        _remove(path)
 
 
 def _remove(path: Path) -> None:

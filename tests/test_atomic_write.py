@@ -181,9 +181,9 @@ def test_failure_at_every_step_leaves_old_or_new(exchange: bool, sets, tmp_path:
 
     counts = count_calls(monkeypatch, lambda: write_artifacts(new, out))
     write_artifacts(old, out)
-    # opens: every file, the manifest and the staging mark (and, after an exchange, the mark in the replaced
-    # folder before it is deleted)
-    assert counts.get("open", 0) == len(new.files) + (3 if exchange else 2) and counts.get("fsync", 0) >= len(new.files) + 1, counts
+    # opens: every file, the manifest, the staging mark and the mark put into the replaced folder before it is
+    # deleted (after an exchange, or the second of two renames)
+    assert counts.get("open", 0) == len(new.files) + 3 and counts.get("fsync", 0) >= len(new.files) + 1, counts
     tried = 0
     for label, obj, attr in _targets():
         for k in range(1, counts.get(label, 0) + 1):
@@ -245,6 +245,46 @@ def test_kill_between_the_two_renames_is_repaired(sets, tmp_path: Path) -> None:
         write_artifacts(new, out)
     assert snapshot(out) == edited and leftovers(tmp_path) == []
     assert old_bytes != edited
+
+
+class _Killed(BaseException):
+    """A SIGKILL stand-in: not an OSError, so nothing on the way swallows it (rmtree's ignore_errors included)."""
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["staging", "complete-set"])
+def test_a_kill_while_deleting_a_leftover_leaves_it_recognisable(marked: bool, sets, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the SIGKILL test under load: a run killed while it deleted an earlier run's staging folder left
+    part of it without its staging mark and without a whole manifest, so no later run would delete it. The mark
+    now goes in first and out last for every folder dtc deletes: stopped after any number of unlinks, what is
+    left is still provably dtc's, and the next write removes it."""
+    old, new = sets
+    out = tmp_path / NAME
+    write_artifacts(old, out)
+    n_files = len(snapshot(out))
+    real_unlink = os.unlink
+    for k in range(1, n_files + 2):
+        staged = tmp_path / f".dtc-tmp-{NAME}-k{k}"
+        shutil.copytree(out, staged)  # a killed run's staging folder: full, marked or just unmarked
+        if marked:
+            (staged / artifacts_mod.STAGING_MARK).write_text("")
+        calls = {"n": 0}
+
+        def unlink(path, *a, **kw):
+            calls["n"] += 1
+            if calls["n"] == k:
+                raise _Killed()
+            return real_unlink(path, *a, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "unlink", unlink)
+            with pytest.raises(_Killed):
+                write_artifacts(new, out, force=True)
+        if staged.exists():
+            assert artifacts_mod.is_dtc_leftover(staged), f"stopped at unlink {k}: {sorted(snapshot(staged))}"
+        write_artifacts(old, out, force=True)
+        assert leftovers(tmp_path) == [], f"stopped at unlink {k}"
+        assert snapshot(out) == expected_bytes(old)
 
 
 def test_leftovers_of_other_specs_are_not_touched(sets, tmp_path: Path) -> None:
