@@ -256,7 +256,7 @@ def _write_locked(artifacts: ArtifactSet, out_dir: Path, *, force: bool) -> None
         _swap_in(staged, out_dir)
         _fsync_dir(parent, strict=False)  # the swap is done: the new folder is in place either way
     finally:
-        _remove_folder(staged)
+        _discard(staged)
 
 
 @contextlib.contextmanager
@@ -306,7 +306,7 @@ def _swap_in(staged: Path, out_dir: Path) -> None:
     except BaseException:
         os.rename(old, out_dir)  # put the old folder back before reporting the failure
         raise
-    _remove_folder(old)
+    _discard(old)
 
 
 _RENAME_EXCHANGE = 2
@@ -366,16 +366,20 @@ def _clean_leftovers(parent: Path, name: str) -> None:
     for prefix in (_TMP_PREFIX, _OLD_PREFIX):
         for path in _leftovers(parent, prefix, name):
             if is_dtc_leftover(path):
-                _remove_folder(path)  # a kill while deleting it leaves it still provably dtc's
+                _discard(path)  # a kill while deleting it leaves it still provably dtc's
 
 
 def _discard(path: Path) -> None:
-    """Delete the replaced folder so that a kill at any moment leaves a leftover the next write recognises:
-    the staging mark goes in first and out last (a folder half-deleted without it, its manifest gone first,
-    would look like someone else's and stay for good)."""
+    """Delete a folder of dtc's (the replaced folder, a staging folder, an earlier run's leftover) so that a kill at
+    any moment leaves a leftover the next write recognises: the staging mark goes in first and out last (a folder
+    half-deleted without it, its manifest gone first, would look like someone else's and stay for good). A symbolic
+    link or a file swapped into its place is unlinked, never followed."""
+    if path.is_symlink() or not path.is_dir():
+        _remove(path)
+        return
     try:
         with open(path / STAGING_MARK, "w", encoding="utf-8") as f:
-            f.write("dtc: the folder this write replaced, being deleted\n")
+            f.write("dtc: a folder of dtc's, being deleted\n")
     except OSError:
         _remove(path)
         return
@@ -383,16 +387,6 @@ def _discard(path: Path) -> None:
         if child.name != STAGING_MARK:
             _remove(child)
     _remove(path)
-
-
-def _remove_folder(path: Path) -> None:
-    """Delete a staging, old or leftover folder of dtc's with the staging mark in first and out last (``_discard``),
-    so that a kill part-way leaves a folder the next write still recognises; a symbolic link or a file swapped into
-    its place is unlinked, never followed."""
-    if path.is_dir() and not path.is_symlink():
-        _discard(path)
-    else:
-        _remove(path)
 
 
 def _remove(path: Path) -> None:
