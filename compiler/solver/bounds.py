@@ -56,6 +56,15 @@ SAFETY = 0.998
 _HUGE_MB = 1 << 20  # the micro-batch of the shape bound's limit (sat(M) ~ 1)
 
 
+def coarse_micro_batch(mb: int) -> int:
+    """A micro-batch at least ``mb`` from a short list (1-8, then powers of two): the shape bound at it still
+    bounds every micro-batch up to ``mb`` (per token the time only falls as the micro-batch grows), and the
+    thousands of shapes of a large space then share a few dozen whole-model costings instead of one per
+    largest micro-batch their dp allows. Above 8 sequences of 2K+ tokens the GEMMs are saturated, so the
+    bound loosens little."""
+    return mb if mb <= 8 else 1 << (mb - 1).bit_length()
+
+
 def pipeline_units_lb(schedule: str, pp: int, m: int, vpp: int) -> float:
     """The schedule's makespan without p2p, in units of one micro-batch's forward + backward on the
     bottleneck stage: m + (pp - 1) for GPipe and 1F1B, m + (pp - 1) / vpp interleaved (Narayanan et
@@ -483,15 +492,30 @@ class Bounds:
         return got
 
     def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
-        setup = self.setup(shape.option, layout)
+        return self.option_memory_lb(shape, layout.schedule, layout.vpp, layout.micro_batch, layout.grad_accum,
+                                     layout.recompute, layout.sequence_parallel, sh)
+
+    def option_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
+                         sh: Sharding) -> float:
+        """Bytes per GPU of the layout (shape, schedule, vpp, micro-batch, grad_accum, recompute, sequence parallel,
+        sharding) at least, per stage: model states + activations in flight, x (1 + fragmentation), + the fixed
+        bytes (which read the degrees only); the largest stage. The layout and its setup are built only when an
+        activation total is not cached: the search asks every option of a group."""
         frag = cm.fragmentation_factor()
         best = 0.0
-        for sl in self.distinct(shape.pp, layout.vpp):
-            states = self._model_states(shape, layout.vpp, sl, sh)
-            act = self._activations(shape, setup, sl, layout.schedule, layout.vpp, layout.micro_batch,
-                                    layout.grad_accum, layout.recompute, layout.sequence_parallel)
+        made: list[Setup] = []
+
+        def make_setup() -> Setup:
+            if not made:
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp, sh=sh)
+                made.append(self.setup(shape.option, probe))
+            return made[0]
+
+        for sl in self.distinct(shape.pp, vpp):
+            states = self._model_states(shape, vpp, sl, sh)
+            act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
             best = max(best, frag * (states + act))
-        return _mem_safe(best + self._fixed(layout))
+        return _mem_safe(best + self._shape_fixed(shape))
 
     def option_index(self, layout: Layout) -> int:
         return self._option_index[layout.gpu]

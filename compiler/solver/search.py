@@ -7,14 +7,17 @@ enumerating. The search
 1. tallies, per shape, the layouts no target framework can run (``compiler.targets.support``, cached per
    ``support_key_of``) and the interleaved schedules whose micro-batch count is not a multiple
    of pp; bounds every shape from below (``bounds``: GPU-seconds per token at the best the
-   cost model allows, times the smallest pipeline bubble) and visits shapes best bound first;
+   cost model allows, times the smallest pipeline bubble) and visits shapes best bound first (a heap);
    a shape is skipped when that bound, the same with each vpp's bottleneck stage (``stages_lb``)
    or the best of its groups that can fit in memory and within the budget (``groups_lb``) cannot
-   win (its layouts count as pruned by bound);
+   win (its layouts count as pruned by bound); a shape whose tighter bound is above another shape's
+   goes back into the heap with it, so the shapes are explored in the order of their tightest bound:
+   the best layouts are found early and the threshold falls fast;
 2. inside a shape, bounds each group (schedule, micro-batch, recompute) by a step-time
    bound and a memory bound, and visits groups best bound first;
-3. inside a group, bounds each layout (sequence parallel x ZeRO/HSDP/offload) with its
-   sharding terms and its memory, and only then calls the cost model.
+3. inside a group, bounds each layout (sequence parallel x ZeRO/HSDP/offload) by its memory, then
+   by its step time with its sharding terms and its own sequence parallelism, and only then calls
+   the cost model.
 
 A shape, group or layout is skipped only when its lower bound proves it cannot enter the
 top k+1 (the plan and its k alternatives): ``num_pruned_by_bound`` counts those layouts.
@@ -52,7 +55,7 @@ from compiler.layout import Layout
 from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
-from compiler.solver.bounds import Bounds
+from compiler.solver.bounds import Bounds, coarse_micro_batch
 from compiler.solver.candidates import RECOMPUTE_MODES, Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
@@ -384,7 +387,7 @@ class _Search:
         shape_space = space.shapes()
         for code, n in shape_space.rejected_shapes.items():
             self.tally.reject(code, n, shape_space.examples.get(code, ""))
-        queue = []
+        queue: list[tuple] = []
         for order, shape in enumerate(shape_space.shapes):
             total, supported, bad_interleave = self.shape_counts(shape)
             if total == 0:
@@ -404,29 +407,53 @@ class _Search:
             if g is None:
                 mb_cap, most = space.batch_extremes(shape.dp)
                 g = self._shape_g[shape] = (
-                    bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), mb_cap)
+                    bounds.gpu_s_per_token_lb(shape, space.sp_choices(shape.tp, shape.cp), coarse_micro_batch(mb_cap))
                     * self.shape_bubble(shape) + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
-        queue.sort(key=lambda q: q[:3])
-        for lb, _, _, shape, n, g in queue:
-            pricing = self._pricing[shape.option]
-            cost = pricing.cost_lb_from_gpu_s_per_token(g)
-            if problem.max_cost_usd is not None and cost > problem.max_cost_usd:
-                self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
-                continue
-            t = pricing.time_lb_from_gpu_s_per_token(g, shape.world)
-            if problem.deadline_s is not None and t > problem.deadline_s:
-                self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
-                continue
+        # a heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinement): a shape's key is
+        # first its GPU-seconds per token bound, then stages_lb, then groups_lb (each a lower bound of every layout
+        # of the shape, the later ones tighter); a shape whose refined key is above another shape's key goes back
+        # into the heap, so shapes are explored in the order of their tightest bound and the best layouts are
+        # found (and the threshold falls) early. The key popped is below every layout left (cost_floor).
+        heapq.heapify(queue)
+        while queue:
+            entry = heapq.heappop(queue)
+            lb, shape, n, g = entry[0], entry[3], entry[4], entry[5]
+            done = len(entry) - 6  # the refinements taken (_refine)
+            if not done:
+                pricing = self._pricing[shape.option]
+                cost = pricing.cost_lb_from_gpu_s_per_token(g)
+                if problem.max_cost_usd is not None and cost > problem.max_cost_usd:
+                    self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
+                    continue
+                t = pricing.time_lb_from_gpu_s_per_token(g, shape.world)
+                if problem.deadline_s is not None and t > problem.deadline_s:
+                    self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
+                    continue
             self.cost_floor = lb
             threshold = self.threshold_for(shape)
-            if can_prune(lb, threshold) or can_prune(self.shape_stages_lb(shape, threshold), threshold) \
-                    or can_prune(self.groups_lb(shape, threshold), threshold):
+            if can_prune(lb, threshold):
                 self.num_pruned += n
                 continue
-            self.explore(shape)
+            if self._refine(queue, entry[:6], done, threshold):
+                self.explore(shape)
+
+    def _refine(self, queue: list, entry: tuple, done: int, threshold: float) -> bool:
+        """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the ``done`` already
+        taken (stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted as pruned, and one
+        whose tighter bound is above the smallest key left goes back into the heap with it."""
+        shape, n = entry[3], entry[4]
+        for step in range(done, 2):
+            tighter = (self.shape_stages_lb if step == 0 else self.groups_lb)(shape, threshold)
+            if can_prune(tighter, threshold):
+                self.num_pruned += n
+                return False
+            if queue and tighter > queue[0][0]:
+                heapq.heappush(queue, (tighter,) + entry[1:] + (True,) * (step + 1))
+                return False
+        return True
 
     def shape_counts(self, shape: Shape) -> tuple[int, int, int]:
         """(layouts of ``shape``, those every target supports, those of them interleaved 1F1B cannot batch), cached
@@ -496,7 +523,8 @@ class _Search:
         floor = self.shape_floor(shape)
 
         def key_at(vpp: int, bubble: float, mb: int, rc: str) -> float:
-            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, mb, rc) * bubble + overhead
+            # (at a coarse micro-batch >= mb: the shapes of many dps share the stage costings)
+            g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, coarse_micro_batch(mb), rc) * bubble + overhead
             return key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world)
 
         class_opts: dict[tuple[tuple[str, ...], bool], tuple] = {}  # the options read vpp only as > 1
@@ -555,7 +583,7 @@ class _Search:
                         break
                 if cap is None:
                     continue
-                g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, cap, rc) * bubble + overhead
+                g = bounds.stage_gpu_s_per_token_lb(shape, vpp, sps, coarse_micro_batch(cap), rc) * bubble + overhead
                 if problem.max_cost_usd is not None \
                         and pricing.cost_lb_from_gpu_s_per_token(g) > problem.max_cost_usd:
                     continue  # (more recompute may fit a larger micro-batch)
@@ -695,13 +723,24 @@ class _Search:
                                                usable, n)
                 continue
             cands = []
-            by_sharding: dict[Sharding, float] = {}  # the bound reads the sharding, not sequence parallelism
+            # the bound reads the sharding and, through the stages' times, sequence parallelism: the group's fbs
+            # take it at its best (on where allowed), a layout without it has its own, slower stages
+            by_sharding: dict[tuple[Sharding, bool], float] = {}
+            own_fbs = {sp: fbs if sp or len(sps) == 1 else bounds.group_stage_fb(shape, vpp, mb, rc, (sp,))
+                       for sp in sps}
             for i, (sp, sh) in enumerate(opts):
-                step_lb = by_sharding.get(sh)
+                # the layout's memory bound first: in most groups most options cannot fit (ZeRO-0/1 of a large
+                # model), and the bound needs no Layout
+                mem = bounds.option_memory_lb(shape, sched, vpp, mb, ga, rc, sp, sh) * self.memory_factor
+                def make(sh: Sharding = sh, sp: bool = sp) -> Layout:
+                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+                if mem > usable:
+                    self.tally.reject_memory_bound(make, mem, usable, 1)
+                    continue
+                step_lb = by_sharding.get((sh, sp))
                 if step_lb is None:
-                    def make(sh=sh, sp=sp):
-                        return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-                    step_lb = by_sharding[sh] = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh, fbs, make)
+                    step_lb = by_sharding[(sh, sp)] = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh,
+                                                                             own_fbs[sp], make)
                 cands.append((step_lb, i, sp, sh))
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):
@@ -714,7 +753,7 @@ class _Search:
                 if can_prune(lb * floor, self.threshold_for(shape)):
                     self.num_pruned += rest
                     break
-                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, usable, lb)
+                self.visit(shape, sched, vpp, mb, ga, rc, sp, sh, lb)
 
     def _limits_broken(self, pricing: Pricing, step: float, batch: int, world: int) -> bool:
         """Whether a step-time lower bound already breaks the budget or the deadline (nothing tallied)."""
@@ -755,19 +794,15 @@ class _Search:
         return ok
 
     def visit(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, rc: str, sp: bool, sh: Sharding,
-              usable: float, lb: float) -> None:
-        """One layout whose step-time bound could still win: the bound at its band's factor, its memory bound,
+              lb: float) -> None:
+        """One layout whose step-time and memory bounds could still win: the step bound at its band's factor,
         then the cost model."""
-        problem, bounds = self.problem, self.bounds
+        problem = self.problem
         layout = self.space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
         floor = self.band_floor(layout, shape)
         threshold = self.threshold_for(shape)
         if floor > 1.0 and can_prune(lb * floor, threshold):
             self.num_pruned += 1
-            return
-        mem = bounds.layout_memory_lb(shape, layout, sh) * self.memory_factor
-        if mem > usable:
-            self.tally.reject_memory_bound(lambda: layout, mem, usable, 1)
             return
         self.num_evaluated += 1
         result = self._evaluate(layout, threshold, floor)

@@ -32,6 +32,7 @@ class Tally:
         self.misses: list[Miss] = []
         self._bound_min: dict[str, float] = {}
         self._closest_over: dict[str, tuple[float, str]] = {}
+        self._oom_distance = float("inf")  # how far over usable HBM the out_of_memory example is
 
     def __getitem__(self, code: str) -> int:
         return self.counts.get(code, 0)
@@ -53,12 +54,18 @@ class Tally:
         """Layouts whose memory lower bound exceeds usable HBM (the layout is built only if it is shown)."""
         self.add(F.OUT_OF_MEMORY, n)
         distance = (mem - usable) / max(usable, 1.0)
-        if F.OUT_OF_MEMORY not in self.examples or self.would_keep(distance):
+        nearer = distance < self._oom_distance
+        if nearer or self.would_keep(distance):
             layout = make_layout()
-            self.examples.setdefault(F.OUT_OF_MEMORY, f"{layout.describe()}: needs at least "
-                                                      f"{units.format_bytes(mem)} per GPU (a lower bound) of "
-                                                      f"{units.format_bytes(usable)} usable")
+            if nearer:
+                self._oom_example(distance, f"{layout.describe()}: needs at least {units.format_bytes(mem)} per GPU "
+                                            f"(a lower bound) of {units.format_bytes(usable)} usable")
             self.note_miss(distance, layout, None)
+
+    def _oom_example(self, distance: float, message: str) -> None:
+        """The out_of_memory example is the layout nearest to fitting (whatever order the search takes)."""
+        self._oom_distance = distance
+        self.examples[F.OUT_OF_MEMORY] = message
 
     def reject_costed(self, layout: Layout, rej: Rejection) -> None:
         """A layout the cost model rejected, or that broke the budget/deadline once costed."""
@@ -69,9 +76,13 @@ class Tally:
                 self._closest_over[rej.code] = (distance, f"{layout.describe()}: {rej.message}")
             self.note_miss(distance, layout, rej)
             return
-        self.examples.setdefault(rej.code, f"{layout.describe()}: {rej.message}")
         if rej.code == F.OUT_OF_MEMORY:
-            self.note_miss(memory_distance(rej), layout, rej)
+            distance = memory_distance(rej)
+            if distance < self._oom_distance or F.OUT_OF_MEMORY not in self.examples:
+                self._oom_example(distance, f"{layout.describe()}: {rej.message}")
+            self.note_miss(distance, layout, rej)
+            return
+        self.examples.setdefault(rej.code, f"{layout.describe()}: {rej.message}")
 
     def would_keep(self, distance: float) -> bool:
         return len(self.misses) < _KEPT_MISSES or distance < self.misses[-1].distance
