@@ -161,7 +161,7 @@ def env_name_problem(name: str) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=False, defer_build=True)
 
 
 # ---------------------------------------------------------------------------- model
