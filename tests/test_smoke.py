@@ -81,7 +81,11 @@ def make_generated(parent: Path, name: str, **kw: Any) -> Path:
 
 
 def smoke_pids() -> list[int]:
-    """Live processes started by any smoke launch (they carry DTC_SMOKE_RUN_ID)."""
+    """Live processes started by any smoke launch of this test process (they carry DTC_SMOKE_RUN_ID). Under
+    pytest-xdist each worker's launches inherit its PYTEST_XDIST_WORKER, so a smoke run of a test in the other
+    worker, which may be running right now, is not taken for this one's leftover."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    ours = None if worker is None else f"PYTEST_XDIST_WORKER={worker}".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -91,8 +95,9 @@ def smoke_pids() -> list[int]:
                 if f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X"):
                     continue
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(v.startswith(L.RUN_ID_ENV.encode() + b"=") for v in f.read().split(b"\0")):
-                    pids.append(int(entry))
+                env = f.read().split(b"\0")
+            if any(v.startswith(L.RUN_ID_ENV.encode() + b"=") for v in env) and (ours is None or ours in env):
+                pids.append(int(entry))
         except (OSError, IndexError):
             continue
     return pids
