@@ -131,16 +131,19 @@ def _preload() -> None:
     registry.targets()
 
 
-def _expected_work(path: str, generated: Path) -> int:
-    """How long the spec's search was when its committed plan was written (plan.json's
-    search.num_considered), 0 when unknown: it orders the specs for the workers, nothing else."""
-    from compiler.spec.load import load_spec
-
-    try:
-        data = read_regular_file(generated / load_spec(path).spec.name / "plan.json")
-        return int(json.loads(data or b"{}")["search"]["num_considered"])
-    except (DtcError, ValueError, KeyError, TypeError):
-        return 0
+def _expected_work(paths: Sequence[str], generated: Path) -> list[int]:
+    """How long each spec's search was when its committed plan was written (plan.json's search.num_considered),
+    0 when unknown: it orders the specs for the workers, nothing else. The plans are found by the spec path they
+    record (provenance.spec_path), so no spec is loaded here: this runs before the workers start."""
+    known: dict[str, int] = {}
+    if generated.is_dir():
+        for folder in sorted(generated.iterdir()):
+            try:
+                data = json.loads(read_regular_file(folder / "plan.json") or b"{}")
+                known[os.path.abspath(data["provenance"]["spec_path"])] = int(data["search"]["num_considered"])
+            except (DtcError, OSError, ValueError, KeyError, TypeError):
+                continue
+    return [known.get(os.path.abspath(path), 0) for path in paths]
 
 
 def check_specs(paths: Sequence[str], generated: Path) -> list[SpecCheck]:
@@ -155,7 +158,7 @@ def check_specs(paths: Sequence[str], generated: Path) -> list[SpecCheck]:
         return [check_spec(path, generated) for path in paths]
     from concurrent.futures import ProcessPoolExecutor
 
-    work = [_expected_work(path, generated) for path in paths]
+    work = _expected_work(paths, generated)
     order = sorted(range(len(paths)), key=lambda i: -work[i])
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -271,20 +272,27 @@ def test_links_in_generated_are_not_followed(project: Path, monkeypatch: pytest.
 
 
 def test_expected_work_orders_by_the_committed_search(tmp_path: Path) -> None:
-    """The workers take the specs longest first, as far as generated/<name>/plan.json's search says; a link
-    there is not read (the order is all it decides: 0, the spec's own place)."""
+    """The workers take the specs longest first, as far as the committed plan.json of each spec (found by the
+    spec path it records) says; a link there is not read (the order is all it decides: 0, the spec's own place)."""
     from compiler.check import _expected_work
 
-    spec = str(CASE)  # name: diff-case
-    assert _expected_work(spec, tmp_path) == 0  # nothing committed
+    spec = str(CASE)
+    assert _expected_work([spec], tmp_path) == [0]  # nothing committed
     folder = tmp_path / "diff-case"
     folder.mkdir()
-    (tmp_path / "elsewhere.json").write_text('{"search": {"num_considered": 99}}')
+    plan = {"provenance": {"spec_path": spec}, "search": {"num_considered": 1234}}
+    (tmp_path / "elsewhere.json").write_text(json.dumps(plan))
     (folder / "plan.json").symlink_to(tmp_path / "elsewhere.json")
-    assert _expected_work(spec, tmp_path) == 0
+    assert _expected_work([spec], tmp_path) == [0]
     (folder / "plan.json").unlink()
-    (folder / "plan.json").write_text('{"search": {"num_considered": 1234}}')
-    assert _expected_work(spec, tmp_path) == 1234
+    (folder / "plan.json").write_text(json.dumps(plan))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "plan.json").write_text(json.dumps({"provenance": {"spec_path": "specs/other.yaml"},
+                                                 "search": {"num_considered": 7}}))
+    assert _expected_work([spec, "specs/other.yaml", str(tmp_path / "missing.yaml")], tmp_path) == [1234, 7, 0]
+    assert _expected_work([os.path.relpath(spec)], tmp_path) == [1234]  # the same file however it is written
     (folder / "plan.json").write_text("not json")
-    assert _expected_work(spec, tmp_path) == 0
-    assert _expected_work(str(tmp_path / "missing.yaml"), tmp_path) == 0
+    assert _expected_work([spec], tmp_path) == [0]
+    (folder / "plan.json").write_text('{"search": {"num_considered": 1234}}')  # no spec path recorded
+    assert _expected_work([spec], tmp_path) == [0]
