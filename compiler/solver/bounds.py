@@ -407,20 +407,27 @@ class Bounds:
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
         sp = self._sp_min(shape, (o[0] for o in options))
+        return self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, None,
+                                      lambda sl: self._min_states(shape, vpp, sl, options))
+
+    def _stages_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
+                          sh: Sharding | None, states_of) -> float:
+        """The largest candidate stage's (model states (``states_of(stage)``) + activations in flight) x (1 +
+        fragmentation), + the fixed bytes (which read the degrees only). The probe layout (sharding ``sh``, None:
+        none) and its setup are built only when an activation total is not cached."""
         frag = cm.fragmentation_factor()
         best = 0.0
-        made: list[Setup] = []  # the probe layout's setup, built only when an activation total is not cached
+        made: list[Setup] = []
 
         def make_setup() -> Setup:
             if not made:
-                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp)
+                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp, sh=sh)
                 made.append(self.setup(shape.option, probe))
             return made[0]
 
         for sl in self.distinct(shape.pp, vpp):
-            states = self._min_states(shape, vpp, sl, options)
             act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
-            best = max(best, frag * (states + act))
+            best = max(best, frag * (states_of(sl) + act))
         return _mem_safe(best + self._shape_fixed(shape))
 
     def _pm_table(self, shape: Shape, sp: bool, sl: StageLayers) -> dict[tuple[int, str], float]:
@@ -498,24 +505,10 @@ class Bounds:
     def option_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
                          sh: Sharding) -> float:
         """Bytes per GPU of the layout (shape, schedule, vpp, micro-batch, grad_accum, recompute, sequence parallel,
-        sharding) at least, per stage: model states + activations in flight, x (1 + fragmentation), + the fixed
-        bytes (which read the degrees only); the largest stage. The layout and its setup are built only when an
-        activation total is not cached: the search asks every option of a group."""
-        frag = cm.fragmentation_factor()
-        best = 0.0
-        made: list[Setup] = []
-
-        def make_setup() -> Setup:
-            if not made:
-                probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute, sp=sp, sh=sh)
-                made.append(self.setup(shape.option, probe))
-            return made[0]
-
-        for sl in self.distinct(shape.pp, vpp):
-            states = self._model_states(shape, vpp, sl, sh)
-            act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
-            best = max(best, frag * (states + act))
-        return _mem_safe(best + self._shape_fixed(shape))
+        sharding) at least (_stages_memory_lb with its sharding's model states), without building the layout
+        unless an activation total is not cached: the search asks every option of a group."""
+        return self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, sh,
+                                      lambda sl: self._model_states(shape, vpp, sl, sh))
 
     def option_index(self, layout: Layout) -> int:
         return self._option_index[layout.gpu]

@@ -411,17 +411,16 @@ class _Search:
                     * self.shape_bubble(shape) + bounds.step_overhead_per_token_lb(shape, most * shape.dp))
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
-            queue.append((lb, shape.num_parallel_dims, order, shape, supported, g))
-        # a heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinement): a shape's key is
-        # first its GPU-seconds per token bound, then stages_lb, then groups_lb (each a lower bound of every layout
-        # of the shape, the later ones tighter); a shape whose refined key is above another shape's key goes back
-        # into the heap, so shapes are explored in the order of their tightest bound and the best layouts are
+            queue.append((lb, shape.num_parallel_dims, order, shape, supported, g, 0))
+        # a heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinements taken): a shape's
+        # key is first its GPU-seconds per token bound, then stages_lb, then groups_lb (each a lower bound of every
+        # layout of the shape, the later ones tighter); a shape whose refined key is above another shape's key goes
+        # back into the heap, so shapes are explored in the order of their tightest bound and the best layouts are
         # found (and the threshold falls) early. The key popped is below every layout left (cost_floor).
         heapq.heapify(queue)
         while queue:
             entry = heapq.heappop(queue)
-            lb, shape, n, g = entry[0], entry[3], entry[4], entry[5]
-            done = len(entry) - 6  # the refinements taken (_refine)
+            lb, _, _, shape, n, g, done = entry
             if not done:
                 pricing = self._pricing[shape.option]
                 cost = pricing.cost_lb_from_gpu_s_per_token(g)
@@ -437,21 +436,21 @@ class _Search:
             if can_prune(lb, threshold):
                 self.num_pruned += n
                 continue
-            if self._refine(queue, entry[:6], done, threshold):
+            if self._refine(queue, entry, threshold):
                 self.explore(shape)
 
-    def _refine(self, queue: list, entry: tuple, done: int, threshold: float) -> bool:
-        """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the ``done`` already
-        taken (stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted as pruned, and one
-        whose tighter bound is above the smallest key left goes back into the heap with it."""
-        shape, n = entry[3], entry[4]
+    def _refine(self, queue: list, entry: tuple, threshold: float) -> bool:
+        """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the refinements it
+        has taken (stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted as pruned, and
+        one whose tighter bound is above the smallest key left goes back into the heap with it."""
+        shape, n, done = entry[3], entry[4], entry[6]
         for step in range(done, 2):
             tighter = (self.shape_stages_lb if step == 0 else self.groups_lb)(shape, threshold)
             if can_prune(tighter, threshold):
                 self.num_pruned += n
                 return False
             if queue and tighter > queue[0][0]:
-                heapq.heappush(queue, (tighter,) + entry[1:] + (True,) * (step + 1))
+                heapq.heappush(queue, (tighter,) + entry[1:6] + (step + 1,))
                 return False
         return True
 
@@ -726,8 +725,7 @@ class _Search:
             # the bound reads the sharding and, through the stages' times, sequence parallelism: the group's fbs
             # take it at its best (on where allowed), a layout without it has its own, slower stages
             by_sharding: dict[tuple[Sharding, bool], float] = {}
-            own_fbs = {sp: fbs if sp or len(sps) == 1 else bounds.group_stage_fb(shape, vpp, mb, rc, (sp,))
-                       for sp in sps}
+            own_fbs = {sp: bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)) for sp in sps}  # (cached)
             for i, (sp, sh) in enumerate(opts):
                 # the layout's memory bound first: in most groups most options cannot fit (ZeRO-0/1 of a large
                 # model), and the bound needs no Layout
