@@ -65,10 +65,6 @@ class Layout:
         return -(-self.world_size // self.gpus_per_node)
 
     @property
-    def model_parallel(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
     def global_batch(self) -> int:
         """Sequences per optimizer step: micro_batch x grad_accum x dp."""
         return self.micro_batch * self.grad_accum * self.dp

@@ -446,7 +446,6 @@ RULES: tuple[Rule, ...] = (
     Rule(FRAMEWORK_UNSUPPORTED, ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage",
                                  "sequence_parallel", "offload_optimizer", "offload_params"), _frameworks),
 )
-RULES_BY_CODE: Mapping[str, Rule] = {r.code: r for r in RULES}
 
 # What the cost model needs of a layout before it can cost it (compiler.costmodel.evaluation.check_layout); the
 # GPU count, the batch, tensor parallel across nodes and the frameworks' support are the search's and

@@ -114,11 +114,6 @@ def replicate_link(setup: Setup) -> GroupLink:
     return group_link(setup, lay.tp * lay.cp * lay.dp_shard, lay.dp_replicate)
 
 
-def expert_dp_size(setup: Setup) -> int:
-    lay = setup.layout
-    return max(1, lay.dp * lay.cp // lay.ep)
-
-
 def pp_link(setup: Setup) -> GroupLink:
     lay = setup.layout
     return group_link(setup, lay.tp * lay.cp * lay.dp, lay.pp)

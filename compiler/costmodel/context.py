@@ -45,7 +45,6 @@ RECIPES = {
 }
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
-FP8_RECIPES = ("fp8_tensorwise_delayed", "fp8_tensorwise_current", "fp8_blockwise", "mxfp8")
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,6 @@ PROFILE_PARAMETERS: tuple[FitParameter, ...] = (
                  "sequence length: FlashAttention-2 vs -3 differ by up to ~1.2x between 2k and 16k, Shah et al. "
                  "2024, arXiv:2407.08608 fig. 5); applied as scale^(log(seq/4k)/log(8)), clamped to [4k/8, 32k]"),
 )
-PROFILE_PARAMETER_NAMES = tuple(p.name for p in PROFILE_PARAMETERS)
 
 
 # --- physics ------------------------------------------------------------------------------------------

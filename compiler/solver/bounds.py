@@ -85,7 +85,6 @@ class Bounds:
         self.target = cm.bound_target(problem)
         self.eff = cm.bound_efficiency(problem.profile)
         self.usable = [float(int(o.spec.hbm_bytes * (1.0 - problem.memory_headroom))) for o in problem.gpu_options]
-        self._option_index = {o.name: i for i, o in enumerate(problem.gpu_options)}
         self._per_token: dict[tuple, float] = {}
         self._stage_fb: dict[tuple, tuple[float, float]] = {}
         self._stage_sum: dict[tuple, tuple[float, float]] = {}
@@ -509,9 +508,6 @@ class Bounds:
         unless an activation total is not cached: the search asks every option of a group."""
         return self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, sh,
                                       lambda sl: self._model_states(shape, vpp, sl, sh))
-
-    def option_index(self, layout: Layout) -> int:
-        return self._option_index[layout.gpu]
 
 
 class FamilyMemory:

@@ -30,10 +30,6 @@ STRUCTURAL_CODES = tuple(r.code for r in rules.RULES
                          if r.code not in (MICROBATCHES_NOT_DIVISIBLE, FRAMEWORK_UNSUPPORTED, PRECISION_UNSUPPORTED))
 
 
-def option_for(problem: Problem, layout: Layout) -> GpuOption | None:
-    return next((o for o in problem.gpu_options if o.name == layout.gpu), None)
-
-
 def gpu_counts(problem: Problem, option: GpuOption) -> GpuCounts:
     """GPU counts the search uses for ``option``; the throughput objective uses the largest only."""
     counts = problem.facts.gpus[option.name].counts
