@@ -1,8 +1,9 @@
 """The built-in catalog: GPU specs and model presets from ``compiler/data/*.yaml``.
 
 The data files are read from the package's own folder (``DATA_DIR``: an installed wheel
-unpacks them beside this module) and validated strictly: an unknown or missing field, a bad unit, or a name that collides
-with another entry's name or alias raises ``ValueError`` naming the file and the entry.
+unpacks them beside this module) and validated strictly: an unknown or missing field, a
+bad unit, or a name that collides with another entry's name or alias raises ``ValueError``
+naming the file and the entry.
 
 Every GPU figure is per GPU; bandwidths are per direction; FLOP rates are dense
 (no 2:4 sparsity). See the header of ``compiler/data/gpus.yaml`` for the conventions

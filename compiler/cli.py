@@ -182,7 +182,7 @@ def _no_pydantic_plugins() -> None:
     Looking for plugins (pydantic's plugin loader reads the entry points of every installed distribution when the
     first model is built) cost about 10 ms of `dtc validate`'s CPU in paired runs on a machine with torch and
     DeepSpeed installed. With them off, the loader still imports ``importlib.metadata`` (and with it email, zipfile
-    and csv) only to return no plugins: about 25 ms more (20 alternating runs, min 0.231 -> 0.205 s; issue #14).
+    and csv) only to return no plugins: 10-25 ms more (alternating runs, min 0.210 -> 0.202 s and 0.231 -> 0.205 s; issue #14).
     So while plugins are off, ``pydantic.plugin._loader`` is a module whose ``get_plugins`` returns what the real
     one returns then, (); any other name imports the real module (tests/unit/test_cli_startup.py checks both)."""
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
