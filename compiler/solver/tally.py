@@ -54,13 +54,18 @@ class Tally:
         """Layouts whose memory lower bound exceeds usable HBM (the layout is built only if it is shown)."""
         self.add(F.OUT_OF_MEMORY, n)
         distance = (mem - usable) / max(usable, 1.0)
-        nearer = distance < self._oom_distance
+        nearer = self._nearer_oom(distance)
         if nearer or self.would_keep(distance):
             layout = make_layout()
             if nearer:
                 self._oom_example(distance, f"{layout.describe()}: needs at least {units.format_bytes(mem)} per GPU "
                                             f"(a lower bound) of {units.format_bytes(usable)} usable")
             self.note_miss(distance, layout, None)
+
+    def _nearer_oom(self, distance: float) -> bool:
+        """Whether a layout this far over usable HBM is to be the out_of_memory example: the first one, or one nearer
+        to fitting than the example (a costed rejection without sizes is infinitely far)."""
+        return distance < self._oom_distance or F.OUT_OF_MEMORY not in self.examples
 
     def _oom_example(self, distance: float, message: str) -> None:
         """The out_of_memory example is the layout nearest to fitting (whatever order the search takes)."""
@@ -78,7 +83,7 @@ class Tally:
             return
         if rej.code == F.OUT_OF_MEMORY:
             distance = memory_distance(rej)
-            if distance < self._oom_distance or F.OUT_OF_MEMORY not in self.examples:
+            if self._nearer_oom(distance):
                 self._oom_example(distance, f"{layout.describe()}: {rej.message}")
             self.note_miss(distance, layout, rej)
             return
