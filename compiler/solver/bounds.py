@@ -497,10 +497,6 @@ class Bounds:
             got = self._fixed_bytes[key] = self._fixed(self._probe(shape, pp=shape.pp))
         return got
 
-    def layout_memory_lb(self, shape: Shape, layout: Layout, sh: Sharding) -> float:
-        return self.option_memory_lb(shape, layout.schedule, layout.vpp, layout.micro_batch, layout.grad_accum,
-                                     layout.recompute, layout.sequence_parallel, sh)
-
     def option_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
                          sh: Sharding) -> float:
         """Bytes per GPU of the layout (shape, schedule, vpp, micro-batch, grad_accum, recompute, sequence parallel,

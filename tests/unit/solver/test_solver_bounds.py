@@ -104,7 +104,7 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         assert group * 0.999 <= full <= step, (layout.tag, full, step)
         # memory
         total = est.memory.total_bytes_per_gpu
-        assert bounds.layout_memory_lb(shape, layout, sh) <= total, layout.tag
+        assert bounds.option_memory_lb(shape, sched, vpp, mb, ga, rc, sp, sh) <= total, layout.tag
         opts = tuple((s, x) for s in sps for x in space.sharding_choices(shape.dp))
         assert bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) <= total, layout.tag
         # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
