@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from compiler.cli import PLUGINS_OFF
 from tests.helpers import REPO
 
 PROBE = """
@@ -57,9 +58,27 @@ def test_a_user_who_keeps_plugins_on_gets_the_real_loader() -> None:
     assert not got["stand_in"] and got["name"] == "llama3-70b"
 
 
-def test_the_real_loader_returns_no_plugins_when_they_are_off() -> None:
-    """What the stand-in mimics: should pydantic's loader change its answer, this fails."""
-    code = ("import os; os.environ['PYDANTIC_DISABLE_PLUGINS'] = '__all__'\n"
-            "from pydantic.plugin._loader import get_plugins; print(list(get_plugins()))")
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+LOADER_PROBE = """
+import os, sys
+from pydantic.plugin import _loader
+def looked(*args, **kwargs):
+    raise SystemExit("looked for plugins")
+_loader.entry_points = looked  # the loader looks its plugins up through this name
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = sys.argv[1]
+print(list(_loader.get_plugins()))
+"""
+
+
+@pytest.mark.parametrize("value", PLUGINS_OFF)
+def test_the_real_loader_returns_no_plugins_when_they_are_off(value: str) -> None:
+    """What the stand-in mimics, for each value cli.PLUGINS_OFF copies from pydantic: pydantic's own loader returns
+    no plugins without looking any up. Should pydantic change its answer or stop taking one of the values, this
+    fails (the last test shows the probe sees a lookup)."""
+    got = subprocess.run([sys.executable, "-c", LOADER_PROBE, value], capture_output=True, text=True, timeout=60)
     assert got.returncode == 0 and got.stdout.strip() == "[]", got.stderr
+
+
+def test_the_loader_probe_sees_a_lookup() -> None:
+    got = subprocess.run([sys.executable, "-c", LOADER_PROBE, "some_plugin"], capture_output=True, text=True,
+                         timeout=60)
+    assert got.returncode != 0 and "looked for plugins" in got.stderr
