@@ -14,6 +14,7 @@ from typing import Mapping
 from compiler.targets import registry
 from compiler.targets.cost import CostProfile
 from compiler.targets.deepspeed.cost import COST as DEEPSPEED
+from compiler.targets.deepspeed.cost import source_with as deepspeed_source_with
 from compiler.targets.megatron.cost import COST as MEGATRON
 from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 
@@ -24,31 +25,37 @@ from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 # profile below for every precision, not dtc's renderer's fp16/fp32 exception
 _BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=())
 
+# the gradients' dtype of the profiles below that keep them in bf16 (CostProfile.grad_source)
+_DEEPSPEED_BF16_GRADS = ("bf16 gradients reduced in bf16 (DeepSpeed bf16 mode: grad_accum_dtype and "
+                         "communication_data_type default to the model dtype, deepspeed/runtime/engine.py get_data_types "
+                         "/ communication_data_type)")
+_NEMO_2407_BF16_GRADS = ("NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/llama/h100/*.sh: "
+                         "+training.model.optim.grad_sync_dtype=bf16, fp8_hybrid with amax history 1024, i.e. delayed "
+                         "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16")
+_BRIDGE_BF16_GRADS = ("NeMo 2 / Megatron-Bridge benchmark recipes reduce gradients in bf16: megatron/bridge/perf_recipes/"
+                      "_common.py _perf_precision 'always sets grad_reduce_in_fp32=False' "
+                      "(github.com/NVIDIA-NeMo/Megatron-Bridge), so main_grad buffers are bf16")
+
 PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
     # published DeepSpeed runs keep DeepSpeed's bf16-mode defaults; dtc's ds_config.json asks for fp32 (cost.py)
     "deepspeed_defaults": replace(
-        DEEPSPEED, grad_dtype="bf16", grad_reduce_dtype="bf16",
-        source=DEEPSPEED.source.split("gradients accumulated")[0] + "bf16 gradients reduced in bf16 (DeepSpeed bf16 "
-        "mode: grad_accum_dtype and communication_data_type default to the model dtype, deepspeed/runtime/engine.py "
-        "get_data_types / communication_data_type)"),
+        DEEPSPEED, grad_dtype="bf16", grad_reduce_dtype="bf16", source=deepspeed_source_with(_DEEPSPEED_BF16_GRADS),
+        grad_source=_DEEPSPEED_BF16_GRADS),
     "nemo_2407": replace(
         _BRIDGE, name="nemo_2407", display_name="NeMo 24.07 (Megatron-Core, NeMo-Framework-Launcher recipes)",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(),
         cross_entropy="megatron_fp32",
-        source=MEGATRON_CORE_SOURCE + "; NeMo 24.07 performance runs (NVIDIA/NeMo-Framework-Launcher examples/training/"
-        "llama/h100/*.sh: +training.model.optim.grad_sync_dtype=bf16, fp8_hybrid with amax history 1024, i.e. delayed "
-        "scaling, launcher_scripts/conf/training/llama/*.yaml) keep and reduce gradients in bf16; their GPT-3 and "
+        source=MEGATRON_CORE_SOURCE + "; " + _NEMO_2407_BF16_GRADS + "; their GPT-3 and "
         "Llama 2 configs leave cross_entropy_loss_fusion off, Megatron-Core's unfused fp32 "
-        "vocab_parallel_cross_entropy (the Llama 3 and Nemotron ones: compiler/calibration/runs.py)"),
+        "vocab_parallel_cross_entropy (the Llama 3 and Nemotron ones: compiler/calibration/runs.py)",
+        grad_source=_NEMO_2407_BF16_GRADS),
     "megatron_bridge": replace(
         _BRIDGE, name="megatron_bridge", display_name="NeMo 2 / Megatron-Bridge performance recipes",
         grad_dtype="bf16", grad_reduce_dtype="bf16", fp8_recipe="fp8_tensorwise_current", fp8_recipe_by_generation=(),
         cross_entropy="fused",
-        source=MEGATRON_CORE_SOURCE + "; NeMo 2 / Megatron-Bridge benchmark recipes reduce "
-        "gradients in bf16: megatron/bridge/perf_recipes/_common.py _perf_precision 'always sets "
-        "grad_reduce_in_fp32=False' (github.com/NVIDIA-NeMo/Megatron-Bridge), so main_grad buffers are bf16; their "
+        source=MEGATRON_CORE_SOURCE + "; " + _BRIDGE_BF16_GRADS + "; their "
         "loss is Transformer Engine's fused cross entropy (cross_entropy_fusion_impl te: v0.1.0's perf YAMLs, "
-        "perf_recipes/_common.py _benchmark_common)"),
+        "perf_recipes/_common.py _benchmark_common)", grad_source=_BRIDGE_BF16_GRADS),
     "deepseek_v3": CostProfile(
         name="deepseek_v3", display_name="DeepSeek-V3's HAI-LLM (DualPipe, DeepEP)", activations="deepseek_v3",
         attention="cudnn", elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",

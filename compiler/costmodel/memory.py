@@ -292,7 +292,7 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes, on_host=gradients_on_host(setup, lay)),
                  f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}"
                  + (" (offloaded with the optimizer)" if gradients_on_host(setup, lay) else ""),
-                 r.source if setup.grad_bytes == r.grad_bytes else setup.framework.source),
+                 r.source if setup.grad_bytes == r.grad_bytes else setup.framework.grad_fact),
         LineItem("master_weights", master_weight_bytes_per_gpu(sp, lay, r.master_bytes),
                  f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
                  + (" (offloaded)" if lay.offload_optimizer != "none" else ""), r.source),

@@ -282,7 +282,7 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
                               f"{m} x {format_seconds(c.recompute_s)} ({lay.recompute} recompute forward)", src))
     overlap = eff.physics.sources["overlap"]
     for name, pair, why in (("tp_comm", st.tp_s, "compiler/data/efficiency.yaml tp_exposed_fraction (fitted)"
-                             if setup.framework.tp_overlap != "none" else setup.framework.source),
+                             if setup.framework.tp_overlap != "none" else setup.framework.tp_fact),
                             ("cp_comm", st.cp_s, overlap["cp_exposed_fraction"]),
                             ("ep_comm", st.ep_s, overlap["ep_exposed_fraction"])):
         if sum(pair):

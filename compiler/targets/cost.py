@@ -104,6 +104,22 @@ class CostProfile:
     # (precision, implementation): the loss under a training precision where it differs from cross_entropy (the
     # renderer emits the same; compiler/costmodel/compute.py cross_entropy_time_s reads cross_entropy_for)
     cross_entropy_by_precision: tuple[tuple[str, str], ...] = ()
+    # the part of ``source`` that says in which dtype the gradients are kept and reduced (grad_dtype,
+    # grad_reduce_dtype), which the memory breakdown's gradients line cites; "": ``source`` whole
+    grad_source: str = ""
+    # the part of ``source`` that says how the tensor-parallel collectives run where none is overlapped
+    # (tp_overlap "none"), which the step breakdown's tp_comm line cites; "": ``source`` whole
+    tp_source: str = ""
+
+    @property
+    def grad_fact(self) -> str:
+        """What to cite for the gradients' dtype: grad_source, else the whole source."""
+        return self.grad_source or self.source
+
+    @property
+    def tp_fact(self) -> str:
+        """What to cite for tensor-parallel collectives that are not overlapped: tp_source, else the whole source."""
+        return self.tp_source or self.source
 
     @property
     def grad_bytes(self) -> int:

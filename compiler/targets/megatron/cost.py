@@ -10,11 +10,13 @@ says (render.py emits exactly that recipe).
 """
 from compiler.targets.cost import CostProfile
 
+# the gradients' dtype (COST.grad_dtype, grad_reduce_dtype), as the memory breakdown cites it
+GRAD_SOURCE = ("--bf16 keeps fp32 main_grad buffers and reduces gradients in fp32 unless --grad-reduce-in-bf16 "
+               "(megatron/training/arguments.py: 'bfloat16 requires gradient accumulation and all-reduce to be done "
+               "in fp32')")
 SOURCE = (
     "Megatron-Core 0.19 + Transformer Engine: fused norms/linears/SwiGLU (TE LayerNormLinear, LayerNormMLP), "
-    "cuDNN fused attention (TE get_attention_backend); --bf16 keeps fp32 main_grad buffers and reduces "
-    "gradients in fp32 unless --grad-reduce-in-bf16 (megatron/training/arguments.py: 'bfloat16 requires "
-    "gradient accumulation and all-reduce to be done in fp32'); TP collectives overlap the weight-gradient "
+    "cuDNN fused attention (TE get_attention_backend); " + GRAD_SOURCE + "; TP collectives overlap the weight-gradient "
     "GEMM (async TP all-reduce) and, with --tp-comm-overlap, TE userbuffers; kernels per layer counted from "
     "megatron/core/transformer/transformer_layer.py (norm+QKV, rope, attention, proj, bias-dropout-add, "
     "norm+fc1, SwiGLU, fc2, bias-dropout-add, plus fp8 casts); an MoE layer is that layer less the dense MLP's "
@@ -57,7 +59,7 @@ COST = CostProfile(
     recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
     hierarchical_all_to_all=False, cross_entropy="megatron_native",
-    cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, source=SOURCE + ARTIFACT_SOURCE)
+    cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, source=SOURCE + ARTIFACT_SOURCE, grad_source=GRAD_SOURCE)
 
 # render.py writes this dispatcher; the 'alltoall' dispatcher sends every routed copy of a token over the
 # network (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher), no node-level dedup:

@@ -130,3 +130,44 @@ def test_megatron_costs_the_token_dispatcher_it_renders(problem_factory, layout_
     hier = dataclasses.replace(fresh, framework=dataclasses.replace(fresh.framework, hierarchical_all_to_all=True))
 
     assert sum(ep_comm_time_per_moe_layer_s(flat)) > sum(ep_comm_time_per_moe_layer_s(hier))
+
+
+def _all_profiles():
+    from compiler.calibration.frameworks import PUBLISHED_FRAMEWORKS
+
+    return {**{n: registry.get(n).cost for n in registry.names() if registry.get(n).cost is not None},
+            **PUBLISHED_FRAMEWORKS}
+
+
+def test_the_gradient_and_tp_citations_are_parts_of_the_source_and_follow_the_facts():
+    """The memory breakdown's gradients line cites grad_fact and the step breakdown's tp_comm line tp_fact (not the
+    whole profile source): each is a part of the source, and a profile built by replacing another one's dtypes or
+    TP overlap does not keep the other's sentence (two profiles citing one sentence state the same facts)."""
+    profiles = _all_profiles()
+    assert {"megatron", "fsdp", "deepspeed", "nemo_2407", "deepspeed_defaults"} <= set(profiles)
+    for name, p in profiles.items():
+        assert p.grad_fact in p.source and p.tp_fact in p.source, name
+    for target in ("megatron", "fsdp", "deepspeed"):  # what PLAN.md shows: the sentence, not the whole source
+        assert profiles[target].grad_source and len(profiles[target].grad_fact) < len(profiles[target].source) / 2
+    for target in ("fsdp", "deepspeed"):
+        assert profiles[target].tp_source and len(profiles[target].tp_fact) < len(profiles[target].source) / 2
+    for a in profiles.values():
+        for b in profiles.values():
+            if a.grad_source and a.grad_source == b.grad_source:
+                assert (a.grad_dtype, a.grad_reduce_dtype) == (b.grad_dtype, b.grad_reduce_dtype), (a.name, b.name)
+            if a.tp_source and a.tp_source == b.tp_source:
+                assert a.tp_overlap == b.tp_overlap, (a.name, b.name)
+
+
+def test_plan_lines_cite_the_sentence_of_the_fact(problem_factory, layout_factory):
+    """fp32 gradients under bf16 (a framework's choice, not the recipe's) cite the framework's gradient sentence;
+    tensor-parallel time without overlap cites the framework's TP sentence."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=3)
+    for target in ("megatron", "fsdp", "deepspeed"):
+        profile = registry.get(target).cost
+        est = evaluate(p, lay, target=target)
+        sources = {i.name: i.source for i in est.memory.items}
+        assert sources["gradients"] == profile.grad_fact, target
+        if profile.tp_overlap == "none":
+            assert {i.name: i.source for i in est.time.items}["tp_comm"] == profile.tp_fact, target
