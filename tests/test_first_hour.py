@@ -29,6 +29,7 @@ COMMANDS = {
     "oom_nothing_pinned": "plan",
     "oom_pinned": "plan",
     "deadline_batch_bound": "plan",
+    "budget_and_deadline": "plan",
 }
 
 
@@ -111,6 +112,21 @@ def test_more_gpus_only_when_they_would_be_used() -> None:
     assert "allow more GPUs" not in hint and "more GPUs would not help" in text
     assert "unpin layout.pipeline_parallel, layout.context_parallel" in hint
     assert "a larger training.global_batch" in hint
+
+
+def test_both_limits_missed_are_both_measured() -> None:
+    """A budget and a deadline that no layout meets together, nor either alone: the misses were empty (the cheapest
+    layout was sought within the deadline, the fastest within the budget, and the budget's rejections hid the
+    deadline). Now the cheapest and the fastest layout without both limits, each with what it misses of each."""
+    misses = _misses(message("budget_and_deadline"))
+    assert len(misses) == 2, misses
+    cheapest, fastest = misses
+    assert "the cheapest layout costs " in cheapest and "over the budget of $10.00K; it also takes " in cheapest
+    assert "the fastest layout takes " in fastest and "past the deadline of 24.0 h; it also costs " in fastest
+    text = message("budget_and_deadline")
+    fixes = [line.strip() for line in text.splitlines() if line.startswith("        fix: ")]
+    assert fixes[0].startswith("fix: raise budget.max_cost by ") and " and extend budget.deadline by " in fixes[0]
+    assert fixes[1].startswith("fix: extend budget.deadline by ") and " and raise budget.max_cost by " in fixes[1]
 
 
 # ------------------------------------------------------------------------------ one truth

@@ -865,40 +865,60 @@ class _Search:
 
     def relaxed_misses(self) -> tuple[ClosestMiss, ...]:
         """When the budget or the deadline is what rules layouts out: the best layout without that limit
-        (the cheapest, or the fastest), and by how much it misses."""
+        (the cheapest, or the fastest), and by how much it misses. When both are set and no layout meets the other
+        one either, the best layout without both, and by how much it misses each."""
         problem, out = self.problem, []
+        both = problem.max_cost_usd is not None and problem.deadline_s is not None
         if self.tally[F.OVER_BUDGET] and problem.max_cost_usd is not None:
-            relaxed = _Search(replace(problem, max_cost_usd=None, objective="cheapest"), 0, self.evaluate)
-            relaxed.run()
-            if relaxed.top:
-                e = relaxed.top[0]
-                over = F.check_budget(problem, e.estimate)
-                if over is not None:
-                    # the cheapest layout: fewer GPUs would not make it cheaper
-                    more = units.format_money(over.details["over_by_usd"])
-                    over = replace(over, fix=f"raise budget.max_cost by {more}, or choose cheaper GPUs")
-                    out.append(closest_miss(e.layout, over, "the cheapest layout " + over.message,
-                                          over.details["over_by_usd"] / problem.max_cost_usd))
-        if self.tally[F.OVER_DEADLINE] and problem.deadline_s is not None:
-            relaxed = _Search(replace(problem, deadline_s=None, objective="fastest"), 0, self.evaluate)
-            relaxed.run()
-            if relaxed.top:
-                e = relaxed.top[0]
-                over = F.check_deadline(problem, e.estimate)
-                if over is not None:
-                    extend = f"extend budget.deadline by {units.format_seconds(over.details['over_by_s'])}"
-                    n = self.fastest_gpus = e.estimate.num_gpus
-                    if n < problem.max_gpus:  # more GPUs are allowed, and the fastest layout does not use them
-                        fix = (f"{extend}; the fastest layout uses {n:,} of the {problem.max_gpus:,} GPUs allowed, "
-                               "so more GPUs would not help")
-                    elif problem.num_gpus is not None:
-                        fix = f"{extend}, or use more GPUs (cluster.num_gpus)"
-                    else:
-                        fix = f"{extend}, or allow more GPUs (cluster.max_gpus)"
-                    over = replace(over, fix=fix)
-                    out.append(closest_miss(e.layout, over, "the fastest layout " + over.message,
-                                          over.details["over_by_s"] / problem.deadline_s))
+            e = self._relaxed_best(replace(problem, max_cost_usd=None, objective="cheapest"))
+            over = None if e is None else F.check_budget(problem, e.estimate)
+            if e is not None and over is not None:
+                # the cheapest layout: fewer GPUs would not make it cheaper
+                more = units.format_money(over.details["over_by_usd"])
+                late = F.check_deadline(problem, e.estimate)
+                message = "the cheapest layout " + over.message
+                if late is None:
+                    fix = f"raise budget.max_cost by {more}, or choose cheaper GPUs"
+                else:
+                    message += f"; it also {late.message}"
+                    fix = (f"raise budget.max_cost by {more} and extend budget.deadline by "
+                           f"{units.format_seconds(late.details['over_by_s'])}, or choose cheaper GPUs")
+                out.append(closest_miss(e.layout, replace(over, fix=fix), message,
+                                        over.details["over_by_usd"] / problem.max_cost_usd))
+        # (with a budget too, the layouts it ruled out were never checked against the deadline)
+        if problem.deadline_s is not None and (self.tally[F.OVER_DEADLINE] or (both and self.tally[F.OVER_BUDGET])):
+            e = self._relaxed_best(replace(problem, deadline_s=None, objective="fastest"))
+            over = None if e is None else F.check_deadline(problem, e.estimate)
+            if e is not None and over is not None:
+                extend = f"extend budget.deadline by {units.format_seconds(over.details['over_by_s'])}"
+                broke = F.check_budget(problem, e.estimate)
+                message = "the fastest layout " + over.message
+                if broke is not None:
+                    message += f"; it also {broke.message}"
+                    extend += f" and raise budget.max_cost by {units.format_money(broke.details['over_by_usd'])}"
+                n = self.fastest_gpus = e.estimate.num_gpus
+                if n < problem.max_gpus:  # more GPUs are allowed, and the fastest layout does not use them
+                    fix = (f"{extend}; the fastest layout uses {n:,} of the {problem.max_gpus:,} GPUs allowed, "
+                           "so more GPUs would not help")
+                elif problem.num_gpus is not None:
+                    fix = f"{extend}, or use more GPUs (cluster.num_gpus)"
+                else:
+                    fix = f"{extend}, or allow more GPUs (cluster.max_gpus)"
+                out.append(closest_miss(e.layout, replace(over, fix=fix), message,
+                                        over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
+
+    def _relaxed_best(self, relaxed: Problem) -> _Entry | None:
+        """The best layout of ``relaxed`` (this problem with a limit dropped), or when it has none and it keeps the
+        other limit, the best one without either; None when neither has one."""
+        for problem in (relaxed, replace(relaxed, max_cost_usd=None, deadline_s=None)):
+            search = _Search(problem, 0, self.evaluate)
+            search.run()
+            if search.top:
+                return search.top[0]
+            if problem.max_cost_usd is None and problem.deadline_s is None:
+                break
+        return None
 
     def batch_miss(self) -> tuple[ClosestMiss, str] | None:
         """When the global batch is what blocks the spec: (the plan a batch that splits better gets, the fix).
