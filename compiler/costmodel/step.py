@@ -34,9 +34,6 @@ ASSUMPTIONS = (
     "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
     "forward (2 x heads x (d_qk + d_v) x s/2 per layer); hardware adds the recomputed forward.",
     "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 runs (fp32 runs: TF32 peak).",
-    "Mixed precision keeps 16-bit weights, gradients in the target's dtype (Megatron's fp32 main_grad, FSDP2's "
-    "fp32 sharded gradients, DeepSpeed's bf16), a 4 B fp32 master and the optimizer states per parameter (ZeRO "
-    "paper); FSDP's fp32 master is the sharded parameter itself (no 16-bit copy at rest under ZeRO-3).",
     "ZeRO/FSDP shard over dp_shard x cp; experts over dp_shard x cp / ep; ZeRO-2/3 reduce-scatter after every "
     "micro-batch on their own streams (what exceeds the step's busy time shows), ZeRO-0/1 once per step.",
     "Rank order tp-cp-ep-dp-pp (Megatron); a group inside the NVLink domain uses NVLink, else the network.",
@@ -49,6 +46,22 @@ ASSUMPTIONS = (
     "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; the layers "
     "per stage are Megatron's split (compiler/split.py).",
 )
+
+
+def precision_assumption(setup: Setup) -> str:
+    """What the memory breakdown assumes of the weights, gradients and master copy, for the costed framework: the
+    gradient dtypes and whether the master is the parameter come from its profile (compiler/targets/<name>/cost.py),
+    so that the sentence cannot drift from the items."""
+    fw = setup.framework
+    if setup.recipe.name == "fp32":
+        return ("fp32 training keeps 4 B weights and gradients, no master copy"
+                + (" but the ZeRO optimizer's fp32 partition" if fw.zero_fp32_partition_copy and setup.layout.zero_stage
+                   else "")
+                + ", and the optimizer states per parameter.")
+    master = ("the sharded fp32 parameter as the master (no 16-bit copy at rest under ZeRO-3)"
+              if fw.master_is_param else "a 4 B fp32 master")
+    return (f"Mixed precision keeps 16-bit weights, {master} and the optimizer states per parameter (ZeRO paper); "
+            f"{fw.display_name} keeps {fw.grad_dtype} gradients and reduces them in {fw.grad_reduce_dtype}.")
 
 
 @dataclass(frozen=True)
@@ -375,7 +388,8 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + (f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
+        assumptions=ASSUMPTIONS + (precision_assumption(setup),
+                                   f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
         band=band_for(framework=setup.framework.name, gpu_generation=setup.gpu.spec.kernel_family,

@@ -8,6 +8,7 @@ import pytest
 
 from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.evaluation import evaluate
+from compiler.estimate import Rejection
 from compiler.costmodel import activations as act
 from compiler.costmodel.compute import elementwise_traffic_ratio
 from compiler.costmodel.context import make_setup
@@ -171,3 +172,26 @@ def test_plan_lines_cite_the_sentence_of_the_fact(problem_factory, layout_factor
         assert sources["gradients"] == profile.grad_fact, target
         if profile.tp_overlap == "none":
             assert {i.name: i.source for i in est.time.items}["tp_comm"] == profile.tp_fact, target
+
+
+def test_the_precision_assumption_states_the_costed_targets_gradients(problem_factory, layout_factory):
+    """PLAN.md's assumption about weights, gradients and master copies is written from the costed framework's profile:
+    it said 'DeepSpeed's bf16' gradients for every plan while dtc's DeepSpeed trainer keeps and reduces fp32 ones
+    (the memory items did count 4 B). Each target's sentence names the dtype its gradients line counts."""
+    from compiler.targets.cost import DTYPE_BYTES
+
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
+    lay = layout_factory(p, dp_shard=8, zero_stage=3)
+    for target in ("megatron", "fsdp", "deepspeed"):
+        profile = registry.get(target).cost
+        est = evaluate(p, lay, target=target, check_memory=False)
+        assert not isinstance(est, Rejection), (target, est)
+        (sentence,) = [a for a in est.assumptions if a.startswith("Mixed precision keeps")]
+        assert sentence.endswith(f"{profile.display_name} keeps {profile.grad_dtype} gradients and reduces them in "
+                                 f"{profile.grad_reduce_dtype}."), (target, sentence)
+        assert ("the sharded fp32 parameter as the master" in sentence) == profile.master_is_param
+        grads = next(i for i in est.memory.items if i.name == "gradients")
+        assert grads.formula.startswith(f"{DTYPE_BYTES[profile.grad_dtype]} B x "), (target, grads.formula)
+    fp32 = evaluate(dataclasses.replace(p, precision="fp32"), lay, target="deepspeed", check_memory=False)
+    assert any(a.startswith("fp32 training keeps 4 B weights and gradients, no master copy but the ZeRO optimizer's")
+               for a in fp32.assumptions)
