@@ -41,7 +41,8 @@ RECIPES = {
     "fp8": PrecisionRecipe(
         "fp8", 2, 2, 4, 2, "fp8",
         "Transformer Engine FP8 (NVIDIA TE docs, 'Using FP8'): bf16 weights + fp32 master as in bf16 mixed "
-        "precision; GEMM inputs are cast to fp8 per use; activations kept in bf16"),
+        "precision; GEMM inputs are cast to fp8 per use; activations kept in bf16, except the fp8 copy of each "
+        "GEMM input TE saves for the weight gradient (compiler/costmodel/activations.py FP8_GEMM_INPUT_BYTES)"),
 }
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
