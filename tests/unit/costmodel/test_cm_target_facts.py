@@ -148,10 +148,13 @@ def test_the_gradient_and_tp_citations_are_parts_of_the_source_and_follow_the_fa
     assert {"megatron", "fsdp", "deepspeed", "nemo_2407", "deepspeed_defaults"} <= set(profiles)
     for name, p in profiles.items():
         assert p.grad_fact in p.source and p.tp_fact in p.source, name
-    for target in ("megatron", "fsdp", "deepspeed"):  # what PLAN.md shows: the sentence, not the whole source
-        assert profiles[target].grad_source and len(profiles[target].grad_fact) < len(profiles[target].source) / 2
-    for target in ("fsdp", "deepspeed"):
-        assert profiles[target].tp_source and len(profiles[target].tp_fact) < len(profiles[target].source) / 2
+    targets = [n for n in registry.names() if registry.get(n).cost is not None]
+    assert {"megatron", "fsdp", "deepspeed"} <= set(targets)
+    for target in targets:  # what PLAN.md shows for a target: the sentence, not the whole source
+        p = profiles[target]
+        assert p.grad_source and len(p.grad_fact) < len(p.source) / 2, target
+        if p.tp_overlap == "none":
+            assert p.tp_source and len(p.tp_fact) < len(p.source) / 2, target
     for a in profiles.values():
         for b in profiles.values():
             if a.grad_source and a.grad_source == b.grad_source:
