@@ -111,6 +111,7 @@ class Space:
         self._extremes: dict[int, tuple[int, int]] = {}
         self._gas: dict[int, tuple[int, ...]] = {}
         self._classes: dict[int, tuple[tuple[int, Sharding, int], ...]] = {}
+        self._choice_classes: dict[int, tuple[tuple[int, Sharding], ...]] = {}
         assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
@@ -296,18 +297,27 @@ class Space:
         if got is None:
             first: dict[int, Sharding] = {}
             counts: dict[int, int] = {}
+            for cid, sh in self.choice_classes(dp):
+                if cid not in counts:
+                    first[cid], counts[cid] = sh, 1
+                else:
+                    counts[cid] += 1
+            got = self._classes[dp] = tuple((c, first[c], counts[c]) for c in first)
+        return got
+
+    def choice_classes(self, dp: int) -> tuple[tuple[int, Sharding], ...]:
+        """Each of sharding_choices(dp), in order, with its sharding_class's number."""
+        got = self._choice_classes.get(dp)
+        if got is None:
+            out: list[tuple[int, Sharding]] = []
             for zero, d, choices in self.sharding_groups(dp):
                 key = (zero, d > 1, dp // d > 1, dp == 1)  # (these fix the group's offload choices too)
                 ids = self._group_classes.get(key)
                 if ids is None:
                     ids = self._group_classes[key] = tuple(
                         self._class_ids.setdefault(self.sharding_class(dp, sh), len(self._class_ids)) for sh in choices)
-                for cid, sh in zip(ids, choices):
-                    if cid not in counts:
-                        first[cid], counts[cid] = sh, 1
-                    else:
-                        counts[cid] += 1
-            got = self._classes[dp] = tuple((c, first[c], counts[c]) for c in first)
+                out.extend(zip(ids, choices))
+            got = self._choice_classes[dp] = tuple(out)
         return got
 
     def grad_accums(self, dp: int) -> tuple[int, ...]:

@@ -280,22 +280,19 @@ class _Search:
         if got is not None:
             return got
         ok: list[tuple[bool, Sharding]] = []
-        verdicts: dict[tuple, bool] = {}  # this call's verdicts by sharding class (what support_key_of reads of it)
         for sp in sps:
-            for sh in self.space.sharding_choices(shape.dp):
-                cls = (sp, self.space.sharding_class(shape.dp, sh))
-                supported = verdicts.get(cls)
-                if supported is not None and (supported or F.FRAMEWORK_UNSUPPORTED in self.tally.examples):
-                    if supported:
-                        ok.append((sp, sh))
-                    continue
-                supported = self.choice_supported(shape, sched, vpp, sp, sh)
-                if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
-                    layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
-                    r = F.check_framework(self.problem, layout)
-                    assert r is not None
-                    self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
-                verdicts[cls] = supported
+            verdicts = self._class_verdicts(shape, sched, vpp, sp)
+            for cid, sh in self.space.choice_classes(shape.dp):
+                if cid >= len(verdicts):
+                    verdicts += [None] * (cid + 1 - len(verdicts))
+                supported = verdicts[cid]
+                if supported is None:
+                    supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
+                    if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
+                        layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
+                        r = F.check_framework(self.problem, layout)
+                        assert r is not None
+                        self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
                 if supported:
                     ok.append((sp, sh))
         # the choices whose every target's band is thin would be turned away when costed (a shape left with none is
@@ -346,11 +343,7 @@ class _Search:
             n = 0
             classes = self.space.sharding_classes(shape.dp)
             for sp in sps:
-                # support by sharding class number, for the degrees as support_key_of reads them (> 1)
-                vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sp)
-                verdicts = self._class_support.get(vkey)
-                if verdicts is None:
-                    verdicts = self._class_support[vkey] = []
+                verdicts = self._class_verdicts(shape, sched, vpp, sp)
                 for cid, sh, count in classes:
                     if cid >= len(verdicts):
                         verdicts += [None] * (cid + 1 - len(verdicts))
@@ -363,6 +356,15 @@ class _Search:
                         n += count
             self._num_options[key] = n
         return n
+
+    def _class_verdicts(self, shape: Shape, sched: str, vpp: int, sp: bool) -> list[bool | None]:
+        """Whether every target runs each sharding class (by Space.choice_classes' number; None: not asked yet), for
+        the degrees as support_key_of reads them (> 1), the schedule and sequence parallelism."""
+        vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sp)
+        verdicts = self._class_support.get(vkey)
+        if verdicts is None:
+            verdicts = self._class_support[vkey] = []
+        return verdicts
 
     def pipeline_classes(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
         """The pipeline choices of ``pp`` grouped by what framework support depends on."""
