@@ -30,6 +30,7 @@ COMMANDS = {
     "oom_pinned": "plan",
     "deadline_batch_bound": "plan",
     "budget_and_deadline": "plan",
+    "budget_within_deadline": "plan",
 }
 
 
@@ -127,6 +128,14 @@ def test_both_limits_missed_are_both_measured() -> None:
     fixes = [line.strip() for line in text.splitlines() if line.startswith("        fix: ")]
     assert fixes[0].startswith("fix: raise budget.max_cost by ") and " and extend budget.deadline by " in fixes[0]
     assert fixes[1].startswith("fix: extend budget.deadline by ") and " and raise budget.max_cost by " in fixes[1]
+
+
+def test_a_miss_within_the_other_limit_says_so() -> None:
+    """Each limit is met by some layout, never both: the cheapest layout was called 'the cheapest layout' while it
+    was the cheapest within the deadline (a slower one is cheaper); each miss now says which limit it keeps."""
+    cheapest, fastest = _misses(message("budget_within_deadline"))
+    assert "the cheapest layout within the deadline costs " in cheapest and "it also" not in cheapest
+    assert "the fastest layout within the budget takes " in fastest and "it also" not in fastest
 
 
 # ------------------------------------------------------------------------------ one truth

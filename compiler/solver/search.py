@@ -872,13 +872,13 @@ class _Search:
         problem, out = self.problem, []
         both = problem.max_cost_usd is not None and problem.deadline_s is not None
         if self.tally[F.OVER_BUDGET] and problem.max_cost_usd is not None:
-            e = self._relaxed_best(replace(problem, max_cost_usd=None, objective="cheapest"))
+            e, kept = self._relaxed_best(replace(problem, max_cost_usd=None, objective="cheapest"))
             over = None if e is None else F.check_budget(problem, e.estimate)
             if e is not None and over is not None:
                 # the cheapest layout: fewer GPUs would not make it cheaper
                 more = units.format_money(over.details["over_by_usd"])
                 late = F.check_deadline(problem, e.estimate)
-                message = "the cheapest layout " + over.message
+                message = "the cheapest layout " + ("within the deadline " if kept else "") + over.message
                 if late is None:
                     fix = f"raise budget.max_cost by {more}, or choose cheaper GPUs"
                 else:
@@ -889,12 +889,12 @@ class _Search:
                                         over.details["over_by_usd"] / problem.max_cost_usd))
         # (with a budget too, the layouts it ruled out were never checked against the deadline)
         if problem.deadline_s is not None and (self.tally[F.OVER_DEADLINE] or (both and self.tally[F.OVER_BUDGET])):
-            e = self._relaxed_best(replace(problem, deadline_s=None, objective="fastest"))
+            e, kept = self._relaxed_best(replace(problem, deadline_s=None, objective="fastest"))
             over = None if e is None else F.check_deadline(problem, e.estimate)
             if e is not None and over is not None:
                 extend = f"extend budget.deadline by {units.format_seconds(over.details['over_by_s'])}"
                 broke = F.check_budget(problem, e.estimate)
-                message = "the fastest layout " + over.message
+                message = "the fastest layout " + ("within the budget " if kept else "") + over.message
                 if broke is not None:
                     message += f"; it also {broke.message}"
                     extend += f" and raise budget.max_cost by {units.format_money(broke.details['over_by_usd'])}"
@@ -910,17 +910,19 @@ class _Search:
                                         over.details["over_by_s"] / problem.deadline_s))
         return tuple(out)
 
-    def _relaxed_best(self, relaxed: Problem) -> _Entry | None:
-        """The best layout of ``relaxed`` (this problem with a limit dropped), or when it has none and it keeps the
-        other limit, the best one without either; None when neither has one."""
+    def _relaxed_best(self, relaxed: Problem) -> tuple[_Entry | None, bool]:
+        """(the best layout of ``relaxed`` (this problem with a limit dropped), whether it meets the other limit
+        ``relaxed`` keeps): when ``relaxed`` keeps one and has no layout, the best one without either; None when
+        neither has one."""
         for problem in (relaxed, replace(relaxed, max_cost_usd=None, deadline_s=None)):
             search = _Search(problem, 0, self.evaluate)
             search.run()
+            kept = problem.max_cost_usd is not None or problem.deadline_s is not None
             if search.top:
-                return search.top[0]
-            if problem.max_cost_usd is None and problem.deadline_s is None:
+                return search.top[0], kept
+            if not kept:
                 break
-        return None
+        return None, False
 
     def batch_miss(self) -> tuple[ClosestMiss, str] | None:
         """When the global batch is what blocks the spec: (the plan a batch that splits better gets, the fix).
