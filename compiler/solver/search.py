@@ -181,7 +181,7 @@ class _Search:
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
-        self._class_support: dict[tuple, list[bool | None]] = {}  # num_options: verdicts by sharding class number
+        self._class_support: dict[tuple, dict[int, bool]] = {}  # _class_verdicts: verdicts by sharding class number
         self._pipe_classes: dict[int, tuple] = {}
         self._thin: dict[tuple, bool] = {}  # choice_thin's verdicts
         self._floors: dict[tuple, float] = {}
@@ -283,16 +283,9 @@ class _Search:
         for sp in sps:
             verdicts = self._class_verdicts(shape, sched, vpp, sp)
             for cid, sh in self.space.choice_classes(shape.dp):
-                if cid >= len(verdicts):
-                    verdicts += [None] * (cid + 1 - len(verdicts))
-                supported = verdicts[cid]
+                supported = verdicts.get(cid)
                 if supported is None:
-                    supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
-                    if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
-                        layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
-                        r = F.check_framework(self.problem, layout)
-                        assert r is not None
-                        self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+                    supported = self._ask_class(verdicts, cid, shape, sched, vpp, sp, sh)
                 if supported:
                     ok.append((sp, sh))
         # the choices whose every target's band is thin would be turned away when costed (a shape left with none is
@@ -345,11 +338,9 @@ class _Search:
             for sp in sps:
                 verdicts = self._class_verdicts(shape, sched, vpp, sp)
                 for cid, sh, count in classes:
-                    if cid >= len(verdicts):
-                        verdicts += [None] * (cid + 1 - len(verdicts))
-                    supported = verdicts[cid]
+                    supported = verdicts.get(cid)
                     if supported is None:
-                        supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
+                        supported = self._ask_class(verdicts, cid, shape, sched, vpp, sp, sh)
                     # (the well-calibrated search's options leave out thin choices: choice_thin reads the sharding's
                     # ZeRO stage and offloads, which its class holds)
                     if supported and not (self.calibrated and self.choice_thin(shape, sched, vpp, sp, sh)):
@@ -357,14 +348,26 @@ class _Search:
             self._num_options[key] = n
         return n
 
-    def _class_verdicts(self, shape: Shape, sched: str, vpp: int, sp: bool) -> list[bool | None]:
-        """Whether every target runs each sharding class (by Space.choice_classes' number; None: not asked yet), for
-        the degrees as support_key_of reads them (> 1), the schedule and sequence parallelism."""
+    def _class_verdicts(self, shape: Shape, sched: str, vpp: int, sp: bool) -> dict[int, bool]:
+        """Whether every target runs each sharding class asked so far (by Space.choice_classes' number), for the
+        degrees as support_key_of reads them (> 1), the schedule and sequence parallelism (_ask_class fills it)."""
         vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sp)
         verdicts = self._class_support.get(vkey)
         if verdicts is None:
-            verdicts = self._class_support[vkey] = []
+            verdicts = self._class_support[vkey] = {}
         return verdicts
+
+    def _ask_class(self, verdicts: dict[int, bool], cid: int, shape: Shape, sched: str, vpp: int, sp: bool,
+                   sh: Sharding) -> bool:
+        """The targets' verdict on sharding class ``cid`` (``sh``, one of its choices), kept in ``verdicts``; the
+        first choice no target runs becomes the framework_unsupported example."""
+        supported = verdicts[cid] = self.choice_supported(shape, sched, vpp, sp, sh)
+        if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
+            layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
+            r = F.check_framework(self.problem, layout)
+            assert r is not None
+            self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+        return supported
 
     def pipeline_classes(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
         """The pipeline choices of ``pp`` grouped by what framework support depends on."""
