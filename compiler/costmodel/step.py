@@ -52,14 +52,13 @@ def precision_assumption(setup: Setup) -> str:
     """What the memory breakdown assumes of the weights, gradients and master copy, for the costed framework: the
     gradient dtypes and whether the master is the parameter come from its profile (compiler/targets/<name>/cost.py),
     so that the sentence cannot drift from the items."""
-    fw = setup.framework
-    if setup.recipe.name == "fp32":
+    fw, r = setup.framework, setup.recipe
+    if r.name == "fp32":  # (make_setup gives the recipe the master bytes of a ZeRO optimizer's fp32 partition)
         return ("fp32 training keeps 4 B weights and gradients, no master copy"
-                + (" but the ZeRO optimizer's fp32 partition" if fw.zero_fp32_partition_copy and setup.layout.zero_stage
-                   else "")
+                + (" but the ZeRO optimizer's fp32 partition" if r.master_bytes else "")
                 + ", and the optimizer states per parameter.")
     master = ("the sharded fp32 parameter as the master (no 16-bit copy at rest under ZeRO-3)"
-              if fw.master_is_param else "a 4 B fp32 master")
+              if fw.master_is_param else f"a {r.master_bytes} B fp32 master")
     return (f"Mixed precision keeps 16-bit weights, {master} and the optimizer states per parameter (ZeRO paper); "
             f"{fw.display_name} keeps {fw.grad_dtype} gradients and reduces them in {fw.grad_reduce_dtype}.")
 
