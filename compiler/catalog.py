@@ -34,8 +34,8 @@ GPUS_FILE = "gpus.yaml"
 MODELS_FILE = "models.yaml"
 RECIPES_FILE = "recipes.yaml"
 
-PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
-_REQUIRED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # fp8 is absent on Ampere
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
+_REQUIRED_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")  # fp8 is absent on Ampere, fp4 before Blackwell
 _PRECISION_ALIASES = {
     "bfloat16": "bf16",
     "float16": "fp16",
@@ -45,6 +45,7 @@ _PRECISION_ALIASES = {
     "float8": "fp8",
     "fp8_e4m3": "fp8",
     "fp8_hybrid": "fp8",
+    "nvfp4": "fp4",  # NVFP4 training (Transformer Engine NVFP4BlockScaling) runs its GEMMs on the FP4 tensor cores
 }
 _VENDORS = ("nvidia", "amd")
 _GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna3")
@@ -92,7 +93,7 @@ class GpuSpec:
     display_name: str
     vendor: str
     generation: str
-    peak_flops: Mapping[str, float]  # FLOP/s dense, by dtype: bf16, fp16, fp8, tf32, fp32
+    peak_flops: Mapping[str, float]  # FLOP/s dense, by dtype: bf16, fp16, fp8, fp4, tf32, fp32
     hbm_bytes: int
     hbm_bandwidth_bytes_per_s: float
     intra_node_link: str
@@ -115,11 +116,11 @@ class GpuSpec:
     def peak_flops_for(self, precision: str) -> float:
         """Dense peak FLOP/s for the matmuls of training in ``precision``.
 
-        ``bf16``/``fp16``/``fp8``/``tf32`` return that tensor-core rate. ``fp32`` training
+        ``bf16``/``fp16``/``fp8``/``fp4`` (``nvfp4``)/``tf32`` return that tensor-core rate. ``fp32`` training
         returns the TF32 tensor-core rate: PyTorch/Megatron/DeepSpeed run FP32 matmuls on
         TF32 tensor cores on every GPU in the catalog (``allow_tf32``); the plain CUDA-core
         FP32 rate stays available as ``peak_flops["fp32"]``. A precision the GPU lacks
-        (FP8 on Ampere) raises ``KeyError``; there is no silent fallback.
+        (FP8 on Ampere, FP4 before Blackwell) raises ``KeyError``; there is no silent fallback.
         """
         key = _PRECISION_ALIASES.get(precision.strip().lower(), precision.strip().lower())
         if key not in PRECISIONS:

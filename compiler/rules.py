@@ -63,7 +63,8 @@ OVER_DEADLINE = "over_deadline"
 
 CODES: Mapping[str, str] = {
     GPU_NOT_OFFERED: "the layout's GPU type (and GPUs per node) is not one of the spec's GPU options",
-    PRECISION_UNSUPPORTED: "the GPU has no tensor cores for the training precision (fp8 before Hopper/Ada)",
+    PRECISION_UNSUPPORTED: "the GPU has no tensor cores for the training precision (fp8 before Hopper/Ada, nvfp4 "
+                           "before Blackwell)",
     GPU_COUNT_NOT_ALLOWED: "tp x pp x cp x dp is not a GPU count the spec allows (whole nodes in range, or num_gpus)",
     TP_NOT_DIVISOR: "tp must divide the attention heads and the KV heads",
     TP_CROSS_NODE: "tp must not exceed the GPUs per node (unless search.allow_cross_node_tp)",
@@ -249,8 +250,13 @@ def _precision(f: Facts, k: Knobs) -> "Rejection | None":
     g = f.gpus.get(k.gpu) if k.gpu is not None else None
     if g is None or g.precision_problem is None:
         return None
-    return reject(PRECISION_UNSUPPORTED, "gpu", g.precision_problem, "train in bf16, or choose a GPU with fp8 tensor "
-                  "cores", gpu=k.gpu, precision=f.precision)
+    hint = f"train in bf16, or choose a GPU with {f.precision} tensor cores"
+    if f.precision == "nvfp4":
+        from compiler.catalog import load_catalog
+
+        fp4 = [name for name, spec in load_catalog().gpus.items() if "fp4" in spec.peak_flops]
+        hint = f"train in bf16 or fp8, or choose a GPU with fp4 tensor cores ({', '.join(fp4)})"
+    return reject(PRECISION_UNSUPPORTED, "gpu", g.precision_problem, hint, gpu=k.gpu, precision=f.precision)
 
 
 def _gpu_count(f: Facts, k: Knobs) -> "Rejection | None":

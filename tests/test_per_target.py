@@ -68,7 +68,7 @@ def test_the_megatron_renderer_emits_the_fp8_recipe_the_cost_model_costs(generat
                            num_gpus=8, targets=("megatron",))
     lay = Layout(gpu=gpu.name, gpus_per_node=8, tp=8, pp=1, cp=1, ep=1, dp_replicate=1, dp_shard=1, zero_stage=0,
                  micro_batch=1, grad_accum=8)
-    assert make_setup(problem, lay, option).fp8_recipe == recipe
+    assert make_setup(problem, lay, option).quant_recipe == recipe
 
 
 @pytest.mark.parametrize("precision, fused", [("bf16", True), ("fp8", True), ("fp16", False), ("fp32", False)])

@@ -86,6 +86,8 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "fp32_sgd": (dict(precision="fp32", optimizer="sgd"), dict(dp_replicate=8)),
     "fp8_hopper": (dict(precision="fp8"), dict(tp=2, dp_shard=4, zero_stage=1)),
     "fp8_blackwell": (dict(precision="fp8", gpu="b200"), dict(tp=2, dp_shard=4, zero_stage=1)),
+    "nvfp4_distopt": (dict(precision="nvfp4", gpu="gb300", num_gpus=8), dict(tp=2, dp_shard=4, zero_stage=1)),
+    "nvfp4_ddp": (dict(precision="nvfp4", gpu="b200"), dict(dp_replicate=8)),
     # model.init: Megatron starts from the converted checkpoint (--pretrained-checkpoint, convert_init.sh)
     "pretrained_init": (dict(preset="llama3-8b\n  init: /models/llama3-8b-hf"), dict(dp_shard=8, zero_stage=1)),
     "data": (dict(extra="data:\n  tokenizer: tok/tokenizer.json\n  datasets: [{path: data/my-corpus_text_document}]\n"),
@@ -194,6 +196,13 @@ def test_optimizer_precision_recompute(matrix: dict[str, Plan]) -> None:
     assert (value(h, "--fp8-format"), value(h, "--fp8-recipe")) == ("hybrid", "delayed") and "--bf16" in h
     b = megatron_args(matrix["fp8_blackwell"])
     assert (value(b, "--fp8-format"), value(b, "--fp8-recipe")) == ("e4m3", "mxfp8")
+    # nvfp4: TE's NVFP4BlockScaling through --fp4-format, the weights kept in NVFP4 under the distributed optimizer
+    # (as the cost model costs them: 1.125 B per parameter, no separate weight cache) but not under plain DDP
+    n4 = megatron_args(matrix["nvfp4_distopt"])
+    assert (value(n4, "--fp4-format"), value(n4, "--fp4-recipe")) == ("e2m1", "nvfp4") and "--bf16" in n4
+    assert "--fp4-param-gather" in n4 and not any(f.startswith("--fp8") for f in n4)
+    assert "--fp4-param-gather" not in megatron_args(matrix["nvfp4_ddp"])
+    assert any("Transformer Engine 2.8" in n for n in megatron_notes(matrix["nvfp4_ddp"]))
     off = megatron_args(matrix["offload_cpu"])
     assert {"--optimizer-cpu-offload", "--use-precision-aware-optimizer"} <= set(off)
     data = megatron_args(matrix["data"])

@@ -158,6 +158,10 @@ def mg_results(tmp_path_factory):
         {"path": str(flags_file), "world_size": 6, "name": "good_ws6"},
         {"flags": BASE_FLAGS + ["--no-such-flag"], "world_size": 8, "name": "unknown_flag"},
         {"flags": BASE_FLAGS + ["--hidden-size", "250"], "world_size": 8, "name": "bare_assert"},
+        # a Transformer Engine version this machine lacks is not checkable; what follows it still is
+        {"flags": BASE_FLAGS + ["--fp4-format", "e2m1", "--fp4-param-gather"], "world_size": 8, "name": "fp4"},
+        {"flags": BASE_FLAGS + ["--fp4-format", "e2m1", "--fp8-format", "e4m3"], "world_size": 8, "name": "fp4_fp8"},
+        {"flags": BASE_FLAGS + ["--fp4-format", "e2m1"], "world_size": 6, "name": "fp4_ws6"},
     ]
     return _run_batch("megatron_check.py", jobs, tmp)
 
@@ -196,8 +200,18 @@ def test_megatron_unknown_flag_and_bare_assert(mg_results):
                for e in errs), errs
 
 
+def test_megatron_te_version_is_not_checkable_but_the_rest_is(mg_results):
+    _, res, _ = _require(mg_results)
+    r = res["fp4"]
+    assert r["ok"], r
+    assert any(w.startswith("not checkable here: ValueError: --fp4-format requires Transformer Engine") for w in
+               r["warnings"]), r["warnings"]
+    assert any("cannot be used simultaneously" in e for e in res["fp4_fp8"]["errors"]), res["fp4_fp8"]
+    assert any("is not divisible by total_model_size" in e for e in res["fp4_ws6"]["errors"]), res["fp4_ws6"]
+
+
 def test_megatron_process_exit_code(mg_results):
     proc, results, elapsed = _require(mg_results)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert len(results) == 4
+    assert len(results) == 7
     print(f"megatron_check.py: 4 flag lists in {elapsed:.1f} s")

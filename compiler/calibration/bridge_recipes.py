@@ -77,7 +77,9 @@ def gpu_token(gpu_type: str) -> str:
 
 
 def precision_token(precision: str, fp8_recipe: str) -> str:
-    """The recipe names' precision: BF16, FP8_CS (per-tensor current scaling), FP8_MX, FP8_SC (blockwise)."""
+    """The recipe names' precision: BF16, FP8_CS (per-tensor current scaling), FP8_MX, FP8_SC (blockwise), NVFP4."""
+    if precision == "nvfp4":
+        return "NVFP4"
     if precision != "fp8":
         return "BF16"
     return {"mxfp8": "FP8_MX", "fp8_tensorwise_current": "FP8_CS", "fp8_blockwise": "FP8_SC"}.get(fp8_recipe, "")

@@ -169,6 +169,11 @@ def with_bridge_recipe(framework: CostProfile, row: dict, layout: Layout, precis
     full-iteration CUDA graphs, and the EP all-to-all overlapped with another micro-batch (as DualPipe)."""
     if framework.name != "megatron_bridge":
         return framework
+    if precision == "nvfp4" and framework.tp_overlap == "full":
+        framework = replace(framework, name=framework.name + "+nvfp4", tp_overlap="backward", source=framework.source + (
+            "; NVFP4 runs without Transformer Engine userbuffers: the NVFP4 performance recipes set tp_comm_overlap "
+            "False (Megatron-Bridge scripts/performance llama3_llm_pretrain.py: 'tp_comm_overlap = False if precision "
+            "== \"nvfp4\"'; perf_recipes/llama/gb200, gb300), so only Megatron's own backward overlap remains"))
     recipe = recipe_for(software_version=row.get("software_version") or "", model=row.get("model") or "",
                         gpu_type=row.get("gpu_type") or "", precision=precision, fp8_recipe=fp8_recipe,
                         num_gpus=layout.world_size, tp=layout.tp, pp=layout.pp, vp=layout.vpp, cp=layout.cp,
@@ -262,10 +267,12 @@ def power_limit_of(row: dict, spec: GpuSpec) -> float | None:
 
 
 def precision_of(row: dict) -> tuple[str, str]:
-    """(precision, fp8 recipe): bf16/fp16/fp32/fp8 and, for fp8, the scaling recipe ('' = framework default)."""
+    """(precision, fp8 recipe): bf16/fp16/fp32/fp8/nvfp4 and, for fp8, the scaling recipe ('' = framework default)."""
     text = _text(row, "precision")
     if "fp4" in text:
-        raise Skip("precision not modelled (fp4)")
+        if "nvfp4" not in text:
+            raise Skip("precision not modelled (fp4 other than NVFP4)")
+        return "nvfp4", ""
     if "fp8" in text or "float8" in text or "mxfp8" in text:
         gpu = _text(row, "gpu_type")
         if "block" in text or ("fp8-mx" in text and gpu.startswith("h")):
@@ -501,8 +508,10 @@ def parse_row(row: dict, catalog: Catalog | None = None) -> PublishedRun:
     shape = shape_of(row, catalog)
     measured, how = measured_tokens_per_s_per_gpu(row, shape)
     precision, recipe = precision_of(row)
-    if precision == "fp8" and "fp8" not in spec.peak_flops:
-        raise Skip("fp8 on a GPU without fp8 tensor cores")
+    try:
+        spec.peak_flops_for(precision)
+    except KeyError:
+        raise Skip(f"{precision} on a GPU without {precision} tensor cores") from None
     framework = framework_of(row)
     n = _int(row, "num_gpus") or 1
     gpn = _int(row, "gpus_per_node") or spec.default_gpus_per_node

@@ -155,7 +155,7 @@ def norm_input_bytes_per_token(hidden: int, act_bytes: int, impl: ActivationImpl
     return hidden * act_bytes + stats
 
 
-def gemm_input_bytes_per_token(width: int, act_bytes: int) -> float:
+def gemm_input_bytes_per_token(width: int, act_bytes: float) -> float:
     """A linear layer saves its input for the weight gradient."""
     return width * act_bytes
 
@@ -178,10 +178,10 @@ def attention_logsumexp_bytes_per_token(heads: int) -> float:
 
 
 def attention_output_bytes_per_token(w: AttentionWidths, act_bytes: int, impl: ActivationImpl,
-                                     gemm_bytes: int | None = None) -> float:
+                                     gemm_bytes: float | None = None) -> float:
     """The attention output, saved as the out-projection input (2sbh); some code keeps a copy, and fp8
     GEMMs keep their own fp8 copy of it for the weight gradient."""
-    out = w.out_width * act_bytes * (2 if impl.attention_output_copy else 1)
+    out: float = w.out_width * act_bytes * (2 if impl.attention_output_copy else 1)
     if gemm_bytes is not None and gemm_bytes != act_bytes:
         out += w.out_width * gemm_bytes
     return out
@@ -203,7 +203,7 @@ def moe_router_bytes_per_token(num_experts: int) -> float:
     return num_experts * FP32_BYTES
 
 
-def moe_dispatch_bytes_per_token(hidden: int, top_k: int, act_bytes: int, gemm_bytes: int | None = None) -> float:
+def moe_dispatch_bytes_per_token(hidden: int, top_k: int, act_bytes: int, gemm_bytes: float | None = None) -> float:
     """Each token is copied once per chosen expert: the expert fc1 input (fp8 under fp8 GEMMs), and the
     expert output kept by the weighted combine for the gradient of the routing weights."""
     return top_k * hidden * ((gemm_bytes or act_bytes) + act_bytes)
@@ -213,7 +213,7 @@ def moe_dispatch_bytes_per_token(hidden: int, top_k: int, act_bytes: int, gemm_b
 
 
 def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: ActivationImpl,
-                    gemm_bytes: int) -> list[Term]:
+                    gemm_bytes: float) -> list[Term]:
     w = attention_widths(shape)
     h = shape.hidden_size
     dropout = uses_dropout(shape)
@@ -234,7 +234,7 @@ def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: Activa
     return terms
 
 
-def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: int) -> list[Term]:
+def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: float) -> list[Term]:
     h, f = shape.hidden_size, shape.ffn_hidden_size
     terms = [
         Term("mlp_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
@@ -247,7 +247,7 @@ def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gem
     return terms
 
 
-def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: int) -> list[Term]:
+def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: float) -> list[Term]:
     assert shape.moe is not None
     m, h = shape.moe, shape.hidden_size
     terms = [
@@ -267,12 +267,18 @@ def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_
 
 
 FP8_GEMM_INPUT_BYTES = 1  # Transformer Engine saves the fp8-cast input of each fp8 GEMM for the weight gradient
+# NVFP4: Transformer Engine keeps only the column-wise (transposed, Hadamard-transformed) FP4 copy of a Linear's input
+# for the wgrad GEMM (transformer_engine/pytorch/module/linear.py: inputmat.update_usage(rowwise_usage=False,
+# columnwise_usage=True)): 4-bit values packed two per byte plus one E4M3 scale per 16 elements
+# (pytorch/tensor/nvfp4_tensor.py NVFP4Quantizer; Megatron-LM docs/api-guide/core/generalized_tensor_parallel.md:
+# "NVFP4 | 16 | 0.5000 | 1/16 = 0.0625 | 0.5625")
+NVFP4_GEMM_INPUT_BYTES = 0.5625
 
 
 def layer_terms(shape: ModelShape, *, moe_layer: bool, seq_kv: int, act_bytes: int,
-                impl: ActivationImpl = DEFAULT_IMPL, gemm_bytes: int | None = None) -> tuple[Term, ...]:
+                impl: ActivationImpl = DEFAULT_IMPL, gemm_bytes: float | None = None) -> tuple[Term, ...]:
     """All saved-tensor groups of one decoder layer. ``gemm_bytes``: bytes per saved GEMM input
-    (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; default: ``act_bytes``)."""
+    (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; 0.5625 under nvfp4; default: ``act_bytes``)."""
     gb = gemm_bytes or act_bytes
     mlp = moe_mlp_terms(shape, act_bytes, impl, gb) if moe_layer else dense_mlp_terms(shape, act_bytes, impl, gb)
     terms = attention_terms(shape, seq_kv, act_bytes, impl, gb) + mlp

@@ -200,7 +200,8 @@ def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setu
 
 
 def ep_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
-    """Forward: dispatch (in the expert GEMM input dtype: fp8 under fp8 recipes) + combine (bf16);
+    """Forward: dispatch (in the expert GEMM input dtype under fp8 recipes, bf16 under nvfp4: no FP4 dispatch is
+    modelled) + combine (bf16);
     backward: the two transposed all-to-alls of bf16 gradients (Megatron-Core MoE token dispatcher;
     Lepikhin et al. 2020, GShard)."""
     return setup.memo("ep_comm_time_per_moe_layer_s", lambda: _ep_comm_time_per_moe_layer_s(setup))

@@ -22,10 +22,10 @@ FLOP convention (dtc's; the Megatron-Bridge 25.09+ accounting):
 Time of one micro-batch on one GPU, per part (each with its source in physics.yaml):
 
 * GEMMs: FLOPs / (dense peak[dtype] x measured large-GEMM fraction of the kernel class and
-  dtype/fp8 recipe x fit.compute_scale x power factor) + a fixed time per kernel, or the memory
+  dtype/fp8 or nvfp4 recipe x fit.compute_scale x power factor) + a fixed time per kernel, or the memory
   roofline of its operands when longer. Backward = dgrad + wgrad = 2 x forward. MoE experts run
   as one grouped GEMM per projection (physics.yaml grouped_fraction) with balanced routing.
-* fp8 casts: every activation (forward) and output-gradient (backward) GEMM input is quantised,
+* fp8 / nvfp4 casts: every activation (forward) and output-gradient (backward) GEMM input is quantised,
   gemm.quantize_bytes_per_element[recipe] of HBM traffic per element.
 * Attention core: the kernel the framework asks for (cuDNN, FlashAttention-2/3), measured
   forward and backward rates against sequence length (per CP rank) and head dim; Megatron-LM
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compiler.costmodel.activations import attention_widths
-from compiler.costmodel.context import Setup
+from compiler.costmodel.context import GEMM_INPUT_BYTES, QUANTISED_GEMM_DTYPES, Setup
 from compiler.costmodel.memory import activation_bytes_per_layer_kind, fused_activation_bytes_per_layer
 from compiler.costmodel.stages import StageLayers, stage_params
 from compiler.model import ModelShape, ParamCount
@@ -109,7 +109,7 @@ class Gemm:
     n: float  # output columns on this GPU
     k: float  # reduction dimension on this GPU
     count: float  # how many such GEMMs (e.g. local experts)
-    dtype: str  # bf16 / fp16 / fp32 / fp8
+    dtype: str  # bf16 / fp16 / fp32 / fp8 / fp4
     grouped: bool = False  # one grouped kernel for all ``count`` GEMMs (MoE experts)
 
     @property
@@ -128,28 +128,31 @@ class Gemm:
 
 
 def gemm_kind(setup: Setup, dtype: str) -> str:
-    """The physics.yaml gemm.fraction key: the dtype, or the fp8 recipe family."""
-    if dtype != "fp8":
+    """The physics.yaml gemm.fraction key: the dtype, or the quantised GEMMs' recipe (its family for fp8)."""
+    if dtype not in QUANTISED_GEMM_DTYPES:
         return dtype
-    recipe = setup.fp8_recipe
+    recipe = setup.quant_recipe
     return "fp8_tensorwise" if recipe.startswith("fp8_tensorwise") else recipe
 
 
 def sustained_rate_ratio(part: GpuSpec, reference: GpuSpec, dtype: str, reference_dtype: str | None = None,
-                         *, dvfs_exponent: float) -> float:
+                         *, dvfs_exponent: float, headroom: float = 1.0) -> float:
     """A power-bound tensor-core kernel's sustained rate on ``part`` over its measured rate on ``reference``.
 
     Parts of one generation run the same tensor cores; under sustained load their clock is set by the board power
     (physics.yaml power.dvfs_exponent: rate ~ power^(1/3)), never above what their datasheet peak allows (fewer SMs, a
-    lower boost clock): min(peak ratio, (TDP ratio)^exponent). Across generations (a borrowed table) or without TDPs
-    (custom GPUs): the peak ratio."""
+    lower boost clock): min(peak ratio x headroom, (TDP ratio)^exponent). ``headroom``: how far below a tensor-core-
+    bound rate the reference kernel ran (the class's largest GEMM fraction over this kernel's, 1 for the kernel that
+    sets it): a kernel the tensor cores do not bound (NVFP4 at 0.38 of the B300's FP4 peak) is held back by what the
+    parts share (SMs, clocks, memory), not by a part's smaller FP4 peak. Across generations (a borrowed table) or
+    without TDPs (custom GPUs): the peak ratio."""
     peak = part.peak_flops_for(dtype) / reference.peak_flops_for(reference_dtype or dtype)
     if part.generation != reference.generation or not part.tdp_w or not reference.tdp_w:
         return peak
-    return min(peak, (part.tdp_w / reference.tdp_w) ** dvfs_exponent)
+    return min(peak * headroom, (part.tdp_w / reference.tdp_w) ** dvfs_exponent)
 
 
-def _gemm_peak(setup: Setup, dtype: str) -> float:
+def _gemm_peak(setup: Setup, dtype: str, fraction: float) -> float:
     """The peak the GEMM fraction applies to: this part's, or its sustained equivalent of the reference part's."""
     physics = setup.eff.physics
     reference = physics.gemm_reference.get(setup.kernel_class)
@@ -158,15 +161,16 @@ def _gemm_peak(setup: Setup, dtype: str) -> float:
     from compiler.catalog import load_catalog
 
     ref = load_catalog().gpus[reference]
+    headroom = max(physics.gemm_fraction[setup.kernel_class].values()) / fraction
     return ref.peak_flops_for(dtype) * sustained_rate_ratio(setup.gpu.spec, ref, dtype,
-                                                            dvfs_exponent=physics.dvfs_exponent)
+                                                            dvfs_exponent=physics.dvfs_exponent, headroom=headroom)
 
 
 def gemm_rate(setup: Setup, dtype: str) -> float:
     """Sustained FLOP/s of large GEMMs of this dtype on this GPU: the kernel benchmark's fraction of the dtype's peak,
     of this part's peak, or carried from the part it was measured on (physics.yaml gemm.reference)."""
     fraction = setup.eff.physics.gemm_fraction_for(setup.kernel_class, gemm_kind(setup, dtype))
-    rate = setup.memo(("gemm_peak", dtype), lambda: _gemm_peak(setup, dtype)) * fraction \
+    rate = setup.memo(("gemm_peak", dtype), lambda: _gemm_peak(setup, dtype, fraction)) * fraction \
         * setup.eff.fit("compute_scale") * setup.power_factor
     return rate * setup.eff.profile_scale("fp8_gemm_scale") if dtype == "fp8" else rate
 
@@ -176,7 +180,7 @@ def gemm_time_s(g: Gemm, setup: Setup) -> float:
     rate = gemm_rate(setup, g.dtype) * (setup.eff.physics.grouped_gemm_fraction
                                         * setup.eff.profile_scale("grouped_gemm_scale") if g.grouped else 1.0)
     compute = g.forward_flops / rate
-    in_bytes = 1 if g.dtype == "fp8" else (4 if g.dtype == "fp32" else 2)
+    in_bytes = GEMM_INPUT_BYTES.get(g.dtype) or (4 if g.dtype == "fp32" else 2)
     nbytes = ((g.m * g.k + g.k * g.n) * in_bytes + g.m * g.n * 2) * g.count
     memory = nbytes / setup.hbm_rate("fused")
     kernels = 1 if g.grouped else g.count
@@ -246,14 +250,14 @@ def logits_gemm(setup: Setup) -> Gemm:
 
 
 def fp8_cast_time_s(setup: Setup, gemms: list[Gemm]) -> tuple[float, float]:
-    """(forward, backward) HBM time of quantising the fp8 GEMMs' activation inputs and output gradients."""
-    fp8 = [g for g in gemms if g.dtype == "fp8"]
-    if not fp8:
+    """(forward, backward) HBM time of quantising the fp8 (or fp4) GEMMs' activation inputs and output gradients."""
+    quantised = [g for g in gemms if g.dtype in QUANTISED_GEMM_DTYPES]
+    if not quantised:
         return 0.0, 0.0
-    per_element = setup.eff.physics.quantize_bytes_per_element[setup.fp8_recipe]
+    per_element = setup.eff.physics.quantize_bytes_per_element[setup.quant_recipe]
     rate = setup.hbm_rate("fused")
-    return (sum(g.input_elements for g in fp8) * per_element / rate,
-            sum(g.output_elements for g in fp8) * per_element / rate)
+    return (sum(g.input_elements for g in quantised) * per_element / rate,
+            sum(g.output_elements for g in quantised) * per_element / rate)
 
 
 # --- attention core and memory-bound work --------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from compiler.costmodel.activations import IMPLS, ActivationImpl
+from compiler.costmodel.activations import FP8_GEMM_INPUT_BYTES, IMPLS, NVFP4_GEMM_INPUT_BYTES, ActivationImpl
 from compiler.costmodel.efficiency import Efficiency, efficiency_of
 from compiler.costmodel.frameworks import DEFAULT_TARGET, profile_of
 from compiler.costmodel.stages import StageLayers, stage_layers
@@ -25,12 +25,13 @@ class PrecisionRecipe:
     """Bytes per parameter (before sharding) and per activation element of a training precision."""
 
     name: str
-    weight_bytes: int  # the copy forward/backward read
+    weight_bytes: float  # the copy forward/backward read
     grad_bytes: int
     master_bytes: int  # fp32 master copy; 0 when the weights are already fp32
     activation_bytes: int
     gemm_dtype: str  # which peak the transformer GEMMs run at
     source: str
+    quantised_weights: bool = False  # the kept weights are the GEMMs' quantised copies (no separate cache)
 
 
 _ZERO = "Rajbhandari et al. 2020, ZeRO, sec. 3.1: mixed-precision Adam keeps 2+2+K bytes/param, K=12 (fp32 master, momentum, variance)"
@@ -43,7 +44,18 @@ RECIPES = {
         "Transformer Engine FP8 (NVIDIA TE docs, 'Using FP8'): bf16 weights + fp32 master as in bf16 mixed "
         "precision; GEMM inputs are cast to fp8 per use; activations kept in bf16, except the fp8 copy of each "
         "GEMM input TE saves for the weight gradient (compiler/costmodel/activations.py FP8_GEMM_INPUT_BYTES)"),
+    "nvfp4": PrecisionRecipe(
+        "nvfp4", 2, 2, 4, 2, "fp4",
+        "Transformer Engine NVFP4BlockScaling (TE docs, low_precision_training/nvfp4): E2M1 values with an E4M3 scale "
+        "per 16 elements and an fp32 scale per tensor; fprop, dgrad and wgrad GEMMs all in FP4 (random Hadamard "
+        "transform on the wgrad operands, stochastic rounding of gradients), attention and the output layer in bf16; "
+        "bf16 weights + fp32 master as in bf16 mixed precision (Megatron-Bridge bf16_with_nvfp4_mixed builds on "
+        "bf16_mixed); TE saves only the transposed FP4 copy of each GEMM input for the weight gradient "
+        "(compiler/costmodel/activations.py NVFP4_GEMM_INPUT_BYTES)"),
 }
+QUANTISED_GEMM_DTYPES = ("fp8", "fp4")  # GEMM inputs quantised per use (casts, cached weight copies)
+# bytes per element of a quantised GEMM operand (what a GEMM reads, and what Transformer Engine saves for backward)
+GEMM_INPUT_BYTES = {"fp8": float(FP8_GEMM_INPUT_BYTES), "fp4": NVFP4_GEMM_INPUT_BYTES}
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
 
@@ -58,7 +70,7 @@ class Setup:
     framework: CostProfile
     impl: ActivationImpl  # the framework's activation profile (which tensors autograd keeps)
     stages: tuple[StageLayers, ...]
-    fp8_recipe: str = ""  # the scaling recipe of fp8 GEMMs ("" unless precision is fp8)
+    quant_recipe: str = ""  # the scaling recipe of quantised GEMMs: fp8's, or "nvfp4"; "" for 16/32-bit GEMMs
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-layer quantities, computed once
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -144,6 +156,14 @@ def fp8_recipe_of(problem: Problem, framework: CostProfile, gpu: GpuOption) -> s
     return problem.fp8_recipe or framework.fp8_recipe_on(gpu.spec.generation)
 
 
+def quant_recipe_of(problem: Problem, framework: CostProfile, gpu: GpuOption) -> str:
+    """The scaling recipe of the quantised GEMMs (physics.yaml gemm.fraction / quantize_bytes_per_element key): the
+    fp8 recipe, "nvfp4" under nvfp4, "" for 16/32-bit GEMMs."""
+    if RECIPES[problem.precision].gemm_dtype == "fp4":
+        return "nvfp4"
+    return fp8_recipe_of(problem, framework, gpu)
+
+
 def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str | CostProfile = DEFAULT_TARGET,
                eff: Efficiency | None = None, stages: tuple[StageLayers, ...] | None = None) -> Setup:
     """``target``: a dtc target name or a cost profile; ``stages``: the layout's stages when the caller already
@@ -153,11 +173,15 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
     recipe = RECIPES[problem.precision]
     if framework.zero_fp32_partition_copy and recipe.master_bytes == 0 and layout.zero_stage >= 1:
         recipe = replace(recipe, master_bytes=4)  # the ZeRO optimizer's fp32 partition (targets/cost.py)
-    fp8 = fp8_recipe_of(problem, framework, gpu)
+    if recipe.gemm_dtype == "fp4" and framework.fp4_param_gather and layout.zero_stage >= 1:
+        # --fp4-param-gather: the weights are NVFP4 tensors, row- and column-wise (Megatron-Bridge's
+        # bf16_with_nvfp4_mixed sets fp4_param_gather, megatron/bridge/training/mixed_precision.py)
+        recipe = replace(recipe, weight_bytes=2 * NVFP4_GEMM_INPUT_BYTES, quantised_weights=True)
+    quant = quant_recipe_of(problem, framework, gpu)
     if stages is None:
         stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)
     impl = IMPLS[framework.activations]
     if framework.fused_norm:  # a fused norm kernel keeps no fp32 copies (targets/cost.py)
         impl = replace(impl, name=impl.name + "+fused_norm", rmsnorm_fp32_copies=0)
     return Setup(problem=problem, layout=layout, gpu=gpu, eff=eff, recipe=recipe, framework=framework,
-                 impl=impl, stages=stages, fp8_recipe=fp8)
+                 impl=impl, stages=stages, quant_recipe=quant)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from compiler.costmodel import activations as act
-from compiler.costmodel.context import OPTIMIZER_SOURCE, Setup
+from compiler.costmodel.context import GEMM_INPUT_BYTES, OPTIMIZER_SOURCE, Setup
 from compiler.costmodel.pp_schedule import inflight_microbatches
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import LineItem, MemoryBreakdown
@@ -46,7 +46,7 @@ def params_after_sharding(sp: StageParams, layout: Layout, sharded: bool) -> flo
 # --- model states (bytes per GPU) ---------------------------------------------------------------------
 
 
-def zero_model_state_bytes_per_gpu(num_params: float, *, zero_stage: int, num_shards: int, weight_bytes: int = 2,
+def zero_model_state_bytes_per_gpu(num_params: float, *, zero_stage: int, num_shards: int, weight_bytes: float = 2,
                                    grad_bytes: int = 2, optimizer_bytes: int = 12) -> float:
     """The ZeRO paper's per-device model states (sec. 3.1 / Fig. 1): 2P + 2P + KP, K = 12, divided by
     Nd for what the stage partitions (P_os: optimizer states, P_g: + gradients, P_p: + parameters)."""
@@ -57,7 +57,7 @@ def zero_model_state_bytes_per_gpu(num_params: float, *, zero_stage: int, num_sh
     return w + g + o
 
 
-def weight_bytes_per_gpu(sp: StageParams, layout: Layout, weight_bytes: int) -> float:
+def weight_bytes_per_gpu(sp: StageParams, layout: Layout, weight_bytes: float) -> float:
     if layout.offload_params != "none":
         return 0.0
     return weight_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 3)
@@ -86,7 +86,7 @@ def optimizer_state_bytes_per_gpu(sp: StageParams, layout: Layout, state_bytes: 
     return state_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 1)
 
 
-def persistent_weight_bytes(setup: Setup, sharding: Layout) -> int:
+def persistent_weight_bytes(setup: Setup, sharding: Layout) -> float:
     """Bytes per parameter of the 16-bit weight copy a GPU keeps between uses: none when the framework's fp32
     master is the sharded parameter itself and ZeRO-3 shards it (FSDP: the 16-bit weights exist only while a
     unit is gathered, zero3_gathered_params), else the precision's weight bytes."""
@@ -107,7 +107,7 @@ def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -
 
 
 def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
-                            weight_bytes: int, grad_bytes: int = 0) -> float:
+                            weight_bytes: float, grad_bytes: int = 0) -> float:
     """Host (CPU or NVMe) bytes of one GPU's offloaded shard (``grad_bytes``: per parameter, when the target
     keeps its accumulated gradients there)."""
     out = grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
@@ -123,14 +123,14 @@ def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, 
 
 @functools.lru_cache(maxsize=4096)
 def layer_terms_cached(shape: ModelShape, moe_layer: bool, seq_kv: int, act_bytes: int,
-                       impl: act.ActivationImpl, gemm_bytes: int) -> tuple[act.Term, ...]:
+                       impl: act.ActivationImpl, gemm_bytes: float) -> tuple[act.Term, ...]:
     return act.layer_terms(shape, moe_layer=moe_layer, seq_kv=seq_kv, act_bytes=act_bytes, impl=impl,
                            gemm_bytes=gemm_bytes)
 
 
 def setup_layer_terms(setup: Setup, moe_layer: bool, impl: act.ActivationImpl | None = None) -> tuple[act.Term, ...]:
     r = setup.recipe
-    gemm_bytes = act.FP8_GEMM_INPUT_BYTES if r.gemm_dtype == "fp8" else r.activation_bytes
+    gemm_bytes = GEMM_INPUT_BYTES.get(r.gemm_dtype, r.activation_bytes)
     return layer_terms_cached(setup.shape, moe_layer, setup.seq_len // setup.layout.cp, r.activation_bytes,
                               impl or setup.impl, gemm_bytes)
 
@@ -252,12 +252,18 @@ def dp_bucket_bytes(setup: Setup, sp: StageParams) -> float:
     return min(eff.deepspeed_bucket_elements, sp.total) * setup.grad_bytes
 
 
+# the cached quantised weight and its transpose: two copies
+WEIGHT_CACHE_BYTES = {dt: 2 * b for dt, b in GEMM_INPUT_BYTES.items()}
+
+
 def fp8_weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
-    """Transformer Engine caches the fp8 copy and its transpose of each layer weight across the
-    micro-batches of a step (TE docs: is_first_microbatch): 2 bytes per local layer parameter."""
-    if setup.recipe.name != "fp8":
+    """Transformer Engine caches the quantised copy and its transpose of each layer weight across the
+    micro-batches of a step (TE docs: is_first_microbatch): 2 bytes per local layer parameter under fp8,
+    2 x 0.5625 under nvfp4 (E2M1 packed two per byte + an E4M3 scale per 16 elements)."""
+    per_param = WEIGHT_CACHE_BYTES.get(setup.recipe.gemm_dtype)
+    if per_param is None or setup.recipe.quantised_weights:
         return 0.0
-    return 2.0 * (sp.total - sp.embedding) / (dense_shard_degree(setup.layout) if setup.layout.zero_stage >= 3 else 1)
+    return per_param * (sp.total - sp.embedding) / (dense_shard_degree(setup.layout) if setup.layout.zero_stage >= 3 else 1)
 
 
 def num_process_groups(layout: Layout) -> int:
@@ -301,9 +307,10 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
                  f"{shard_txt(lay.zero_stage >= 1)}" + (" (offloaded)" if lay.offload_optimizer != "none" else ""),
                  OPTIMIZER_SOURCE),
     ]
-    if r.name == "fp8":
-        items.append(LineItem("fp8_weight_cache", fp8_weight_cache_bytes(setup, sp),
-                              "2 B (fp8 weight + transpose) x local layer params", r.source))
+    if r.gemm_dtype in WEIGHT_CACHE_BYTES and not r.quantised_weights:
+        dt = r.gemm_dtype
+        items.append(LineItem(f"{dt}_weight_cache", fp8_weight_cache_bytes(setup, sp),
+                              f"{WEIGHT_CACHE_BYTES[dt]:g} B ({dt} weight + transpose) x local layer params", r.source))
     inflight = inflight_for_stage(setup, sl.stage)
     per_mb = stage_activation_bytes_per_microbatch(setup, sl)
     items.append(LineItem(

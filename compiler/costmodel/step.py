@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pp_schedule
 from compiler.costmodel.bands import band_for
-from compiler.costmodel.context import Setup
+from compiler.costmodel.context import QUANTISED_GEMM_DTYPES, Setup
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
@@ -33,7 +33,7 @@ from compiler.units import format_seconds
 ASSUMPTIONS = (
     "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
     "forward (2 x heads x (d_qk + d_v) x s/2 per layer); hardware adds the recomputed forward.",
-    "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 runs (fp32 runs: TF32 peak).",
+    "MFU and HFU are against the dense 16-bit (bf16) peak, also for fp8 and nvfp4 runs (fp32 runs: TF32 peak).",
     "ZeRO/FSDP shard over dp_shard x cp; experts over dp_shard x cp / ep; ZeRO-2/3 reduce-scatter after every "
     "micro-batch on their own streams (what exceeds the step's busy time shows), ZeRO-0/1 once per step.",
     "Rank order tp-cp-ep-dp-pp (Megatron); a group inside the NVLink domain uses NVLink, else the network.",
@@ -146,11 +146,11 @@ def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
 
 
 def fp8_weight_cast_time_s(setup: Setup, sp: StageParams) -> float:
-    """fp8 recipes quantise each layer weight once per step (Transformer Engine caches the fp8 weight and its
-    transpose across micro-batches, is_first_microbatch)."""
-    if setup.recipe.gemm_dtype != "fp8":
+    """fp8 and nvfp4 recipes quantise each layer weight once per step (Transformer Engine caches the quantised weight
+    and its transpose across micro-batches, is_first_microbatch)."""
+    if setup.recipe.gemm_dtype not in QUANTISED_GEMM_DTYPES:
         return 0.0
-    per_element = setup.eff.physics.quantize_bytes_per_element[setup.fp8_recipe]
+    per_element = setup.eff.physics.quantize_bytes_per_element[setup.quant_recipe]
     return (sp.total - sp.embedding) * per_element / setup.hbm_rate("fused")
 
 
@@ -320,7 +320,8 @@ def _time_items(setup: Setup, st: StageTime, makespan: float, makespan_no_p2p: f
     if opt:
         items.append(LineItem("optimizer_step", opt, f"{optimizer_bytes_touched_per_param(setup):g} B per local "
                                                      "parameter / (HBM bandwidth x fraction)"
-                              + (" + fp8 weight casts" if setup.recipe.gemm_dtype == "fp8" else ""),
+                              + (f" + {dt} weight casts" if (dt := setup.recipe.gemm_dtype) in QUANTISED_GEMM_DTYPES
+                                 else ""),
                               "compiler/data/physics.yaml memory_bound.fraction.fused"))
     if offload:
         items.append(LineItem("offload", offload, offload_txt,
@@ -392,5 +393,5 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
         band=band_for(framework=setup.framework.name, gpu_generation=setup.gpu.spec.kernel_family,
-                      precision=problem.precision, fp8_recipe=setup.fp8_recipe, layout=lay, profile=problem.profile),
+                      precision=problem.precision, fp8_recipe=setup.quant_recipe, layout=lay, profile=problem.profile),
     )

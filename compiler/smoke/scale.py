@@ -313,9 +313,9 @@ def _shape_changes(plan_shape: ModelShape, small: ModelShape) -> list[Change]:
 
 # ------------------------------------------------------------------------------------------- precision
 def smoke_precision(precision: str, device: str) -> tuple[str, Change | None]:
-    if precision == "fp8":
-        return "bf16", Change("precision", "fp8", "bf16", "the built-in reference models have no fp8 "
-                                                         "(Transformer Engine) path")
+    if precision in ("fp8", "nvfp4"):
+        return "bf16", Change("precision", precision, "bf16", f"the built-in reference models have no {precision} "
+                                                              "(Transformer Engine) path")
     if precision == "fp16" and device != "cuda":
         return "bf16", Change("precision", "fp16", "bf16", "fp16 is not supported on CPU (DeepSpeed: 'Type fp16 "
                                                            "is not supported on your device')")

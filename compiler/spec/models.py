@@ -240,8 +240,9 @@ class TrainingSpec(_Strict):
         0.0, ge=0.0, le=0.5,
         description="Allowed relative deviation of the global batch (in sequences; for a token batch, of the count "
                     "dtc chose), so the solver may round it to fit a layout (0: exact).")
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = Field(
-        "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), or fp32.")
+    precision: Literal["bf16", "fp16", "fp8", "nvfp4", "fp32"] = Field(
+        "bf16", description="Training precision: bf16/fp16 mixed precision with fp32 master weights, fp8 (Transformer Engine, bf16 elsewhere), "
+                            "nvfp4 (Transformer Engine NVFP4 GEMMs on Blackwell, Megatron only; bf16 elsewhere), or fp32.")
     optimizer: Literal["adamw", "adam", "sgd"] = Field("adamw", description="Optimizer (adam/adamw keep two fp32 states, sgd one momentum).")
     learning_rate: Annotated[float, Field(gt=0, le=10)] | None = Field(
         None, description="Peak learning rate; default: the published recipe for the model's size "

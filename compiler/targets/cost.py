@@ -65,6 +65,9 @@ class CostProfile:
     # for the host (token counts stay on the device: moe_paged_stash, padded expert buffers), so no layer is
     # launch-bound. "none": kernels launched one by one (partial TE graphs of a few modules are not modelled)
     cuda_graphs: Literal["none", "full_iteration"] = "none"
+    # nvfp4 under a distributed optimizer or FSDP: the compute weights are NVFP4 tensors (row- and column-wise copies,
+    # no 16-bit copy) all-gathered in NVFP4 (Megatron-LM --fp4-param-gather, which the renderer then emits)
+    fp4_param_gather: bool = False
     optimizer_state_bytes: int = 0  # bytes of optimizer state per parameter; 0: the optimizer's fp32 default
     # the optimizer's fp32 master copy is the (sharded) parameter itself and the 16-bit weights exist only
     # unsharded for compute (FSDP2 with MixedPrecisionPolicy): no persistent 16-bit copy of a sharded weight

@@ -73,7 +73,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 477
+  --save-interval 478
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

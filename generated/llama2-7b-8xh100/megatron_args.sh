@@ -69,7 +69,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1773
+  --save-interval 1783
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -77,7 +77,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 47
+  --save-interval 48
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker

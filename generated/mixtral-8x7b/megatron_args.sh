@@ -78,7 +78,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2108
+  --save-interval 2121
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker

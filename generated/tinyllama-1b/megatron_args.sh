@@ -71,7 +71,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2875
+  --save-interval 2894
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

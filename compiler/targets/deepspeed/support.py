@@ -30,8 +30,9 @@ def _ds_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
 
 
 def _ds_fp8(k: "Knobs", precision: str) -> tuple[str, str] | None:
-    if precision == "fp8":
-        return "precision", "fp8 training needs Transformer Engine, which the DeepSpeed engine config does not drive"
+    if precision in ("fp8", "nvfp4"):
+        return "precision", (f"{precision} training needs Transformer Engine, which the DeepSpeed engine config does "
+                             "not drive")
     return None
 
 

@@ -30,6 +30,8 @@ def _fsdp_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
 def _fsdp_fp8(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if precision == "fp8":
         return "precision", "fp8 training (torchao float8) is not rendered for FSDP2"
+    if precision == "nvfp4":
+        return "precision", "nvfp4 training (Transformer Engine NVFP4BlockScaling) is not rendered for FSDP2"
     return None
 
 

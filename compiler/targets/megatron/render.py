@@ -329,6 +329,13 @@ def _precision(plan: Plan) -> list[list[str]]:
         assert recipe == "fp8_tensorwise_delayed", recipe
         return [["--bf16"], _f("--fp8-format", "hybrid"), _f("--fp8-recipe", "delayed"),
                 _f("--fp8-amax-history-len", FP8_AMAX_HISTORY_LEN), _f("--fp8-amax-compute-algo", "max")]
+    if p == "nvfp4":
+        # all three GEMMs of every layer's linear layers in NVFP4 through Transformer Engine (NVFP4BlockScaling), bf16
+        # elsewhere; no layer kept in bf16 (Megatron-Bridge's bf16_with_nvfp4_mixed for Llama 3 70B / 405B), as costed
+        out = [["--bf16"], _f("--fp4-format", "e2m1"), _f("--fp4-recipe", "nvfp4")]
+        if COST.fp4_param_gather and plan.layout.zero_stage >= 1:  # weights kept and gathered in NVFP4 (costed)
+            out.append(["--fp4-param-gather"])
+        return out
     return []  # fp32
 
 
@@ -432,6 +439,12 @@ def megatron_notes(plan: Plan) -> list[str]:
             notes.append(f"Megatron-LM splits the layers {split_phrase(split)}.")
     if plan.training.optimizer == "adam":
         notes.append("Megatron-LM's adam optimizer applies decoupled weight decay (AdamW).")
+    if plan.training.precision == "nvfp4":
+        # megatron-core 0.19.2 training/arguments.py validate_args: "--fp4-format requires Transformer Engine >=
+        # 2.7.0.dev0 for NVFP4BlockScaling support"; the first Transformer Engine release with the recipe is v2.8
+        # (transformer_engine/common/recipe/__init__.py NVFP4BlockScaling); TE docs nvfp4.rst: training on SM 10.0, 10.3
+        notes.append("nvfp4 needs Transformer Engine 2.8 or later (NVFP4BlockScaling) and a Blackwell data-center GPU "
+                     "(SM 10.0 / 10.3); Megatron-LM keeps attention and the output layer in bf16.")
     return notes
 
 

@@ -73,7 +73,8 @@ CPU_FLAGS: tuple[tuple[str, str | None, str], ...] = (
     ("--no-rope-fusion", None, "fused RoPE is a Transformer Engine / CUDA kernel"),
     ("--no-persist-layer-norm", None, "persistent layer norm is an apex CUDA kernel"),
 )
-FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather")
+FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
+             "--fp4-format", "--fp4-recipe")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
 UNEVEN_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
@@ -245,8 +246,9 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
     fp8 = [f for f in FP8_FLAGS if f in vals]
     if fp8:
         drop.update(fp8)
-        out.skipped.append(Change("fp8", shown(fp8), "(bf16 GEMMs)",
-                                  "skipped on CPU: fp8 GEMMs are Transformer Engine CUDA kernels"))
+        low = "nvfp4" if "--fp4-format" in vals else "fp8"
+        out.skipped.append(Change(low, shown(fp8), "(bf16 GEMMs)",
+                                  f"skipped on CPU: {low} GEMMs are Transformer Engine CUDA kernels"))
     if "--use-megatron-fsdp" in vals:
         fsdp = [f for f in FSDP_FLAGS if f in vals]
         drop.update(fsdp)

@@ -95,9 +95,21 @@ def test_fp8_recipes(precision, gpu, recipe):
     assert R.precision_of(row(precision=precision, gpu_type=gpu)) == ("fp8", recipe)
 
 
-def test_fp4_is_skipped_with_a_reason():
-    with pytest.raises(R.Skip, match="fp4"):
-        R.precision_of(row(precision="NVFP4"))
+def test_nvfp4_is_read_and_other_fp4_skipped_with_a_reason():
+    assert R.precision_of(row(precision="NVFP4")) == ("nvfp4", "")
+    with pytest.raises(R.Skip, match="fp4 other than NVFP4"):
+        R.precision_of(row(precision="MXFP4"))
+
+
+def test_bridge_nvfp4_runs_without_userbuffers():
+    """Megatron-Bridge's NVFP4 recipes set tp_comm_overlap False: only Megatron's backward TP overlap remains."""
+    bridge = R.framework_of(row(software_version="NeMo 26.04 container (Megatron-Bridge + Megatron-Core)"))
+    assert bridge.tp_overlap == "full"
+    lay = R.layout_of(row(tp="4", pp="1", dp="2", num_gpus="8", micro_batch_size="1", global_batch_size="8"),
+                      R.load_catalog().gpus["gb300"], bridge, "none")
+    nv = R.with_bridge_recipe(bridge, row(), lay, "nvfp4", "")
+    assert nv.tp_overlap == "backward" and "tp_comm_overlap False" in nv.source
+    assert R.with_bridge_recipe(bridge, row(), lay, "fp8", "mxfp8").tp_overlap == "full"
 
 
 @pytest.mark.parametrize("fields,framework", [
@@ -240,3 +252,10 @@ def test_the_loss_is_costed_by_the_cross_entropy_each_framework_runs():
     assert times["megatron_fp32"] == pytest.approx((logits * 38 / rate, logits * 14 / rate))
     assert times["fused"] == pytest.approx((logits * 6 / rate, logits * 4 / rate))
     assert sum(times["fused"]) < sum(times["megatron_native"]) < sum(times["torch_fp32"]) < sum(times["megatron_fp32"])
+
+
+def test_nvfp4_on_a_gpu_without_fp4_tensor_cores_is_skipped():
+    with pytest.raises(R.Skip, match="nvfp4 on a GPU without nvfp4 tensor cores"):
+        R.parse_row(row(precision="NVFP4", gpu_type="H100-SXM-80GB"))
+    run = R.parse_row(row(precision="NVFP4", gpu_type="GB300 (NVL72)", gpus_per_node="4"))
+    assert run.problem.precision == "nvfp4"

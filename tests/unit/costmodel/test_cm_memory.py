@@ -171,3 +171,33 @@ def test_fp8_on_ampere_is_rejected(problem_factory, layout_factory):
     p = problem_factory("llama3-8b", gpu="[h100-sxm, a100-80gb]", precision="fp8", extra="targets: [megatron]\n")
     lay = layout_factory(p, dp_replicate=8).with_(gpu="a100-80gb")
     assert evaluate(p, lay).code == "precision_unsupported"
+
+
+def test_nvfp4_memory_lines(problem_factory, layout_factory):
+    """nvfp4 (Transformer Engine NVFP4BlockScaling): each GEMM input saved as its transposed FP4 copy, 0.5625 B per
+    element against fp8's 1 B; under the distributed optimizer the weights are NVFP4 tensors (--fp4-param-gather:
+    row- and column-wise, 1.125 B per parameter) and no separate quantised weight cache is kept; under DDP the bf16
+    weights stay and TE caches their NVFP4 copy and transpose (1.125 B)."""
+    kw = dict(gpu="gb300", extra="targets: [megatron]\n")
+    fp8, fp4 = problem_factory("llama3-8b", precision="fp8", **kw), problem_factory("llama3-8b", precision="nvfp4", **kw)
+    distopt = dict(tp=2, dp_shard=4, zero_stage=1)
+    e8, e4 = evaluate(fp8, layout_factory(fp8, **distopt)), evaluate(fp4, layout_factory(fp4, **distopt))
+    assert isinstance(e8, Estimate) and isinstance(e4, Estimate)
+    assert e4.memory.item("activations").value < e8.memory.item("activations").value
+    assert e4.memory.item("weights").value == pytest.approx(e8.memory.item("weights").value * 1.125 / 2)
+    assert e4.memory.item("weights").formula.startswith("1.125 B x")
+    assert "fp4_weight_cache" not in {i.name for i in e4.memory.items}
+    assert e8.memory.item("fp8_weight_cache").value > 0
+    ddp = evaluate(fp4, layout_factory(fp4, dp_replicate=8))
+    assert isinstance(ddp, Estimate)
+    assert ddp.memory.item("weights").formula.startswith("2 B x")
+    assert ddp.memory.item("fp4_weight_cache").formula.startswith("1.125 B (fp4 weight + transpose)")
+
+
+def test_nvfp4_needs_fp4_tensor_cores(problem_factory):
+    from compiler.errors import SpecError
+
+    with pytest.raises(SpecError) as exc:
+        problem_factory("llama3-8b", gpu="h100-sxm", precision="nvfp4", extra="targets: [megatron]\n")
+    (d,) = exc.value.diagnostics
+    assert d.code == "precision_unsupported" and "gb300" in d.hint and "no fp4 tensor cores" in d.summary

@@ -228,6 +228,31 @@ def test_a_gemm_benchmark_carries_to_another_part_of_its_generation_by_board_pow
     assert sustained_rate_ratio(replace(gpus["gb300"], tdp_w=0.0), b300, "bf16", dvfs_exponent=e) == pytest.approx(2.5 / 2.25)
 
 
+def test_nvfp4_gemms_are_not_capped_by_a_smaller_fp4_peak(problem_factory, layout_factory):
+    """NVFP4 runs at 0.377 of the B300's 13.5 PF FP4 peak, far below the 0.67 its tensor cores sustain in BF16: a
+    GB200 (10 PF dense FP4) reaches the B300's NVFP4 rate x its power ratio, and it beats MXFP8 (TE GEMM profiling
+    tutorial on B300: 3.764 against 7.161 ms per layer, pre-quantised)."""
+    from compiler.catalog import load_catalog
+    from compiler.costmodel.compute import gemm_rate
+    from compiler.costmodel.context import make_setup
+
+    b300 = load_catalog().gpus["b300"]
+    rates = {}
+    for gpu in ("gb200", "gb300", "b300"):
+        for precision in ("fp8", "nvfp4"):
+            p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", gpu=gpu, precision=precision,
+                                extra="targets: [megatron]\n")
+            lay = layout_factory(p, dp_replicate=8)
+            setup = make_setup(p, lay, p.gpu_options[0])
+            dtype = setup.recipe.gemm_dtype
+            rates[gpu, precision] = gemm_rate(setup, dtype) / setup.eff.fit("compute_scale")
+    assert rates["b300", "nvfp4"] == pytest.approx(0.377 * b300.peak_flops_for("fp4"))
+    assert rates["gb200", "nvfp4"] / rates["b300", "nvfp4"] == pytest.approx((1200 / 1100) ** 0.333, rel=1e-3)
+    assert rates["b300", "nvfp4"] / rates["b300", "fp8"] == pytest.approx(0.377 * 13.5 / (0.595 * 4.5), rel=1e-3)
+    for gpu in ("gb200", "gb300"):
+        assert rates[gpu, "nvfp4"] > 1.7 * rates[gpu, "fp8"]
+
+
 def test_gb300_gemms_outrun_gb200s_at_the_same_datasheet_peak(problem_factory, layout_factory):
     """GB200 and GB300 print the same dense FP8 peak; the GB300's 1,400 W against 1,200 W sustains a faster clock."""
     from compiler.costmodel.compute import gemm_rate

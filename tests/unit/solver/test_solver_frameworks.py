@@ -46,6 +46,8 @@ def test_deepspeed_runs() -> None:
                dict(zero_stage=0, dp_shard=1, dp_replicate=8)):
         assert reason("deepspeed", **kw) is None, kw
     assert "fp8" in reason("deepspeed", precision="fp8")
+    assert "nvfp4" in reason("deepspeed", precision="nvfp4") and "nvfp4" in reason("fsdp", precision="nvfp4")
+    assert reason("megatron", precision="nvfp4") is None
 
 
 @pytest.mark.parametrize("kw,ok", [
