@@ -38,7 +38,7 @@ training:
   global_batch: {gbs}
   precision: {precision}
 cluster:
-  gpu: a100-80gb
+  gpu: {gpu}
   num_gpus: {num_gpus}
 targets: [{targets}]
 slurm:
@@ -58,14 +58,14 @@ def free_port() -> int:
 
 
 def make_plan(name: str = "smoke-test", *, precision: str = "bf16", targets: str = "fsdp, deepspeed, slurm",
-              gbs: int = 32, **layout: Any):
+              gbs: int = 32, gpu: str = "a100-80gb", **layout: Any):
     """A Plan for a pinned layout, costed by the real cost model (tests/plan_fixtures.py)."""
     from plan_fixtures import layout_for, plan_for, problem_for
 
     dp = layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
     world = dp * layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
     problem = problem_for(SPEC.format(name=name, precision=precision, num_gpus=world, gbs=gbs, targets=targets,
-                                      port=free_port()))
+                                      port=free_port(), gpu=gpu))
     return plan_for(problem, layout_for(problem, **layout))
 
 

@@ -73,6 +73,13 @@ def test_cpu_parts_are_skipped_not_dropped():
                                  dataclasses.replace(setup, device="cuda", backend="nccl"), plan.layout)
     assert not on_gpu.skipped and "--use-megatron-fsdp" in _flags(on_gpu.args)
     assert "--transformer-impl" not in _flags(on_gpu.args)
+    # nvfp4: its three flags go together (megatron-core refuses --fp4-param-gather without --fp4-format)
+    nv = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--bf16", "--fp4-format", "e2m1",
+          "--fp4-recipe", "nvfp4", "--fp4-param-gather", "--num-layers", "8"]
+    run = megatron_smoke_args(nv, {}, setup, plan.layout)
+    (part,) = [c for c in run.skipped if c.what == "nvfp4"]
+    assert "nvfp4 GEMMs are Transformer Engine CUDA kernels" in part.why
+    assert not {"--fp4-format", "--fp4-recipe", "--fp4-param-gather"} & set(_flags(run.args))
 
 
 def test_parse_megatron_log():
@@ -249,6 +256,19 @@ def test_pp2_vpp2_interleaved(gen, tmp_path):
     t = _run(folder, tmp_path)
     _passed(t, ranks=2)
     assert "--num-virtual-stages-per-pipeline-rank 2" in t.command
+
+
+@pytest.mark.slow
+def test_nvfp4_plan_runs_in_bf16_on_cpu(gen, tmp_path):
+    """An nvfp4 plan (B200, distributed optimizer): its unscaled arguments pass megatron-core's validate_args at the
+    plan's world size but for the Transformer Engine version this machine lacks, and it trains with its FP4 flags
+    listed as a skipped part (NVFP4 GEMMs are TE CUDA kernels)."""
+    folder = make_generated(gen, "mg-nvfp4", targets="megatron, slurm", gbs=8, gpu="b200", precision="nvfp4",
+                            dp_shard=2, zero_stage=1, micro_batch=1)
+    t = _run(folder, tmp_path)
+    _passed(t, ranks=2)
+    assert [c["what"] for c in t.changes if c["what"] == "skipped part: nvfp4"] == ["skipped part: nvfp4"]
+    assert "--fp4-format" not in t.command
 
 
 @pytest.mark.slow

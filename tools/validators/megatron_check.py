@@ -53,7 +53,6 @@ import importlib.util
 import io
 import json
 import os
-import re
 import shlex
 import sys
 import traceback
@@ -165,9 +164,6 @@ def _describe(m, e: BaseException) -> str:
         return f"{src or 'assert (no message)'} ({loc[2]}:{loc[1]})"
     head = msg if isinstance(e, AssertionError) else f"{type(e).__name__}: {msg}"
     return f"{head} ({loc[2]}:{loc[1]})" if loc else head
-
-
-_TE_VERSION_ERR = re.compile(r"requires transformer engine >= ?[0-9]", re.IGNORECASE)
 
 
 def _is_env_error(text: str) -> bool:
@@ -291,8 +287,10 @@ def validate_megatron_flags_full(flags: list[str], world_size: int, *, env: Mapp
             printed = [ln for ln in out.getvalue().splitlines() if ln.strip()]
             errors.append(f"validate_args exited ({e.code}): {printed[-1] if printed else ''}".rstrip(": "))
         except Exception as e:  # noqa: BLE001 - AssertionError, ValueError, RuntimeError, ...
+            from compiler.targets.megatron.smoke import TE_VERSION_ERR
+
             text = _describe(m, e)
-            if not _TE_VERSION_ERR.search(text):
+            if not TE_VERSION_ERR.search(text):
                 errors.append(text)
             else:
                 # a minimum Transformer Engine version (--fp4-format: TE >= 2.7.0.dev0) that this machine, without

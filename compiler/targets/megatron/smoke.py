@@ -73,8 +73,12 @@ CPU_FLAGS: tuple[tuple[str, str | None, str], ...] = (
     ("--no-rope-fusion", None, "fused RoPE is a Transformer Engine / CUDA kernel"),
     ("--no-persist-layer-norm", None, "persistent layer norm is an apex CUDA kernel"),
 )
+# validate_args' minimum Transformer Engine versions (--fp4-format: "requires Transformer Engine >= 2.7.0.dev0"): a
+# machine without TE (the CPU path, the validator) cannot meet them, the GPU machine the plan names does (its notes
+# say which TE); the rest of validate_args is checked with them passing
+TE_VERSION_ERR = re.compile(r"requires transformer engine >= ?[0-9]", re.IGNORECASE)
 FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
-             "--fp4-format", "--fp4-recipe")
+             "--fp4-format", "--fp4-recipe", "--fp4-param-gather")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
 UNEVEN_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
