@@ -176,7 +176,10 @@ def make_setup(problem: Problem, layout: Layout, gpu: GpuOption, *, target: str 
     if recipe.gemm_dtype == "fp4" and framework.fp4_param_gather and layout.zero_stage >= 1:
         # --fp4-param-gather: the weights are NVFP4 tensors, row- and column-wise (Megatron-Bridge's
         # bf16_with_nvfp4_mixed sets fp4_param_gather, megatron/bridge/training/mixed_precision.py)
-        recipe = replace(recipe, weight_bytes=2 * NVFP4_GEMM_INPUT_BYTES, quantised_weights=True)
+        recipe = replace(recipe, weight_bytes=2 * NVFP4_GEMM_INPUT_BYTES, quantised_weights=True, source=recipe.source + (
+            "; under a distributed optimizer or FSDP the weights are NVFP4 tensors, row- and column-wise, "
+            "all-gathered in NVFP4 (Megatron-LM --fp4-param-gather: 'Keep the compute param in fp4'; Megatron-Bridge's "
+            "bf16_with_nvfp4_mixed sets fp4_param_gather), no 16-bit copy and no separate cache"))
     quant = quant_recipe_of(problem, framework, gpu)
     if stages is None:
         stages = stage_layers(problem.shape, layout.pp, layout.vpp, layout.split)

@@ -59,7 +59,9 @@ def precision_assumption(setup: Setup) -> str:
                 + ", and the optimizer states per parameter.")
     master = ("the sharded fp32 parameter as the master (no 16-bit copy at rest under ZeRO-3)"
               if fw.master_is_param else f"a {r.master_bytes} B fp32 master")
-    return (f"Mixed precision keeps 16-bit weights, {master} and the optimizer states per parameter (ZeRO paper); "
+    weights = (f"{r.weight_bytes:g} B NVFP4 weights (row- and column-wise, --fp4-param-gather)" if r.quantised_weights
+               else "16-bit weights")
+    return (f"Mixed precision keeps {weights}, {master} and the optimizer states per parameter (ZeRO paper); "
             f"{fw.display_name} keeps {fw.grad_dtype} gradients and reduces them in {fw.grad_reduce_dtype}.")
 
 

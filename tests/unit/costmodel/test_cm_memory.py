@@ -192,6 +192,12 @@ def test_nvfp4_memory_lines(problem_factory, layout_factory):
     assert isinstance(ddp, Estimate)
     assert ddp.memory.item("weights").formula.startswith("2 B x")
     assert ddp.memory.item("fp4_weight_cache").formula.startswith("1.125 B (fp4 weight + transpose)")
+    from compiler.costmodel.context import make_setup
+    from compiler.costmodel.step import precision_assumption
+
+    said = precision_assumption(make_setup(fp4, layout_factory(fp4, **distopt), fp4.gpu_options[0]))
+    assert said.startswith("Mixed precision keeps 1.125 B NVFP4 weights")
+    assert "--fp4-param-gather" in e4.memory.item("weights").source
 
 
 def test_nvfp4_needs_fp4_tensor_cores(problem_factory):
