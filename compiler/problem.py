@@ -471,6 +471,8 @@ def _custom_gpu(c: Any) -> GpuSpec:
             "tf32": c.fp32_flops or c.bf16_flops / 2}
     if c.fp8_flops:
         peak["fp8"] = c.fp8_flops
+    if c.fp4_flops:
+        peak["fp4"] = c.fp4_flops
     src = "given in the spec (cluster.gpu)"
     return GpuSpec(
         name=c.name, display_name=c.name, vendor="custom", generation=c.generation,

@@ -323,6 +323,7 @@ class CustomGpuSpec(_Strict):
         description="Architecture generation; selects the achievable-efficiency curve.")
     bf16_flops: PosFlops = Field(description="Dense bf16 peak, e.g. 989TFLOPS.")
     fp8_flops: PosFlops | None = Field(None, description="Dense fp8 peak; absent if unsupported.")
+    fp4_flops: PosFlops | None = Field(None, description="Dense fp4 peak (nvfp4 training); absent if unsupported.")
     fp32_flops: PosFlops | None = Field(None, description="Dense fp32 (TF32 tensor-core) peak; default bf16_flops / 2.")
     hbm: PosBytes = Field(description="Memory per GPU, e.g. 80GiB.")
     hbm_bandwidth: PosBandwidth = Field(description="Memory bandwidth, e.g. 3.35TB/s.")

@@ -100,6 +100,10 @@ def test_custom_gpu():
     g = p.gpu_options[0]
     assert g.spec.hbm_bytes == 96 * 2**30 and g.inter_node_bandwidth_bytes_per_s == 50e9
     assert g.spec.peak_flops_for("bf16") == 900e12
+    with pytest.raises(KeyError, match="no fp4 tensor cores"):
+        g.spec.peak_flops_for("nvfp4")
+    fp4 = problem(text.replace("bf16_flops: 900TFLOPS", "bf16_flops: 900TFLOPS\n      fp4_flops: 9PFLOPS"))
+    assert fp4.gpu_options[0].spec.peak_flops_for("nvfp4") == 9e15
 
 
 def test_at_most_max_aliases():
