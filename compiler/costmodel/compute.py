@@ -249,7 +249,7 @@ def logits_gemm(setup: Setup) -> Gemm:
                 setup.shape.hidden_size, 1, dt)
 
 
-def fp8_cast_time_s(setup: Setup, gemms: list[Gemm]) -> tuple[float, float]:
+def quantize_time_s(setup: Setup, gemms: list[Gemm]) -> tuple[float, float]:
     """(forward, backward) HBM time of quantising the fp8 (or fp4) GEMMs' activation inputs and output gradients."""
     quantised = [g for g in gemms if g.dtype in QUANTISED_GEMM_DTYPES]
     if not quantised:
@@ -442,7 +442,7 @@ def _layer_time(setup: Setup, moe_layer: bool) -> LayerTime:
         gemm_f=sum(gemm_time_s(g, setup) for g in gemms),
         attention=attention_core_time_s(setup),
         memory_bound=memory_bound_time_per_layer_s(setup, moe_layer),
-        casts=fp8_cast_time_s(setup, gemms),
+        casts=quantize_time_s(setup, gemms),
         permute=moe_permute_time_s(setup) if moe_layer else 0.0,
         launch_f=ops * op_s if setup.eff.overlapped_launches else 0.0, sync_wait_f=moe_block * op_s)
 

@@ -256,7 +256,7 @@ def dp_bucket_bytes(setup: Setup, sp: StageParams) -> float:
 WEIGHT_CACHE_BYTES = {dt: 2 * b for dt, b in GEMM_INPUT_BYTES.items()}
 
 
-def fp8_weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
+def weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
     """Transformer Engine caches the quantised copy and its transpose of each layer weight across the
     micro-batches of a step (TE docs: is_first_microbatch): 2 bytes per local layer parameter under fp8,
     2 x 0.5625 under nvfp4 (E2M1 packed two per byte + an E4M3 scale per 16 elements)."""
@@ -309,7 +309,7 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     ]
     if r.gemm_dtype in WEIGHT_CACHE_BYTES and not r.quantised_weights:
         dt = r.gemm_dtype
-        items.append(LineItem(f"{dt}_weight_cache", fp8_weight_cache_bytes(setup, sp),
+        items.append(LineItem(f"{dt}_weight_cache", weight_cache_bytes(setup, sp),
                               f"{WEIGHT_CACHE_BYTES[dt]:g} B ({dt} weight + transpose) x local layer params", r.source))
     inflight = inflight_for_stage(setup, sl.stage)
     per_mb = stage_activation_bytes_per_microbatch(setup, sl)

@@ -140,7 +140,7 @@ def step_extras_s(setup: Setup, params: StageParams, stage: int = 0) -> float:
     """The optimizer step and the offload traffic that cannot overlap any compute."""
     never = step.StageTime(stage, StageCompute(forward_s=_NEVER_S, backward_s=_NEVER_S, recompute_s=0.0),
                            (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
-    return (step.optimizer_step_time_s(setup, params) + step.fp8_weight_cast_time_s(setup, params)
+    return (step.optimizer_step_time_s(setup, params) + step.weight_quantize_time_s(setup, params)
             + step.offload_time_s(setup, params, never)[0])
 
 

@@ -147,7 +147,7 @@ def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
     return local * optimizer_bytes_touched_per_param(setup) / setup.hbm_rate("fused")
 
 
-def fp8_weight_cast_time_s(setup: Setup, sp: StageParams) -> float:
+def weight_quantize_time_s(setup: Setup, sp: StageParams) -> float:
     """fp8 and nvfp4 recipes quantise each layer weight once per step (Transformer Engine caches the quantised weight
     and its transpose across micro-batches, is_first_microbatch)."""
     if setup.recipe.gemm_dtype not in QUANTISED_GEMM_DTYPES:
@@ -246,7 +246,7 @@ def step_time(setup: Setup) -> StepResult:
     dp_exposed = (_exposed(grad_total, c.backward_s + c.recompute_s, grad_tail, setup)
                   + _exposed(param_total, c.forward_s, param_tail, setup))
     zero_exposed = zero_exposed_s(setup, st, makespan)
-    opt = optimizer_step_time_s(setup, sp) + fp8_weight_cast_time_s(setup, sp)
+    opt = optimizer_step_time_s(setup, sp) + weight_quantize_time_s(setup, sp)
     offload, offload_txt = offload_time_s(setup, sp, st)
     straggler, fixed = sync_overhead_s(setup, makespan + zero_exposed + dp_exposed + opt)
     items = _time_items(setup, st, makespan, makespan_no_p2p, zero_exposed, dp_exposed, opt, offload, offload_txt,
