@@ -29,6 +29,13 @@ SPECS = {
         cluster: {gpu: h100-sxm, num_gpus: 64}
         targets: [megatron]
     """,
+    "llama-70b-nvfp4": """
+        name: bnv
+        model: {preset: llama3-70b}
+        training: {tokens: 1T, sequence_length: 8192, global_batch: 256, precision: nvfp4}
+        cluster: {gpu: gb300, num_gpus: 64}
+        targets: [megatron]
+    """,
     "gpt3-a100": """
         name: bgpt
         model: {preset: gpt3-175b}
@@ -297,6 +304,14 @@ GROUPS_SPECS = {
         model: {preset: llama3-70b}
         training: {tokens: 300B, sequence_length: 4096, global_batch: 256}
         cluster: {gpu: h100-sxm, max_gpus: 128}
+        budget: {objective: cheapest}
+        targets: [megatron]
+    """,
+    "mixtral-nvfp4-cheapest": """
+        name: gnv
+        model: {preset: mixtral-8x7b}
+        training: {tokens: 100B, sequence_length: 4096, global_batch: 128, precision: nvfp4}
+        cluster: {gpu: b200, max_gpus: 32}
         budget: {objective: cheapest}
         targets: [megatron]
     """,
