@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.costmodel.activations import attention_widths
-from compiler.costmodel.context import Setup
+from compiler.costmodel.context import GEMM_INPUT_BYTES, Setup
 from compiler.costmodel.stages import StageParams
 
 INTRA = "intra_node"
@@ -293,7 +293,10 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
             link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
         else:
             link = group_link(setup, lay.tp * lay.ep, n)
-        grads, weights = params * setup.grad_reduce_bytes, params * r.weight_bytes
+        # --fp4-param-gather all-gathers the NVFP4 weights ("perform the param all-gather in fp4"): one copy, the
+        # transpose is made after the gather (the kept weights hold both)
+        gathered = GEMM_INPUT_BYTES[r.gemm_dtype] if r.quantised_weights else r.weight_bytes
+        grads, weights = params * setup.grad_reduce_bytes, params * gathered
         z = lay.zero_stage
         if z == 0:
             out.append(_collective(f"{part}_grad_all_reduce", "dp", "all_reduce", grads, n, link, 1, "step_grad"))
