@@ -16,8 +16,7 @@ layout with the same cost model, and print both side by side:
                   published measurement of the same setup is a red flag for the cost
                   model, not a win: rows above ``--flag`` (default 1.25) are marked "!".
 
-One row per (model, GPU type, GPU count, precision): the latest software version.
-GB300/B300 rows run on the GB200/B200 catalog entries (same dense peaks); NVL72
+One row per (model, GPU type, GPU count, precision): the latest software version. NVL72
 systems allow tensor parallel across the 4-GPU trays (the NVLink domain is the rack).
 
     python benchmarks/published_layouts.py [--source narayanan2021] [--limit N] [--json] [--flag 1.25]
@@ -55,7 +54,7 @@ PRESETS = {
     "gpt (310.1b)": "gpt-310.1b", "gpt (529.6b)": "gpt-529.6b", "gpt (1008.0b)": "gpt-1t",
 }
 GPUS = {"A100-SXM-80GB": "a100-80gb", "A100-SXM-40GB": "a100-40gb", "H100-SXM-80GB": "h100-sxm",
-        "B200 (DGX-B200)": "b200", "B300 (DGX-B300)": "b200", "GB200 (NVL72)": "gb200", "GB300 (NVL72)": "gb200"}
+        "B200 (DGX-B200)": "b200", "B300 (DGX-B300)": "b300", "GB200 (NVL72)": "gb200", "GB300 (NVL72)": "gb300"}
 
 
 def _int(x: str, default: int | None = None) -> int | None:
@@ -67,6 +66,8 @@ def _int(x: str, default: int | None = None) -> int | None:
 
 def precision_of(text: str) -> str | None:
     t = text.lower()
+    if "nvfp4" in t:
+        return "nvfp4"
     if "fp4" in t:
         return None
     if "fp8" in t:
