@@ -45,7 +45,8 @@ else:
     python_shims()
 
 from compiler.targets.megatron.smoke import (  # noqa: E402 - the runner's names, one home
-    PLAN_ARGS_ENV, PLAN_CONFIG_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, TE_VERSION_ERR, UNSET)
+    PLAN_ARGS_ENV, PLAN_CONFIG_ARGS_ENV, PLAN_CONNECTIONS_ENV, PLAN_WORLD_ENV, SUMMARY_KEY, UNSET,
+    validate_args_past_te_version)
 
 UNSUPPORTED = ("sft", "fim_data", "logits_load_dir", "yaml_cfg", "spec", "heterogeneous_layers_config_path",
                "experimental_attention_variant", "mtp_num_layers", "hybrid_context_parallel",
@@ -337,24 +338,10 @@ def _validated(A, argv: list[str], world: str, connections: str):
     else:
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
     args = A.parse_args()  # argparse prints "megatron_args.sh: error: ..." and exits 2
-    defaults = {"tokenizer_type": "GPT2BPETokenizer"}
-    try:
-        A.validate_args(args, defaults)
-    except ValueError as exc:
-        import importlib.util
-
-        if not TE_VERSION_ERR.search(str(exc)) or importlib.util.find_spec("transformer_engine") is not None:
-            raise
-        # a Transformer Engine version this machine (no TE: the CPU path) cannot have: the rest of validate_args
-        # runs with the version check passing, as on the GPU machine whose TE the plan's notes name
-        args, saved = A.parse_args(), A.is_te_min_version
-        A.is_te_min_version = lambda *a, **k: True
-        try:
-            A.validate_args(args, defaults)
-        finally:
-            A.is_te_min_version = saved
-        print(f"megatron_args.sh: note: not checkable without Transformer Engine: {exc}; the rest of validate_args "
-              "passes", file=sys.stderr, flush=True)
+    args, skipped = validate_args_past_te_version(A, args, {"tokenizer_type": "GPT2BPETokenizer"})
+    if skipped is not None:
+        print(f"megatron_args.sh: note: not checkable without Transformer Engine: {skipped}; the rest of "
+              "validate_args passes", file=sys.stderr, flush=True)
     return args
 
 

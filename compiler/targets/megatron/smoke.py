@@ -75,8 +75,35 @@ CPU_FLAGS: tuple[tuple[str, str | None, str], ...] = (
 )
 # validate_args' minimum Transformer Engine versions (--fp4-format: "requires Transformer Engine >= 2.7.0.dev0"): a
 # machine without TE (the CPU path, the validator) cannot meet them, the GPU machine the plan names does (its notes
-# say which TE); the rest of validate_args is checked with them passing
+# say which TE); the rest of validate_args is checked with them passing (validate_args_past_te_version)
 TE_VERSION_ERR = re.compile(r"requires transformer engine >= ?[0-9]", re.IGNORECASE)
+
+
+def validate_args_past_te_version(A: Any, args: Any, defaults: dict[str, Any]) -> tuple[Any, ValueError | None]:
+    """megatron-core's ``A.validate_args(args, defaults)`` (``A``: megatron.training.arguments). Where it stops only at
+    a minimum Transformer Engine version (TE_VERSION_ERR) on a machine without TE, the rest of it runs on an
+    unvalidated copy of ``args`` (validate_args edits them) with that check passing. (the arguments validated, the
+    skipped check's error or None); any other error propagates."""
+    import copy
+    import importlib.util
+
+    fresh = copy.deepcopy(args)
+    try:
+        A.validate_args(args, defaults)
+        return args, None
+    except ValueError as exc:
+        if not TE_VERSION_ERR.search(str(exc)) or importlib.util.find_spec("transformer_engine") is not None:
+            raise
+        skipped = exc
+    saved = A.is_te_min_version
+    A.is_te_min_version = lambda *a, **k: True
+    try:
+        A.validate_args(fresh, defaults)
+    finally:
+        A.is_te_min_version = saved
+    return fresh, skipped
+
+
 FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
              "--fp4-format", "--fp4-recipe", "--fp4-param-gather")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
