@@ -53,9 +53,9 @@ RECIPES = {
         "bf16_mixed); TE saves only the transposed FP4 copy of each GEMM input for the weight gradient "
         "(compiler/costmodel/activations.py NVFP4_GEMM_INPUT_BYTES)"),
 }
-QUANTISED_GEMM_DTYPES = ("fp8", "fp4")  # GEMM inputs quantised per use (casts, cached weight copies)
 # bytes per element of a quantised GEMM operand (what a GEMM reads, and what Transformer Engine saves for backward)
 GEMM_INPUT_BYTES = {"fp8": float(FP8_GEMM_INPUT_BYTES), "fp4": NVFP4_GEMM_INPUT_BYTES}
+QUANTISED_GEMM_DTYPES = tuple(GEMM_INPUT_BYTES)  # GEMM inputs quantised per use (casts, cached weight copies)
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}  # fp32 m and v; SGD momentum
 OPTIMIZER_SOURCE = "Kingma & Ba 2015 (Adam: two fp32 moments per parameter); SGD with momentum: one"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from compiler.costmodel import activations as act
-from compiler.costmodel.context import GEMM_INPUT_BYTES, OPTIMIZER_SOURCE, Setup
+from compiler.costmodel.context import GEMM_INPUT_BYTES, OPTIMIZER_SOURCE, PrecisionRecipe, Setup
 from compiler.costmodel.pp_schedule import inflight_microbatches
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import LineItem, MemoryBreakdown
@@ -256,12 +256,18 @@ def dp_bucket_bytes(setup: Setup, sp: StageParams) -> float:
 WEIGHT_CACHE_BYTES = {dt: 2 * b for dt, b in GEMM_INPUT_BYTES.items()}
 
 
+def weight_cache_per_param(recipe: PrecisionRecipe) -> float | None:
+    """Bytes per layer parameter of Transformer Engine's cached quantised weights, None when there is no such cache
+    (16/32-bit GEMMs, or weights kept quantised already)."""
+    return None if recipe.quantised_weights else WEIGHT_CACHE_BYTES.get(recipe.gemm_dtype)
+
+
 def weight_cache_bytes(setup: Setup, sp: StageParams) -> float:
     """Transformer Engine caches the quantised copy and its transpose of each layer weight across the
     micro-batches of a step (TE docs: is_first_microbatch): 2 bytes per local layer parameter under fp8,
     2 x 0.5625 under nvfp4 (E2M1 packed two per byte + an E4M3 scale per 16 elements)."""
-    per_param = WEIGHT_CACHE_BYTES.get(setup.recipe.gemm_dtype)
-    if per_param is None or setup.recipe.quantised_weights:
+    per_param = weight_cache_per_param(setup.recipe)
+    if per_param is None:
         return 0.0
     return per_param * (sp.total - sp.embedding) / (dense_shard_degree(setup.layout) if setup.layout.zero_stage >= 3 else 1)
 
@@ -307,10 +313,11 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
                  f"{shard_txt(lay.zero_stage >= 1)}" + (" (offloaded)" if lay.offload_optimizer != "none" else ""),
                  OPTIMIZER_SOURCE),
     ]
-    if r.gemm_dtype in WEIGHT_CACHE_BYTES and not r.quantised_weights:
+    cache = weight_cache_per_param(r)
+    if cache is not None:
         dt = r.gemm_dtype
         items.append(LineItem(f"{dt}_weight_cache", weight_cache_bytes(setup, sp),
-                              f"{WEIGHT_CACHE_BYTES[dt]:g} B ({dt} weight + transpose) x local layer params", r.source))
+                              f"{cache:g} B ({dt} weight + transpose) x local layer params", r.source))
     inflight = inflight_for_stage(setup, sl.stage)
     per_mb = stage_activation_bytes_per_microbatch(setup, sl)
     items.append(LineItem(
