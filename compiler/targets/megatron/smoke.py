@@ -104,7 +104,7 @@ def validate_args_past_te_version(A: Any, args: Any, defaults: dict[str, Any]) -
     return fresh, skipped
 
 
-FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
+QUANTISED_GEMM_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
              "--fp4-format", "--fp4-recipe", "--fp4-param-gather")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
 UNEVEN_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
@@ -274,11 +274,11 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
         out.skipped.append(Change("context parallel", shown(["--context-parallel-size"]), "cp=1",
                                   "skipped on CPU: megatron-core's attention for cp > 1 is Transformer Engine's "
                                   "(core/transformer/dot_product_attention.py:59 asserts it)"))
-    fp8 = [f for f in FP8_FLAGS if f in vals]
-    if fp8:
-        drop.update(fp8)
+    quantised = [f for f in QUANTISED_GEMM_FLAGS if f in vals]
+    if quantised:
+        drop.update(quantised)
         low = "nvfp4" if "--fp4-format" in vals else "fp8"
-        out.skipped.append(Change(low, shown(fp8), "(bf16 GEMMs)",
+        out.skipped.append(Change(low, shown(quantised), "(bf16 GEMMs)",
                                   f"skipped on CPU: {low} GEMMs are Transformer Engine CUDA kernels"))
     if "--use-megatron-fsdp" in vals:
         fsdp = [f for f in FSDP_FLAGS if f in vals]
