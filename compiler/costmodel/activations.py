@@ -29,7 +29,7 @@ the differences (the same formulas, different switches):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Callable, Literal
 
 from compiler.model import ModelShape
 
@@ -381,14 +381,43 @@ def output_layer_activation_bytes_per_token(shape: ModelShape, act_bytes: int, i
     return norm_input_bytes_per_token(h, act_bytes, impl, shape.norm) + gemm_input_bytes_per_token(h, act_bytes)
 
 
-LOGITS_SAVED_BYTES = FP32_BYTES  # fp32 softmax of the logits kept for the loss gradient
-LOGITS_TRANSIENT_BYTES = FP32_BYTES  # fp32 gradient of the logits while the loss backward runs
+@dataclass(frozen=True)
+class LossMemory:
+    """The loss on the last stage for one cross-entropy implementation (CostProfile.cross_entropy), in bytes per
+    logit (tokens x vocab / tp of the output layer): what one micro-batch keeps from its forward to its backward,
+    and what exists beside it only while the loss runs."""
+
+    kept_what: str
+    transient_what: str
+    source: str
+    per_logit: Callable[[int], tuple[float, float]]  # the logits' bytes (the activation dtype) -> (kept, transient)
 
 
-def logits_saved_bytes_per_token(vocab: int, tp: int) -> float:
-    """Megatron's vocab-parallel cross entropy keeps the fp32 softmax of s*b*V/tp logits."""
-    return vocab / tp * LOGITS_SAVED_BYTES
-
-
-def logits_transient_bytes_per_token(vocab: int, tp: int) -> float:
-    return vocab / tp * LOGITS_TRANSIENT_BYTES
+_FP32_LOSS = (float(FP32_BYTES), float(FP32_BYTES))
+# by cross-entropy implementation (the keys of physics.yaml memory_bound.cross_entropy_bytes_per_element, which
+# prices the same kernels' HBM traffic)
+LOSS_MEMORY: dict[str, LossMemory] = {
+    "fused": LossMemory(
+        "logits kept for the loss gradient", "gradient",
+        "Transformer Engine's Triton cross entropy up to 2.17 (transformer_engine/pytorch/triton/cross_entropy.py "
+        "cross_entropy_forward writes the gradient into the logits in place and cross_entropy.py saves only them; "
+        "TE 2.18's PR #3193 keeps an fp32 gradient instead) and flash-attn's xentropy (llm-foundry's "
+        "fused_crossentropy: saves the logits, its backward writes a new gradient, inplace_backward=False): no fp32 "
+        "copy of the logits; the gradient counts as flash-attn's (TE's is in place)",
+        lambda b: (float(b), float(b))),
+    # Megatron's own implementations and PyTorch's as first modelled (dtc's targets; the CPU smoke runs measure the
+    # saved bytes of these losses with the activations, compiler/smoke/predict.py)
+    "megatron_native": LossMemory(
+        "fp32 softmax of the micro-batch in its loss", "fp32 gradient",
+        "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)",
+        lambda b: _FP32_LOSS),
+    "megatron_fp32": LossMemory(
+        "fp32 softmax of the micro-batch in its loss", "fp32 gradient",
+        "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)",
+        lambda b: _FP32_LOSS),
+    "torch_fp32": LossMemory(
+        "fp32 log-softmax of the micro-batch in its loss", "fp32 gradient",
+        "F.cross_entropy(logits.float()) (torchtitan; dtc's trainers, compiler/runtime/model.py cross_entropy): "
+        "log_softmax saves its fp32 output, its backward writes an fp32 gradient",
+        lambda b: _FP32_LOSS),
+}

@@ -212,12 +212,19 @@ def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
 
 
 def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
-    """(saved fp32 softmax, transient fp32 gradient) on the last stage. The loss belongs to the last virtual
-    stage, which runs each micro-batch's backward right after its forward in every schedule (1F1B's steady
-    state; GPipe keeps them all): one micro-batch's softmax is kept, not the stage's in-flight count."""
-    t, v, tp = setup.tokens_per_microbatch, setup.shape.vocab_size, setup.layout.tp
+    """(kept, transient) bytes of the loss on the last stage (loss_memory: by cross-entropy implementation). The
+    loss belongs to the last virtual stage, which runs each micro-batch's backward right after its forward in every
+    schedule (1F1B's steady state; GPipe keeps them all): one micro-batch's kept bytes count, not the stage's
+    in-flight count."""
+    t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.layout.tp
     kept = inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
-    return (t * kept * act.logits_saved_bytes_per_token(v, tp), t * act.logits_transient_bytes_per_token(v, tp))
+    kept_b, transient_b = loss_memory(setup).per_logit(setup.recipe.activation_bytes)
+    return t * kept * (per_token * kept_b), t * (per_token * transient_b)
+
+
+def loss_memory(setup: Setup) -> act.LossMemory:
+    """The loss's bytes per logit under the cross-entropy implementation the framework runs at this precision."""
+    return act.LOSS_MEMORY[setup.framework.cross_entropy_for(setup.recipe.name)]
 
 
 # --- transient buffers and allowances ---------------------------------------------------------------
@@ -338,11 +345,12 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
             if per_op else act.PAPER_SOURCE))
     if sl.last:
         saved, transient = logits_bytes(setup, inflight)
+        loss = loss_memory(setup)
+        kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
         items.append(LineItem(
             "logits_loss", saved + transient,
-            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x (4 B fp32 softmax of "
-            f"the micro-batch in its loss + 4 B fp32 gradient)",
-            "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)"))
+            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x ({kept_b:g} B "
+            f"{loss.kept_what} + {transient_b:g} B {loss.transient_what})", loss.source))
     if lay.zero_stage == 3:
         items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),
                               f"largest unit {format_count(max(sp.layer_dense, sp.embedding))} params x "

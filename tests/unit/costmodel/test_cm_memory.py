@@ -207,3 +207,29 @@ def test_nvfp4_needs_fp4_tensor_cores(problem_factory):
         problem_factory("llama3-8b", gpu="h100-sxm", precision="nvfp4", extra="targets: [megatron]\n")
     (d,) = exc.value.diagnostics
     assert d.code == "precision_unsupported" and "gb300" in d.hint and "no fp4 tensor cores" in d.summary
+
+
+def test_the_loss_memory_follows_the_cross_entropy_kernel(problem_factory, layout_factory):
+    """Transformer Engine's fused cross entropy (Megatron-Bridge's recipes) keeps only the bf16 logits, into which it
+    writes their gradient, and flash-attn's writes a bf16 gradient beside them: 2 + 2 bytes per logit, where
+    Megatron's own losses keep an fp32 softmax and an fp32 gradient (8). Under fp32 training the logits are 4 bytes."""
+    from dataclasses import replace
+
+    from compiler.calibration.frameworks import published_profile
+    from compiler.targets import registry
+
+    p = problem_factory("llama3-8b")
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=1, recompute="full")
+    logits = lay.micro_batch * p.seq_len * p.shape.vocab_size / lay.tp
+    by_profile = {}
+    for name, profile in (("megatron", registry.get("megatron").cost), ("bridge", published_profile("megatron_bridge")),
+                          ("fsdp", registry.get("fsdp").cost)):
+        est = evaluate(p, lay, target=profile, check_memory=False)
+        by_profile[name] = est.memory.item("logits_loss")
+    assert by_profile["megatron"].value == pytest.approx(8 * logits)
+    assert by_profile["fsdp"].value == pytest.approx(8 * logits)
+    assert by_profile["bridge"].value == pytest.approx(4 * logits)
+    assert "2 B logits kept for the loss gradient + 2 B gradient" in by_profile["bridge"].formula
+    assert "Transformer Engine" in by_profile["bridge"].source and "F.cross_entropy" in by_profile["fsdp"].source
+    fp32 = evaluate(replace(p, precision="fp32"), lay, target=published_profile("megatron_bridge"), check_memory=False)
+    assert fp32.memory.item("logits_loss").value == pytest.approx(8 * logits)

@@ -33,6 +33,10 @@ def test_accuracy_does_not_collapse():
     coverage = report.band_coverage()
     assert coverage["rows"] == overall["rows"] and 0.70 <= coverage["coverage"] <= 0.90
     assert f"band coverage: {coverage['coverage']:.1%} of {coverage['rows']} rows inside the 80% band" in text
+    # issue #11: every calibration run ran, so none is predicted over its HBM (the last was a Megatron-Bridge run whose
+    # loss, Transformer Engine's fused cross entropy, had been costed as Megatron's fp32 one)
+    assert [r.row_id for r in report.results if not r.memory_fits] == []
+    assert "published runs the memory model says do not fit in HBM: 0 of" in text
     rows = accuracy.to_json(report)["rows"]
     for r in rows:
         assert 0 < r["predicted_low"] <= r["predicted_loso_tokens_per_s_per_gpu"] <= r["predicted_high"]
