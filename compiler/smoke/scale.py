@@ -24,6 +24,7 @@ from compiler.layout import Layout, Schedule
 from compiler.model import MLAShape, ModelShape, MoEShape
 from compiler.plan import Plan
 from compiler.split import default_split
+from compiler.targets.base import TE_PRECISIONS
 
 CPU_MAX_RANKS = 4
 SMOKE_VOCAB = 256  # divisible by every tp degree a smoke run uses
@@ -313,7 +314,7 @@ def _shape_changes(plan_shape: ModelShape, small: ModelShape) -> list[Change]:
 
 # ------------------------------------------------------------------------------------------- precision
 def smoke_precision(precision: str, device: str) -> tuple[str, Change | None]:
-    if precision in ("fp8", "nvfp4"):
+    if precision in TE_PRECISIONS:
         return "bf16", Change("precision", precision, "bf16", f"the built-in reference models have no {precision} "
                                                               "(Transformer Engine) path")
     if precision == "fp16" and device != "cuda":

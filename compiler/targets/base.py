@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 SupportRule = Callable[["Knobs", str], "tuple[str, str] | None"]  # (knobs, precision) -> (field, reason) | None
 
+# The training precisions whose GEMMs run quantised (FP8, NVFP4): in dtc's stacks only NVIDIA Transformer Engine runs
+# them (Megatron's --fp8-format / --fp4-format); the DeepSpeed engine config and dtc's reference trainers have no path
+TE_PRECISIONS = ("fp8", "nvfp4")
+
 
 def gt1(value: int | None) -> TypeGuard[int]:
     """A degree that is known and more than 1 (support rules say nothing about unknown knobs)."""

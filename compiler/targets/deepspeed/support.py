@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from compiler.targets.base import gt1 as _gt1
+from compiler.targets.base import TE_PRECISIONS, gt1 as _gt1
 
 if TYPE_CHECKING:
     from compiler.layout import Layout
@@ -30,7 +30,7 @@ def _ds_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
 
 
 def _ds_fp8(k: "Knobs", precision: str) -> tuple[str, str] | None:
-    if precision in ("fp8", "nvfp4"):
+    if precision in TE_PRECISIONS:
         return "precision", (f"{precision} training needs Transformer Engine, which the DeepSpeed engine config does "
                              "not drive")
     return None

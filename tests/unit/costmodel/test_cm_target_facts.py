@@ -198,3 +198,16 @@ def test_the_precision_assumption_states_the_costed_targets_gradients(problem_fa
     fp32 = evaluate(dataclasses.replace(p, precision="fp32"), lay, target="deepspeed", check_memory=False)
     assert any(a.startswith("fp32 training keeps 4 B weights and gradients, no master copy but the ZeRO optimizer's")
                for a in fp32.assumptions)
+
+
+def test_the_precisions_that_need_transformer_engine_are_the_quantised_gemm_ones():
+    """targets/base.py TE_PRECISIONS (what the DeepSpeed rule refuses and the smoke swaps for bf16) names the
+    precisions whose GEMMs the cost model runs quantised, and each is a precision a spec may ask for."""
+    import typing
+
+    from compiler.costmodel.context import QUANTISED_GEMM_DTYPES, RECIPES
+    from compiler.spec.models import TrainingSpec
+    from compiler.targets.base import TE_PRECISIONS
+
+    assert {p for p, r in RECIPES.items() if r.gemm_dtype in QUANTISED_GEMM_DTYPES} == set(TE_PRECISIONS)
+    assert set(TE_PRECISIONS) <= set(typing.get_args(TrainingSpec.model_fields["precision"].annotation))
