@@ -91,6 +91,22 @@ def test_smoke_slurm_failed_job_reports_state_and_log(cluster, tmp_path):
     assert_no_leftovers(allow={p.pid for p in cluster._procs.values()})
 
 
+def test_smoke_slurm_refused_job_says_why(cluster, tmp_path, monkeypatch):
+    """A job sbatch refuses (here: a partition the cluster lacks) is reported with sbatch's own message and the
+    script it was given, and nothing runs."""
+    from compiler.smoke import run_smoke
+
+    folder = make_generated(tmp_path, "slurm-refused", precision="fp32", dp_shard=2, zero_stage=3, micro_batch=1,
+                            grad_accum=2, targets="fsdp, slurm")
+    monkeypatch.setenv("SLURM_SMOKE_PARTITION", "no-such-partition")
+    report = run_smoke(folder, target="fsdp", slurm=True, timeout_s=60, write_json=False)
+    t = report.targets[0]
+    assert not report.ok and t.status == "failed" and t.steps_done == 0
+    assert t.reason.startswith("sbatch refused the job: ") and "partition" in t.reason.lower(), t.reason
+    assert t.slurm["state"] == "NOT_SUBMITTED" and "--partition=no-such-partition" in t.slurm["script"]
+    assert not cluster.run(["squeue", "-h"]).stdout.strip()
+
+
 def test_smoke_slurm_megatron(cluster, tmp_path):
     """train_megatron.sbatch (srun, one task per rank) runs the smoke worker through Megatron's training loop."""
     from compiler.smoke import run_smoke

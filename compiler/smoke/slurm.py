@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.smoke import launch as L
@@ -225,30 +226,15 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     env[L.RUN_ID_ENV] = run_id
     result = TargetResult(target, "failed", launched=True, command=f"sbatch {job_script}",
                           steps_requested=setup.steps)
-    start = time.monotonic()
-    r = _run(["sbatch", "--parsable", str(job_script)], env, cwd=ctx.generated_dir)
-    m = re.match(r"\s*(\d+)", r.stdout)
-    if r.returncode != 0 or not m:
-        result.reason = f"sbatch refused the job: {(r.stderr or r.stdout).strip()}"
-        result.slurm = {"state": "NOT_SUBMITTED", "script": text}
+    job = submit_and_wait(ctx, job_script, text, env, run_id, result)
+    if job is None:
         return result
-    job_id = int(m.group(1))
-    info = wait_job(job_id, env, ctx.timeout_s, run_id)
-    result.wall_s = time.monotonic() - start
-    state = info.get("JobState", "?").split()[0]
-    code, _, sig = info.get("ExitCode", "0:0").partition(":")
-    out_path = Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out")
-    err_path = Path(info.get("StdErr") or out_dir / f"{_job_name(text)}-{job_id}.err")
-    lines = [re.sub(r"^\[(?:default)?\d+\]:", "", l) for l in _read_lines(out_path)]
+    lines = [re.sub(r"^\[(?:default)?\d+\]:", "", l) for l in _read_lines(job.out_path)]
     summary = T.read_result(result, lines, setup)
     T.target_notes(result, setup, summary)
-    tail = "\n".join(x for x in (_tail(out_path, 15), _tail(err_path, 30)) if x)
-    result.slurm = {"job_id": job_id, "state": state, "exit_code": int(code or 0), "signal": int(sig or 0),
-                    "log_tail": tail}
-    if state != "COMPLETED":
-        why = "cancelled after the smoke timeout" if info.get("dtc_timeout") else f"ended {state}"
-        result.reason = f"SLURM job {job_id} {why} (exit {code}:{sig})"
-        result.error, result.error_tail = L.own_error(_tail(err_path, 200) + "\n" + _tail(out_path, 50))
+    result.slurm = job.summary()
+    if not job.completed:
+        job.explain_failure(result)
         return result
     if result.steps_done < setup.steps:
         result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
@@ -259,6 +245,58 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     else:
         result.status = "passed"
     return result
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A smoke job SLURM ran to its end (or cancelled at the smoke timeout), as ``scontrol show job`` left it."""
+
+    job_id: int
+    state: str  # JobState's first word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...
+    exit_code: str
+    signal: str
+    out_path: Path
+    err_path: Path
+    cancelled_at_timeout: bool
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "COMPLETED"
+
+    def summary(self) -> dict:
+        """The report's ``slurm`` record: job id, final state, exit code and signal, the tails of its logs."""
+        return {"job_id": self.job_id, "state": self.state, "exit_code": int(self.exit_code or 0),
+                "signal": int(self.signal or 0),
+                "log_tail": "\n".join(x for x in (_tail(self.out_path, 15), _tail(self.err_path, 30)) if x)}
+
+    def explain_failure(self, result: TargetResult) -> None:
+        """Why a job that did not complete failed: its state and exit, and the error its logs end with."""
+        why = "cancelled after the smoke timeout" if self.cancelled_at_timeout else f"ended {self.state}"
+        result.reason = f"SLURM job {self.job_id} {why} (exit {self.exit_code}:{self.signal})"
+        result.error, result.error_tail = L.own_error(_tail(self.err_path, 200) + "\n" + _tail(self.out_path, 50))
+
+
+def submit_and_wait(ctx, job_script: Path, text: str, env: dict[str, str], run_id: str,
+                    result: TargetResult) -> SlurmJob | None:
+    """``sbatch`` the rewritten ``job_script`` (its ``text``) and wait for the job (wait_job: cancelled at the smoke
+    timeout); ``result.wall_s`` is the time from submission to its end. None, with ``result`` saying why, when sbatch
+    refuses the job."""
+    start = time.monotonic()
+    r = _run(["sbatch", "--parsable", str(job_script)], env, cwd=ctx.generated_dir)
+    m = re.match(r"\s*(\d+)", r.stdout)
+    if r.returncode != 0 or not m:
+        result.reason = f"sbatch refused the job: {(r.stderr or r.stdout).strip()}"
+        result.slurm = {"state": "NOT_SUBMITTED", "script": text}
+        return None
+    job_id = int(m.group(1))
+    info = wait_job(job_id, env, ctx.timeout_s, run_id)
+    result.wall_s = time.monotonic() - start
+    code, _, sig = info.get("ExitCode", "0:0").partition(":")
+    out_dir = job_script.parent
+    return SlurmJob(job_id, info.get("JobState", "?").split()[0], code, sig,
+                    Path(info.get("StdOut") or out_dir / f"{_job_name(text)}-{job_id}.out"),
+                    Path(info.get("StdErr") or out_dir / f"{_job_name(text)}-{job_id}.err"),
+                    bool(info.get("dtc_timeout")))
 
 
 def _job_name(text: str) -> str:

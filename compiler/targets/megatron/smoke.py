@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -609,31 +608,17 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # megatron_args.sh sets or unsets it
     env.update(worker_env)
     env[L.RUN_ID_ENV] = run_id
-    start = time.monotonic()
-    r = S._run(["sbatch", "--parsable", str(job_script)], env, cwd=ctx.generated_dir)
-    m = re.match(r"\s*(\d+)", r.stdout)
-    if r.returncode != 0 or not m:
-        result.reason = f"sbatch refused the job: {(r.stderr or r.stdout).strip()}"
-        result.slurm = {"state": "NOT_SUBMITTED", "script": text}
+    job = S.submit_and_wait(ctx, job_script, text, env, run_id, result)
+    if job is None:
         return result
-    job_id = int(m.group(1))
-    info = S.wait_job(job_id, env, ctx.timeout_s, run_id)
-    result.wall_s = time.monotonic() - start
     L.end_processes(None, run_id)  # a task's process still exiting when SLURM reports the job done
-    state = info.get("JobState", "?").split()[0]
-    code, _, sig = info.get("ExitCode", "0:0").partition(":")
-    out_path = Path(info.get("StdOut") or out_dir / f"{S._job_name(text)}-{job_id}.out")
-    err_path = Path(info.get("StdErr") or out_dir / f"{S._job_name(text)}-{job_id}.err")
-    fill_result(result, S._read_lines(out_path) + S._read_lines(err_path), setup)
-    result.slurm = {"job_id": job_id, "state": state, "exit_code": int(code or 0), "signal": int(sig or 0),
-                    "log_tail": "\n".join(x for x in (S._tail(out_path, 15), S._tail(err_path, 30)) if x)}
+    fill_result(result, S._read_lines(job.out_path) + S._read_lines(job.err_path), setup)
+    result.slurm = job.summary()
     result.notes.append(f"{script.name}: MEGATRON_DIR -> {megatron_dir} (its pretrain_gpt.py runs the smoke "
                         f"worker), DTC_ARTIFACT_DIR -> {artifacts} (the scaled megatron_args.sh); one task per "
                         f"rank, --overcommit onto the local node")
-    if state != "COMPLETED":
-        why = "cancelled after the smoke timeout" if info.get("dtc_timeout") else f"ended {state}"
-        result.reason = f"SLURM job {job_id} {why} (exit {code}:{sig})"
-        result.error, result.error_tail = L.own_error(S._tail(err_path, 200) + "\n" + S._tail(out_path, 50))
+    if not job.completed:
+        job.explain_failure(result)
     elif result.steps_done < setup.steps:
         result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
     elif not result.loss_fell:
