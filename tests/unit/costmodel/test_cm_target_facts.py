@@ -211,3 +211,16 @@ def test_the_precisions_that_need_transformer_engine_are_the_quantised_gemm_ones
 
     assert {p for p, r in RECIPES.items() if r.gemm_dtype in QUANTISED_GEMM_DTYPES} == set(TE_PRECISIONS)
     assert set(TE_PRECISIONS) <= set(typing.get_args(TrainingSpec.model_fields["precision"].annotation))
+
+
+def test_every_cross_entropy_kernel_has_a_price_and_a_size():
+    """A cost profile's cross_entropy names a kernel whose HBM traffic physics.yaml prices and whose memory
+    activations.LOSS_MEMORY sizes: the three lists name the same kernels."""
+    import typing
+
+    from compiler.costmodel.activations import LOSS_MEMORY
+    from compiler.costmodel.efficiency import load_efficiency
+    from compiler.targets.cost import CostProfile
+
+    kernels = set(typing.get_args(typing.get_type_hints(CostProfile)["cross_entropy"]))
+    assert set(LOSS_MEMORY) == set(load_efficiency().physics.cross_entropy_bytes) == kernels
