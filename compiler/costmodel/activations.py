@@ -53,6 +53,8 @@ class ActivationImpl:
     dropout_mask_act_dtype: bool = False  # dropout keeps a scaled mask in the activation dtype (CPU), not bytes
     recompute_norms_and_up_proj: bool = False  # norm outputs and MLA up-projections are recomputed in backward
     fp8_activation_cache: bool = False  # SwiGLU inputs, attention outputs and dispatched tokens cached in fp8
+    # MoE experts scale their SwiGLU output by the routing probability in an op of its own, which saves that output
+    expert_scale_saves_output: bool = False
 
 
 PAPER = ActivationImpl("paper", "unfused", 0, 0, 2, False, False, PAPER_SOURCE)
@@ -259,6 +261,8 @@ def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_
              m.top_k * mlp_activation_bytes_per_token(m.expert_ffn_hidden_size, shape.mlp, act_bytes, impl), True),
         Term("moe_expert_fc2_input", m.top_k * gemm_input_bytes_per_token(m.expert_ffn_hidden_size, gemm_bytes), True),
     ]
+    if impl.expert_scale_saves_output:
+        terms.append(Term("moe_expert_scaled_output", m.top_k * m.expert_ffn_hidden_size * act_bytes, True))
     if m.num_shared_experts:
         f = m.shared_ffn * m.num_shared_experts
         terms.append(Term("shared_expert_activation", mlp_activation_bytes_per_token(f, shape.mlp, act_bytes, impl), True))
@@ -393,9 +397,10 @@ class LossMemory:
     per_logit: Callable[[int], tuple[float, float]]  # the logits' bytes (the activation dtype) -> (kept, transient)
 
 
-_FP32_LOSS = (float(FP32_BYTES), float(FP32_BYTES))
 # by cross-entropy implementation (the keys of physics.yaml memory_bound.cross_entropy_bytes_per_element, which
-# prices the same kernels' HBM traffic)
+# prices the same kernels' HBM traffic); ``b`` is the bytes of one logit (2 under bf16/fp16/fp8/nvfp4, 4 under fp32).
+# The three kernels that run on CPU are measured by benchmarks/loss_memory.py (torch.profiler's allocation events:
+# the bytes left from the forward, and the peak of one forward + backward), which tests/test_loss_memory.py runs
 LOSS_MEMORY: dict[str, LossMemory] = {
     "fused": LossMemory(
         "logits kept for the loss gradient", "gradient",
@@ -405,19 +410,26 @@ LOSS_MEMORY: dict[str, LossMemory] = {
         "fused_crossentropy: saves the logits, its backward writes a new gradient, inplace_backward=False): no fp32 "
         "copy of the logits; the gradient counts as flash-attn's (TE's is in place)",
         lambda b: (float(b), float(b))),
-    # Megatron's own implementations and PyTorch's as first modelled (dtc's targets; the CPU smoke runs measure the
-    # saved bytes of these losses with the activations, compiler/smoke/predict.py)
     "megatron_native": LossMemory(
-        "fp32 softmax of the micro-batch in its loss", "fp32 gradient",
-        "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)",
-        lambda b: _FP32_LOSS),
+        "fp32 softmax of the micro-batch in its loss", "fp32 gradient and its bf16 cast",
+        "Megatron-Core's jit-fused vocab-parallel cross entropy (megatron/core/fusions/fused_cross_entropy.py, "
+        "--cross-entropy-loss-fusion native): the fused steps save a new fp32 softmax, calculate_gradients writes a "
+        "new fp32 gradient and casts it to bf16 beside it; measured 4 B kept, 10 B at the peak (megatron-core "
+        "0.19.2, benchmarks/loss_memory.py)",
+        lambda b: (float(FP32_BYTES), FP32_BYTES + 2.0)),
     "megatron_fp32": LossMemory(
-        "fp32 softmax of the micro-batch in its loss", "fp32 gradient",
-        "Megatron-LM vocab-parallel cross entropy (fp32 logits; tensor_parallel/cross_entropy.py)",
-        lambda b: _FP32_LOSS),
+        "fp32 softmax of the micro-batch in its loss", "16-bit logits or gradient beside it",
+        "Megatron-Core's unfused vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): "
+        ".float() copies 16-bit logits (fp32 logits are used as they are), every later step is in place and the "
+        "softmax is saved; backward turns it into the gradient in place and autograd casts that to the logits' "
+        "dtype; measured 4 B kept, 6 B at the peak with bf16 logits and 4 B with fp32 ones (megatron-core 0.19.2, "
+        "benchmarks/loss_memory.py)",
+        lambda b: (float(FP32_BYTES), float(b) if b < FP32_BYTES else 0.0)),
     "torch_fp32": LossMemory(
-        "fp32 log-softmax of the micro-batch in its loss", "fp32 gradient",
+        "fp32 log-softmax of the micro-batch in its loss", "2 fp32 gradients",
         "F.cross_entropy(logits.float()) (torchtitan; dtc's trainers, compiler/runtime/model.py cross_entropy): "
-        "log_softmax saves its fp32 output, its backward writes an fp32 gradient",
-        lambda b: _FP32_LOSS),
+        "log_softmax saves its fp32 output; in the backward nll_loss writes a dense fp32 gradient and "
+        "log_softmax's backward a second one beside it; measured 4 B kept, 12 B at the peak (torch 2.13, "
+        "benchmarks/loss_memory.py)",
+        lambda b: (float(FP32_BYTES), 2.0 * FP32_BYTES)),
 }

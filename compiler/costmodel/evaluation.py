@@ -19,9 +19,10 @@ from compiler.costmodel.activations import ActivationImpl
 from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.frameworks import costed_targets, profile_of
-from compiler.costmodel.memory import inflight_for_stage, memory_breakdown, stage_activation_bytes_per_microbatch
+from compiler.costmodel.memory import (candidate_stages, inflight_for_stage, memory_breakdown,
+                                      stage_activation_bytes_per_microbatch, stage_memory_items)
 from compiler.costmodel.step import make_estimate, step_time
-from compiler.estimate import Estimate, MemoryBreakdown, Rejection
+from compiler.estimate import Estimate, LineItem, MemoryBreakdown, Rejection
 from compiler.layout import Layout
 from compiler.plan import TargetEstimate
 from compiler.problem import GpuOption, Problem
@@ -69,7 +70,8 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
     if lay.offload_optimizer == "none":
         options.append((items.get("master_weights", 0.0) + items.get("optimizer_states", 0.0), "offload the optimizer"))
     if lay.micro_batch > 1:
-        options.append((items.get("activations", 0.0) / 2 + items.get("logits_loss", 0.0) / 2, "halve the micro-batch"))
+        per_microbatch = sum(items.get(name, 0.0) for name in ("activations", "logits_loss", "loss_transient"))
+        options.append((per_microbatch / 2, "halve the micro-batch"))
     options.sort(reverse=True)
     text = ", ".join(f"{name} (-{format_bytes(saving)})" for saving, name in options if saving > 0)
     return (f"needs {format_bytes(need)} more per GPU ({format_bytes(memory.total_bytes_per_gpu)} of "
@@ -104,13 +106,10 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
             names = ", ".join(o.name for o in problem.gpu_options)
             return Rejection(rules.GPU_NOT_OFFERED, f"gpu must be one of {names}, got {layout.gpu}",
                              {"gpu": layout.gpu, "field": "gpu"}, f"use one of {names}")
-    profile = profile_of(target or default_target(problem))
     bad = check_layout(problem, layout, gpu)
     if bad is not None:
         return bad
-    setup = make_setup(problem, layout, gpu, target=profile, eff=efficiency)
-    if impl is not None:
-        setup = dataclasses.replace(setup, impl=impl)
+    setup = _setup(problem, layout, gpu, target, efficiency, impl)
     memory = memory_breakdown(setup)
     if check_memory and memory.total_bytes_per_gpu > memory.usable_bytes_per_gpu:
         return Rejection(
@@ -121,6 +120,23 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
              "stage": memory.stage, "target": setup.framework.name, "items": {i.name: int(i.value) for i in memory.items}},
             out_of_memory_fix(setup, memory))
     return make_estimate(setup, memory, step_time(setup), with_events=pipeline_events)
+
+
+def _setup(problem: Problem, layout: Layout, gpu: GpuOption, target: str | CostProfile | None,
+           efficiency: Efficiency | None, impl: ActivationImpl | None) -> Setup:
+    setup = make_setup(problem, layout, gpu, target=profile_of(target or default_target(problem)), eff=efficiency)
+    return setup if impl is None else dataclasses.replace(setup, impl=impl)
+
+
+def memory_by_stage(problem: Problem, layout: Layout, *, target: str | CostProfile | None = None,
+                    impl: ActivationImpl | None = None) -> tuple[tuple[LineItem, ...], ...]:
+    """The memory line items of each distinct pipeline stage of a layout ``evaluate`` accepts (its Estimate's
+    breakdown keeps the largest stage's): what each stage keeps differs (the first holds the most micro-batches,
+    the last the loss), and a measurement per rank is compared with its own stage's."""
+    gpu = find_gpu_option(problem, layout.gpu)
+    assert gpu is not None, layout.gpu
+    setup = _setup(problem, layout, gpu, target, None, impl)
+    return tuple(tuple(stage_memory_items(setup, sl)) for sl in candidate_stages(setup))
 
 
 @dataclass(frozen=True)

@@ -347,10 +347,13 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         saved, transient = logits_bytes(setup, inflight)
         loss = loss_memory(setup)
         kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
-        items.append(LineItem(
-            "logits_loss", saved + transient,
-            f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab x ({kept_b:g} B "
-            f"{loss.kept_what} + {transient_b:g} B {loss.transient_what})", loss.source))
+        logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab"
+        kept = f" x {inflight:g} micro-batches" if lay.schedule == "gpipe" and inflight != 1 else ""
+        items.append(LineItem("logits_loss", saved, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}", loss.source))
+        if transient:
+            items.append(LineItem("loss_transient", transient,
+                                  f"{logits} x {transient_b:g} B ({loss.transient_what}) while the loss runs",
+                                  loss.source))
     if lay.zero_stage == 3:
         items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),
                               f"largest unit {format_count(max(sp.layer_dense, sp.embedding))} params x "

@@ -7,14 +7,16 @@ The comparison groups the line items the way the ranks can measure them:
 
 * ``model_states``: weights + gradients + master weights + optimizer states
   (measured: parameter + gradient + optimizer-state bytes of the rank);
-* ``activations``: activations + logits/loss + recompute working set
-  (measured: the peak bytes autograd saved for backward);
+* ``activations``: activations + the logits the loss keeps + recompute working set, of the stage that keeps
+  the most (measured: the peak bytes autograd saved for backward on any rank; the loss's transient buffers
+  are not saved tensors);
 * ``total``: everything the allocator sees (GPU only: ``torch.cuda.max_memory_allocated``
   against the total less the CUDA context and NCCL allowances).
 """
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from compiler.errors import DtcError
@@ -34,7 +36,7 @@ BANDS: dict[str, tuple[float, float]] = {"model_states": (0.8, 1.25), "activatio
                                          "total": (0.5, 1.5)}
 
 STATE_ITEMS = ("weights", "gradients", "master_weights", "optimizer_states")
-ACTIVATION_ITEMS = ("activations", "logits_loss", "recompute_working_set")
+ACTIVATION_ITEMS = ("activations", "logits_loss", "recompute_working_set")  # what autograd saves (not loss_transient)
 NOT_ALLOCATED = ("cuda_context", "nccl_buffers")
 
 
@@ -62,8 +64,12 @@ def activation_impl(target: str, device: str) -> Any:
     deepspeed trainers are plain PyTorch modules (nn.RMSNorm, SDPA, eager SwiGLU), on CPU with CPU dropout.
     Megatron on GPUs runs Transformer Engine (the cost model's default); on CPU it runs megatron-core's local
     layers with every fusion off (compiler/targets/megatron/cpu.py: --no-masked-softmax-fusion,
-    --no-bias-swiglu-fusion, ...): torch norms and SwiGLU, and the unfused DotProductAttention, which repeats
-    the KV heads to every query head and keeps the softmax (megatron/core/transformer/dot_product_attention.py)."""
+    --no-bias-swiglu-fusion, ...): torch norms, the unfused DotProductAttention, which repeats the KV heads to
+    every query head and keeps the softmax (megatron/core/transformer/dot_product_attention.py), and MLP.forward's
+    unfused glu (megatron/core/transformer/mlp.py), whose product saves silu(gate) and a copy of up
+    (``x_linear + glu_linear_offset``) beside the fc1 output, and whose MoE experts multiply that product by the
+    routing probabilities in one more op that saves it (``per_token_scale``); counted by saved_tensors_hooks on
+    megatron-core 0.19.2's CPU smoke runs."""
     from dataclasses import replace
 
     from compiler.costmodel.activations import DEFAULT_IMPL, TORCH_EAGER, TORCH_EAGER_CPU
@@ -71,25 +77,38 @@ def activation_impl(target: str, device: str) -> Any:
     if target in ("fsdp", "deepspeed"):
         return TORCH_EAGER_CPU if device == "cpu" else TORCH_EAGER
     if device == "cpu":
-        return replace(TORCH_EAGER_CPU, name="megatron_local_cpu", attention="unfused",
-                       source="megatron-core local layers on CPU with every fusion off: torch norms and SwiGLU, "
-                              "unfused DotProductAttention (KV repeated per query head, softmax kept)")
+        return replace(TORCH_EAGER_CPU, name="megatron_local_cpu", attention="unfused", swiglu_saved_widths=4,
+                       expert_scale_saves_output=True,
+                       source="megatron-core local layers on CPU with every fusion off: torch norms, unfused "
+                              "DotProductAttention (KV repeated per query head, softmax kept), the unfused glu (fc1 "
+                              "output, silu(gate), a copy of up) and the experts' probability scaling")
     return DEFAULT_IMPL
 
 
-def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryBreakdown | str:
-    """The predicted per-GPU memory breakdown of the smoke layout, or why there is none."""
-    from compiler.costmodel.evaluation import evaluate
+@dataclass(frozen=True)
+class MemoryPrediction:
+    memory: MemoryBreakdown  # the largest stage's line items (what PLAN.md shows)
+    saved_bytes: int  # the most any stage keeps for backward (ACTIVATION_ITEMS of each stage)
+    saved_items: tuple[str, ...]  # the line items that sum to it
+
+
+def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryPrediction | str:
+    """The predicted per-GPU memory of the smoke layout, or why there is none."""
+    from compiler.costmodel.evaluation import evaluate, memory_by_stage
     from compiler.problem import problem_from_data
 
+    impl = activation_impl(target, setup.device)
     try:
         problem = problem_from_data(reduced_spec(setup, shape, target), path=f"<smoke {setup.plan_name}>")
-        est = evaluate(problem, setup.layout, target=target, impl=activation_impl(target, setup.device))
+        est = evaluate(problem, setup.layout, target=target, impl=impl)
     except DtcError as exc:
         return f"no prediction: {exc.diagnostics[0].summary}"
     if not isinstance(est, Estimate):
         return f"no prediction: the cost model rejects the smoke layout ({est.code}: {est.message})"
-    return est.memory
+    stages = [[i for i in items if i.name in ACTIVATION_ITEMS]
+              for items in memory_by_stage(problem, setup.layout, target=target, impl=impl)]
+    most = max(stages, key=lambda items: sum(i.value for i in items))
+    return MemoryPrediction(est.memory, int(sum(i.value for i in most)), tuple(i.name for i in most))
 
 
 def _max(values: list[int | None]) -> int | None:
@@ -97,10 +116,11 @@ def _max(values: list[int | None]) -> int | None:
     return max(present) if present else None
 
 
-def compare(memory: MemoryBreakdown, ranks: list[RankMeasure], *, host_offload: bool = False,
+def compare(prediction: MemoryPrediction, ranks: list[RankMeasure], *, host_offload: bool = False,
             gpus_per_node: int = 1) -> list[Comparison]:
     """Measured (max over ranks) vs predicted, by group (a rank's ``peak_bytes`` is the allocator's
     peak on GPU, the sum of the measured parts on CPU)."""
+    memory = prediction.memory
     items = {i.name: i.value for i in memory.items}
 
     def total(names: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
@@ -110,7 +130,7 @@ def compare(memory: MemoryBreakdown, ranks: list[RankMeasure], *, host_offload: 
     grads_measured = any(r.grad_bytes is not None for r in ranks)
     states, state_names = total(STATE_ITEMS if grads_measured or not ranks
                                 else tuple(n for n in STATE_ITEMS if n != "gradients"))
-    acts, act_names = total(ACTIVATION_ITEMS)
+    acts, act_names = prediction.saved_bytes, prediction.saved_items
     measured_states = _max([None if r.param_bytes is None else
                             r.param_bytes + (r.grad_bytes or 0) + (r.optimizer_bytes or 0) for r in ranks])
     if host_offload and memory.cpu_bytes_per_node:
