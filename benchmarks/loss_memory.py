@@ -10,7 +10,10 @@ per logit: what is left allocated between the forward and the backward (kept), t
 whole call, and the model's kept and kept + transient (compiler/costmodel/activations.py). The
 projection's own tensors are a few hundredths of a byte per logit (its width is 16).
 
-Transformer Engine's fused cross entropy needs a GPU and is not measured here.
+Megatron-Core's jit-fused functions run compiled by torch.compile (megatron/core/jit.py jit_fuser), as they do on
+GPUs: compiled, they allocate a new softmax and a new gradient where the eager code works in place (dtc's CPU
+smoke runs them eagerly, compiler/targets/megatron/cpu.py). Transformer Engine's fused cross entropy needs a GPU
+and is not measured here.
 
     python benchmarks/loss_memory.py [--json]
 

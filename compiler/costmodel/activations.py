@@ -415,7 +415,7 @@ LOSS_MEMORY: dict[str, LossMemory] = {
         "Megatron-Core's jit-fused vocab-parallel cross entropy (megatron/core/fusions/fused_cross_entropy.py, "
         "--cross-entropy-loss-fusion native): the fused steps save a new fp32 softmax, calculate_gradients writes a "
         "new fp32 gradient and casts it to bf16 beside it; measured 4 B kept, 10 B at the peak (megatron-core "
-        "0.19.2, benchmarks/loss_memory.py)",
+        "0.19.2 with its jit_fuser functions compiled by torch.compile, as on GPUs; benchmarks/loss_memory.py)",
         lambda b: (float(FP32_BYTES), FP32_BYTES + 2.0)),
     "megatron_fp32": LossMemory(
         "fp32 softmax of the micro-batch in its loss", "16-bit logits or gradient beside it",
