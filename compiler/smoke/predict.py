@@ -5,8 +5,8 @@ explicit shape, the smoke's sequence length, global batch and precision, on the 
 type (``problem_from_data``), and the smoke layout is costed with ``evaluate``.
 The comparison groups the line items the way the ranks can measure them:
 
-* ``model_states``: weights + gradients + master weights + optimizer states
-  (measured: parameter + gradient + optimizer-state bytes of the rank);
+* ``model_states``: weights + gradients + master weights + optimizer states, of the stage that holds the most
+  (measured: parameter + gradient + optimizer-state bytes of the rank, the most of any rank);
 * ``activations``: activations + the logits the loss keeps + recompute working set, of the stage that keeps
   the most (measured: the peak bytes autograd saved for backward on any rank; the loss's transient buffers
   are not saved tensors);
@@ -88,8 +88,14 @@ def activation_impl(target: str, device: str) -> Any:
 @dataclass(frozen=True)
 class MemoryPrediction:
     memory: MemoryBreakdown  # the largest stage's line items (what PLAN.md shows)
-    saved_bytes: int  # the most any stage keeps for backward (ACTIVATION_ITEMS of each stage)
-    saved_items: tuple[str, ...]  # the line items that sum to it
+    stages: tuple[dict[str, float], ...]  # each distinct pipeline stage's line items, by name
+
+    def most(self, names: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+        """The most any stage holds of the line items ``names`` (ranks are measured one by one, and the largest
+        measurement is compared), and which of them that stage has."""
+        stage = max(self.stages, key=lambda items: sum(items.get(n, 0.0) for n in names))
+        used = tuple(n for n in names if n in stage)
+        return int(sum(stage[n] for n in used)), used
 
 
 def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryPrediction | str:
@@ -105,10 +111,9 @@ def predict_memory(setup: SmokeSetup, shape: ModelShape, target: str) -> MemoryP
         return f"no prediction: {exc.diagnostics[0].summary}"
     if not isinstance(est, Estimate):
         return f"no prediction: the cost model rejects the smoke layout ({est.code}: {est.message})"
-    stages = [[i for i in items if i.name in ACTIVATION_ITEMS]
-              for items in memory_by_stage(problem, setup.layout, target=target, impl=impl)]
-    most = max(stages, key=lambda items: sum(i.value for i in items))
-    return MemoryPrediction(est.memory, int(sum(i.value for i in most)), tuple(i.name for i in most))
+    stages = tuple({i.name: i.value for i in items}
+                   for items in memory_by_stage(problem, setup.layout, target=target, impl=impl))
+    return MemoryPrediction(est.memory, stages)
 
 
 def _max(values: list[int | None]) -> int | None:
@@ -122,15 +127,10 @@ def compare(prediction: MemoryPrediction, ranks: list[RankMeasure], *, host_offl
     peak on GPU, the sum of the measured parts on CPU)."""
     memory = prediction.memory
     items = {i.name: i.value for i in memory.items}
-
-    def total(names: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
-        used = tuple(n for n in names if n in items)
-        return int(sum(items[n] for n in used)), used
-
     grads_measured = any(r.grad_bytes is not None for r in ranks)
-    states, state_names = total(STATE_ITEMS if grads_measured or not ranks
-                                else tuple(n for n in STATE_ITEMS if n != "gradients"))
-    acts, act_names = prediction.saved_bytes, prediction.saved_items
+    states, state_names = prediction.most(STATE_ITEMS if grads_measured or not ranks
+                                          else tuple(n for n in STATE_ITEMS if n != "gradients"))
+    acts, act_names = prediction.most(ACTIVATION_ITEMS)
     measured_states = _max([None if r.param_bytes is None else
                             r.param_bytes + (r.grad_bytes or 0) + (r.optimizer_bytes or 0) for r in ranks])
     if host_offload and memory.cpu_bytes_per_node:
