@@ -217,9 +217,13 @@ def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
     schedule (1F1B's steady state; GPipe keeps them all): one micro-batch's kept bytes count, not the stage's
     in-flight count."""
     t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.layout.tp
-    kept = inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
     kept_b, transient_b = loss_memory(setup).per_logit(setup.recipe.activation_bytes)
-    return t * kept * (per_token * kept_b), t * (per_token * transient_b)
+    return t * loss_kept_microbatches(setup, inflight) * (per_token * kept_b), t * (per_token * transient_b)
+
+
+def loss_kept_microbatches(setup: Setup, inflight: float) -> float:
+    """How many micro-batches' kept loss bytes the last stage holds (logits_bytes)."""
+    return inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
 
 
 def loss_memory(setup: Setup) -> act.LossMemory:
@@ -348,7 +352,8 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         loss = loss_memory(setup)
         kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
         logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab"
-        kept = f" x {inflight:g} micro-batches" if lay.schedule == "gpipe" and inflight != 1 else ""
+        held = loss_kept_microbatches(setup, inflight)
+        kept = f" x {held:g} micro-batches" if held != 1 else ""
         items.append(LineItem("logits_loss", saved, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}", loss.source))
         if transient:
             items.append(LineItem("loss_transient", transient,
