@@ -236,10 +236,8 @@ def run_slurm_target(ctx, target: str) -> TargetResult:
     if not job.completed:
         job.explain_failure(result)
         return result
-    if result.steps_done < setup.steps:
-        result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
-    elif not result.loss_fell:
-        result.reason = "the loss did not fall on the learnable synthetic task"
+    if (why := T.run_verdict(result)) is not None:
+        result.reason = why
     elif not summary:
         result.reason = f"{entry} printed no {T.hooks(target).summary_key} line"
     else:

@@ -195,6 +195,18 @@ def target_notes(result: TargetResult, setup: SmokeSetup, summary: dict[str, Any
         result.notes += load(hook)(setup, summary)
 
 
+def run_verdict(result: TargetResult) -> str | None:
+    """Why a run that ended on its own (launcher exit 0, or a COMPLETED SLURM job) failed, None when it passed: every
+    requested step ran, and the loss stayed finite and fell."""
+    if result.steps_done < result.steps_requested:
+        return f"only {result.steps_done} of {result.steps_requested} steps ran"
+    if not all(math.isfinite(x) for x in result.losses):
+        return "the loss is not finite"
+    if not result.loss_fell:
+        return "the loss did not fall on the learnable synthetic task"
+    return None
+
+
 def judge(result: TargetResult, launch: L.LaunchResult) -> None:
     """passed iff the launch succeeded, ran every step, and the loss fell (finite throughout)."""
     if launch.interrupted:
@@ -206,12 +218,8 @@ def judge(result: TargetResult, launch: L.LaunchResult) -> None:
     elif launch.returncode != 0:
         rank = "" if launch.failing_rank is None else f" (rank {launch.failing_rank} failed first)"
         result.status, result.reason = "failed", f"the launcher exited with {launch.returncode}{rank}"
-    elif result.steps_done < result.steps_requested:
-        result.status, result.reason = "failed", f"only {result.steps_done} of {result.steps_requested} steps ran"
-    elif not all(math.isfinite(x) for x in result.losses):
-        result.status, result.reason = "failed", "the loss is not finite"
-    elif not result.loss_fell:
-        result.status, result.reason = "failed", "the loss did not fall on the learnable synthetic task"
+    elif (why := run_verdict(result)) is not None:
+        result.status, result.reason = "failed", why
     else:
         result.status = "passed"
     result.error_rank, result.error, result.error_tail = launch.failing_rank, launch.error, launch.error_tail

@@ -619,10 +619,8 @@ def run_slurm_megatron(ctx, run, worker_env: dict[str, str]) -> TargetResult:
                         f"rank, --overcommit onto the local node")
     if not job.completed:
         job.explain_failure(result)
-    elif result.steps_done < setup.steps:
-        result.reason = f"only {result.steps_done} of {setup.steps} steps ran"
-    elif not result.loss_fell:
-        result.reason = "the loss did not fall on the learnable synthetic task"
+    elif (why := T.run_verdict(result)) is not None:
+        result.reason = why
     else:
         result.status = "passed"
     return result
