@@ -226,6 +226,21 @@ def loss_kept_microbatches(setup: Setup, inflight: float) -> float:
     return inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
 
 
+def backward_peaks(working: float, one_loss: float, transient: float) -> tuple[float, float]:
+    """(recompute working set, loss transient) as line items that add up to the stage's peak.
+
+    A stage's backward never holds the layer it rematerialises together with the loss's transient buffers, nor
+    with its own micro-batch's kept loss bytes: the backward reaches a layer only after the loss's backward has
+    consumed both. On the last stage the peak beyond the kept activations and kept loss bytes is therefore
+    max(transient, working - one micro-batch's kept loss bytes), not their sum: the working set counts above the
+    loss bytes its micro-batch has freed, and the transient above what the working set already counts. The first
+    two of (activations, logits_loss, recompute_working_set) then add up to what autograd saves at its peak, and
+    with loss_transient to what the allocator holds (measured by dtc smoke with saved_tensors_hooks, and in
+    compiler/runtime/measure.py's timeline of a checkpointed block)."""
+    remat = max(0.0, working - one_loss)
+    return remat, max(0.0, transient - remat)
+
+
 def loss_memory(setup: Setup) -> act.LossMemory:
     """The loss's bytes per logit under the cross-entropy implementation the framework runs at this precision."""
     return act.LOSS_MEMORY[setup.framework.cross_entropy_for(setup.recipe.name)]
@@ -338,26 +353,35 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
         f"in flight ({lay.schedule if lay.pp > 1 else 'no pipeline'}, stage {sl.stage})",
         f"{act.PAPER_SOURCE}, generalised per saved tensor ({setup.impl.name}); in-flight count from the simulated "
         "schedule (Narayanan et al. 2021)"))
+    working = recompute_working_set_bytes(setup, sl) if lay.recompute != "none" else 0.0
+    kept_loss, transient = logits_bytes(setup, inflight) if sl.last else (0.0, 0.0)
+    held = loss_kept_microbatches(setup, inflight) if sl.last else 0.0
+    one_loss = kept_loss / held if held else 0.0
+    remat, transient_left = backward_peaks(working, one_loss, transient)
     if lay.recompute != "none":
         per_op = op_level_selective(setup)
+        what = ("one layer's ops that op-level selective checkpointing does not keep, rematerialised during backward"
+                if per_op else f"one layer rematerialised during backward ({lay.recompute} recompute)")
+        if one_loss:
+            what += (f": {_gb(working)} less the {_gb(min(working, one_loss))} its micro-batch's loss backward has "
+                     "freed by then")
         items.append(LineItem(
-            "recompute_working_set", recompute_working_set_bytes(setup, sl),
-            "one layer's ops that op-level selective checkpointing does not keep, rematerialised during backward"
-            if per_op else f"one layer rematerialised during backward ({lay.recompute} recompute)",
+            "recompute_working_set", remat, what,
             "torch.utils.checkpoint (non-reentrant): a checkpointed block's recomputed tensors live until backward "
             "consumes them; measured by dtc smoke (compiler/runtime/measure.py count_recomputation)"
             if per_op else act.PAPER_SOURCE))
     if sl.last:
-        saved, transient = logits_bytes(setup, inflight)
         loss = loss_memory(setup)
         kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
         logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab"
-        held = loss_kept_microbatches(setup, inflight)
         kept = f" x {held:g} micro-batches" if held != 1 else ""
-        items.append(LineItem("logits_loss", saved, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}", loss.source))
+        items.append(LineItem("logits_loss", kept_loss, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}",
+                              loss.source))
         if transient:
-            items.append(LineItem("loss_transient", transient,
-                                  f"{logits} x {transient_b:g} B ({loss.transient_what}) while the loss runs",
+            less = (f", less the {_gb(transient - transient_left)} the rematerialised layer holds at another moment "
+                    "(never live together)" if transient_left < transient else "")
+            items.append(LineItem("loss_transient", transient_left,
+                                  f"{logits} x {transient_b:g} B ({loss.transient_what}) while the loss runs{less}",
                                   loss.source))
     if lay.zero_stage == 3:
         items.append(LineItem("zero3_gathered_params", zero3_gathered_bytes(setup, sp),

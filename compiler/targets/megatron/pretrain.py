@@ -391,6 +391,23 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
+def _count_backward_recomputation() -> None:
+    """Megatron's activation recompute (tensor_parallel.checkpoint, reentrant) runs a layer's forward again inside
+    the backward, and what that forward saves lives until the layer's backward has used it: run the schedules'
+    backward steps inside SAVED's hooks too (forward_step runs the forward inside them), so the rematerialised
+    layer is counted as the cost model counts it (its recompute_working_set line). A backward saves nothing
+    else."""
+    from megatron.core.pipeline_parallel import schedules
+
+    original = schedules.backward_step
+
+    def backward_step(*args, **kwargs):
+        with SAVED.hooks():
+            return original(*args, **kwargs)
+
+    schedules.backward_step = backward_step  # the schedules call it by its module-level name
+
+
 def train() -> None:
     from megatron.core.enums import ModelType
     from megatron.training import pretrain, set_startup_timestamps
@@ -405,6 +422,7 @@ def train() -> None:
         raise SystemExit("dtc smoke: the smoke worker runs the plain GPT path of pretrain_gpt.py; not wired: "
                          + ", ".join("--" + a.replace("_", "-") for a in asked))
     _capture_model_and_optimizer()
+    _count_backward_recomputation()
     import warnings
 
     with warnings.catch_warnings():

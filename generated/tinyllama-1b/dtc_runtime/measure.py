@@ -135,6 +135,8 @@ def count_recomputation() -> bool:
 
 
 def _count_recomputed(frame, gid, x) -> None:
+    if SavedActivations._is_weight(x):  # a weight's view (``w.t()``): the frame stores it detached, no longer
+        return                          # recognisable as a parameter, but it is the weight's storage
     try:
         holder = frame.weak_holders[frame.recomp_counter[gid] - 1]()
         handle = holder.handles.get(gid) if holder is not None else None
