@@ -247,6 +247,23 @@ def test_full_recompute_on_every_target(gen):
 
 
 @pytest.mark.slow
+def test_context_parallel_plan_runs_on_the_cpu_path(gen):
+    """A cp=2 plan: CPU runs cp=1 (megatron-core's cp attention is Transformer Engine's), and the plan-scale check
+    of the CPU path's arguments keeps the plan's data-parallel size. It ran them at the plan's world size, where
+    Megatron's dp doubles and a global batch the plan's dp divides (2 over dp=2) failed its batch assertion."""
+    from compiler.smoke import run_smoke
+
+    folder = make_generated(gen, "mg-cp2", targets="megatron, slurm", gbs=2, cp=2, dp_shard=2, zero_stage=1,
+                            micro_batch=1)
+    report = run_smoke(folder, target="megatron", timeout_s=400)
+    t = report.targets[0]
+    _passed(t, ranks=report.setup["world_size"])
+    assert any(c["what"] == "skipped part: context parallel" for c in t.changes), t.changes
+    assert "--context-parallel-size" not in t.command
+    assert_no_leftovers()
+
+
+@pytest.mark.slow
 def test_pp2_1f1b_equals_pp1_and_resumes(gen, tmp_path):
     folder = make_generated(gen, "mg-pp2", targets="megatron, slurm", gbs=4, pp=2, micro_batch=1)
     full = _run(folder, tmp_path / "full")  # PP2, 4 steps uninterrupted
@@ -315,6 +332,29 @@ def test_ep2_moe(tmp_path):
     _passed(t, ranks=2)
     assert "--expert-model-parallel-size 2" in t.command and "--num-experts 4" in t.command
     assert any("experts run for real: ep=2" in n for n in t.notes)
+
+
+@pytest.mark.slow
+def test_tp2_ep2_moe_runs_its_experts_whole_on_cpu(tmp_path):
+    """A tp=2 MoE plan: on CPU the experts run whole (etp=1; gloo rejects expert-TP's uneven all-gathers), so each
+    rank holds tp x the expert weights and gradients the plan's split gives (the same optimizer shards): the model
+    states are reported, not judged, and say why; the activations are judged as ever. It failed at x1.29."""
+    from compiler.artifacts import write_artifacts
+    from compiler.render.all_targets import render
+    from plan_fixtures import layout_for, plan_for, problem_for
+
+    problem = problem_for(MOE_SPEC.format(name="mg-moe-tp2"))
+    plan = plan_for(problem, layout_for(problem, tp=2, ep=2, dp_shard=4, zero_stage=1, micro_batch=1,
+                                        sequence_parallel=True))
+    folder = tmp_path / "mg-moe-tp2"
+    write_artifacts(render(plan, targets=plan.targets), folder)
+    t = _run(folder, tmp_path / "work")
+    _passed(t, ranks=4)
+    assert "--expert-tensor-parallel-size 1" in t.command
+    by = {c.name: c for c in t.comparisons}
+    assert by["model_states"].band is None and by["model_states"].ratio > 1.0
+    assert by["activations"].band is not None and not by["activations"].out_of_band
+    assert any("model states not judged" in n and "etp=1" in n for n in t.notes)
 
 
 BROKEN = {

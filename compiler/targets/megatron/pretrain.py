@@ -359,16 +359,19 @@ def check_plan_args() -> None:
     names = ("RANK", "WORLD_SIZE", "CUDA_DEVICE_MAX_CONNECTIONS")
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in names}
     print_args, A._print_args = A._print_args, lambda *a, **k: None
+    at = f"at the plan's world size ({world} ranks)"
     try:
         args = _validated(A, json.loads(text), world, os.environ.get(PLAN_CONNECTIONS_ENV, UNSET))
         config_text = os.environ.get(PLAN_CONFIG_ARGS_ENV)
         if config_text:
             config = json.loads(config_text)
-            args = _validated(A, config["args"], world, config["connections"])
+            # the CPU path runs cp=1 on the plan's dp (megatron/smoke.py worker_env)
+            at = f"on the CPU path (cp=1) at the plan's other degrees ({config['world']} ranks)"
+            args = _validated(A, config["args"], config["world"], config["connections"])
         A.core_transformer_config_from_args(args)
     except Exception as exc:  # noqa: BLE001 - Megatron's own rejection, reported as such
-        print(f"megatron_args.sh: error: Megatron rejects the generated arguments at the plan's world size "
-              f"({world} ranks): {megatron_message(exc)}", file=sys.stderr, flush=True)
+        print(f"megatron_args.sh: error: Megatron rejects the generated arguments {at}: {megatron_message(exc)}",
+              file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     finally:
         sys.argv, A._print_args = saved_argv, print_args
