@@ -142,11 +142,14 @@ class _Entry:
 
 
 class _Search:
-    def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None):
+    def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None,
+                 ceiling: float = float("inf")):
         """``like``: a search of the same problem but for top_k, whose space and bounds (and their caches) this
-        one shares: neither reads top_k."""
+        one shares: neither reads top_k. ``ceiling``: an objective key no layout of interest reaches (the search
+        prunes every layout whose bound is above it, and finds the best exactly when that one is below it)."""
         self.problem = problem
         self.k = k
+        self.ceiling = ceiling
         self.evaluate = evaluator
         if like is not None:
             assert replace(like.problem, top_k=problem.top_k) == problem, "a shared search must be of the same problem"
@@ -201,10 +204,10 @@ class _Search:
     def threshold(self) -> float:
         """The objective key a layout must beat to enter the top k+1 (inf until it is full)."""
         if len(self.top) <= self.k:
-            return float("inf")
+            return self.ceiling
         if self.ties:  # a layout that might tie with the cheapest is never pruned
-            return max(self.top[-1].key[0], self.cheapest * (1 + CHEAPEST_TIE))
-        return self.top[-1].key[0]
+            return min(self.ceiling, max(self.top[-1].key[0], self.cheapest * (1 + CHEAPEST_TIE)))
+        return min(self.ceiling, self.top[-1].key[0])
 
     def threshold_for(self, shape: Shape) -> float:
         """The objective key a layout of ``shape`` must beat to matter: ``threshold``, and under 'cheapest' also
@@ -1055,9 +1058,14 @@ def target_costs(problem: Problem, plan: Plan, *, min_gain: float = 0.005) -> tu
     frameworks = [t for t in problem.targets if registry.get(t).support]
     out = []
     base = objective_key(problem, plan.estimate)
+    # only a layout more than min_gain better than the plan is reported: the relaxed search prunes the rest. Under
+    # 'cheapest' the layout reported is the fastest of those tying with the cheapest (within CHEAPEST_TIE): when the
+    # cheapest is below the line, all of them are below the line raised by the tie band, and when it is not, none is
+    # reported whatever the search keeps
+    ceiling = base * (1 - min_gain) * (1 + CHEAPEST_TIE if problem.objective == "cheapest" else 1)
     for target in frameworks:
         others = tuple(t for t in problem.targets if t != target)
-        relaxed = _Search(replace(problem, targets=others, top_k=0), 0, _search_evaluate)
+        relaxed = _Search(replace(problem, targets=others, top_k=0), 0, _search_evaluate, ceiling=ceiling)
         relaxed.run()
         if not relaxed.top:
             continue
