@@ -23,7 +23,8 @@ from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 # costed with a node-aware (DeepEP-style) dispatch as the fit has them (not verified recipe by recipe; dtc's own Megatron target
 # renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical); their loss is stated per
 # profile below for every precision, not dtc's renderer's fp16/fp32 exception
-_BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=())
+_BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=(),
+                  dropout=None)  # dtc's renderer sets dropout 0; the published runs' GPT-3 configs are not checked
 
 # the gradients' dtype of the profiles below that keep them in bf16 (CostProfile.grad_source)
 _DEEPSPEED_BF16_GRADS = ("bf16 gradients reduced in bf16 (DeepSpeed bf16 mode: grad_accum_dtype and "
@@ -39,7 +40,7 @@ _BRIDGE_BF16_GRADS = ("NeMo 2 / Megatron-Bridge benchmark recipes reduce gradien
 PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
     # published DeepSpeed runs keep DeepSpeed's bf16-mode defaults; dtc's ds_config.json asks for fp32 (cost.py)
     "deepspeed_defaults": replace(
-        DEEPSPEED, grad_dtype="bf16", grad_reduce_dtype="bf16", source=deepspeed_source_with(_DEEPSPEED_BF16_GRADS),
+        DEEPSPEED, dropout=None, grad_dtype="bf16", grad_reduce_dtype="bf16", source=deepspeed_source_with(_DEEPSPEED_BF16_GRADS),
         grad_source=_DEEPSPEED_BF16_GRADS),
     "nemo_2407": replace(
         _BRIDGE, name="nemo_2407", display_name="NeMo 24.07 (Megatron-Core, NeMo-Framework-Launcher recipes)",

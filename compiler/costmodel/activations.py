@@ -139,10 +139,12 @@ def attention_widths(shape: ModelShape) -> AttentionWidths:
     return AttentionWidths(shape.num_attention_heads, shape.num_kv_heads, d, d, 0)
 
 
-def uses_dropout(shape: ModelShape) -> bool:
-    """GPT-2/3-style models (biases everywhere) train with dropout 0.1 (Megatron-LM GPT default
-    --hidden-dropout/--attention-dropout 0.1); Llama-style models train without dropout."""
-    return shape.linear_bias
+def uses_dropout(shape: ModelShape, trained_with: bool | None = None) -> bool:
+    """Whether the layers save dropout masks. ``trained_with``: the training stack's own setting (a cost profile's
+    ``dropout``: dtc's targets train without); None, a published stack's: GPT-2/3-style models (biases everywhere)
+    trained with dropout 0.1 (Megatron-LM GPT default --hidden-dropout/--attention-dropout 0.1), Llama-style models
+    without."""
+    return shape.linear_bias if trained_with is None else trained_with
 
 
 # --- the saved-tensor groups, one function each (bytes per token of one layer) -------------
@@ -215,10 +217,9 @@ def moe_dispatch_bytes_per_token(hidden: int, top_k: int, act_bytes: int, gemm_b
 
 
 def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: ActivationImpl,
-                    gemm_bytes: float) -> list[Term]:
+                    gemm_bytes: float, dropout: bool) -> list[Term]:
     w = attention_widths(shape)
     h = shape.hidden_size
-    dropout = uses_dropout(shape)
     terms = [
         Term("attention_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
         Term("qkv_input", gemm_input_bytes_per_token(h, gemm_bytes), False),
@@ -236,7 +237,8 @@ def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: Activa
     return terms
 
 
-def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: float) -> list[Term]:
+def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_bytes: float,
+                    dropout: bool) -> list[Term]:
     h, f = shape.hidden_size, shape.ffn_hidden_size
     terms = [
         Term("mlp_norm_input", norm_input_bytes_per_token(h, act_bytes, impl, shape.norm), False),
@@ -244,7 +246,7 @@ def dense_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gem
         Term("mlp_activation", mlp_activation_bytes_per_token(f, shape.mlp, act_bytes, impl), True),
         Term("mlp_fc2_input", gemm_input_bytes_per_token(f, gemm_bytes), True),
     ]
-    if uses_dropout(shape):
+    if dropout:
         terms.append(Term("mlp_dropout_mask", dropout_mask_bytes_per_token(h, act_bytes, impl), False))
     return terms
 
@@ -280,12 +282,15 @@ NVFP4_GEMM_INPUT_BYTES = 0.5625
 
 
 def layer_terms(shape: ModelShape, *, moe_layer: bool, seq_kv: int, act_bytes: int,
-                impl: ActivationImpl = DEFAULT_IMPL, gemm_bytes: float | None = None) -> tuple[Term, ...]:
+                impl: ActivationImpl = DEFAULT_IMPL, gemm_bytes: float | None = None,
+                dropout: bool | None = None) -> tuple[Term, ...]:
     """All saved-tensor groups of one decoder layer. ``gemm_bytes``: bytes per saved GEMM input
-    (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; 0.5625 under nvfp4; default: ``act_bytes``)."""
+    (1 under fp8 GEMMs: Transformer Engine keeps the fp8 copy; 0.5625 under nvfp4; default: ``act_bytes``).
+    ``dropout``: the training stack's setting (uses_dropout)."""
     gb = gemm_bytes or act_bytes
-    mlp = moe_mlp_terms(shape, act_bytes, impl, gb) if moe_layer else dense_mlp_terms(shape, act_bytes, impl, gb)
-    terms = attention_terms(shape, seq_kv, act_bytes, impl, gb) + mlp
+    drop = uses_dropout(shape, dropout)
+    mlp = moe_mlp_terms(shape, act_bytes, impl, gb) if moe_layer else dense_mlp_terms(shape, act_bytes, impl, gb, drop)
+    terms = attention_terms(shape, seq_kv, act_bytes, impl, gb, drop) + mlp
     if impl.recompute_norms_and_up_proj:
         dropped = ("qkv_input", "mlp_input") + (("qkv",) if shape.mla is not None else ())
         terms = [t for t in terms if t.name not in dropped]
@@ -374,9 +379,9 @@ def recompute_working_set_bytes(terms: tuple[Term, ...], *, tokens: int, tp: int
 # --- first and last stage extras -------------------------------------------------------------
 
 
-def embedding_activation_bytes_per_token(shape: ModelShape) -> float:
+def embedding_activation_bytes_per_token(shape: ModelShape, dropout: bool | None = None) -> float:
     """The embedding keeps only its dropout mask (Korthikanti sec. 4.2); lookups save indices."""
-    return dropout_mask_bytes_per_token(shape.hidden_size) if uses_dropout(shape) else 0.0
+    return dropout_mask_bytes_per_token(shape.hidden_size) if uses_dropout(shape, dropout) else 0.0
 
 
 def output_layer_activation_bytes_per_token(shape: ModelShape, act_bytes: int, impl: ActivationImpl) -> float:

@@ -123,16 +123,16 @@ def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, 
 
 @functools.lru_cache(maxsize=4096)
 def layer_terms_cached(shape: ModelShape, moe_layer: bool, seq_kv: int, act_bytes: int,
-                       impl: act.ActivationImpl, gemm_bytes: float) -> tuple[act.Term, ...]:
+                       impl: act.ActivationImpl, gemm_bytes: float, dropout: bool | None) -> tuple[act.Term, ...]:
     return act.layer_terms(shape, moe_layer=moe_layer, seq_kv=seq_kv, act_bytes=act_bytes, impl=impl,
-                           gemm_bytes=gemm_bytes)
+                           gemm_bytes=gemm_bytes, dropout=dropout)
 
 
 def setup_layer_terms(setup: Setup, moe_layer: bool, impl: act.ActivationImpl | None = None) -> tuple[act.Term, ...]:
     r = setup.recipe
     gemm_bytes = GEMM_INPUT_BYTES.get(r.gemm_dtype, r.activation_bytes)
     return layer_terms_cached(setup.shape, moe_layer, setup.seq_len // setup.layout.cp, r.activation_bytes,
-                              impl or setup.impl, gemm_bytes)
+                              impl or setup.impl, gemm_bytes, setup.framework.dropout)
 
 
 def fused_activation_bytes_per_layer(setup: Setup, *, moe_layer: bool) -> float:
@@ -181,11 +181,17 @@ def stage_activation_bytes_per_microbatch(setup: Setup, sl: StageLayers, recompu
                 for moe_layer, n in ((False, sl.dense), (True, sl.moe)) if n)
     shard = lay.tp if lay.sequence_parallel else 1
     if sl.first:
-        total += t * act.embedding_activation_bytes_per_token(setup.shape) / shard
+        total += t * act.embedding_activation_bytes_per_token(setup.shape, setup.framework.dropout) / shard
     if sl.last:
-        total += t * act.output_layer_activation_bytes_per_token(setup.shape, setup.recipe.activation_bytes,
-                                                                 setup.impl) / shard
+        total += output_layer_activation_bytes(setup)
     return total
+
+
+def output_layer_activation_bytes(setup: Setup) -> float:
+    """One micro-batch's saved inputs of the final norm and the output layer (the last stage's)."""
+    lay = setup.layout
+    return setup.tokens_per_microbatch * act.output_layer_activation_bytes_per_token(
+        setup.shape, setup.recipe.activation_bytes, setup.impl) / (lay.tp if lay.sequence_parallel else 1)
 
 
 def inflight_for_stage(setup: Setup, stage: int) -> float:
@@ -226,18 +232,18 @@ def loss_kept_microbatches(setup: Setup, inflight: float) -> float:
     return inflight if setup.layout.schedule == "gpipe" else min(1.0, inflight)
 
 
-def backward_peaks(working: float, one_loss: float, transient: float) -> tuple[float, float]:
+def backward_peaks(working: float, freed: float, transient: float) -> tuple[float, float]:
     """(recompute working set, loss transient) as line items that add up to the stage's peak.
 
     A stage's backward never holds the layer it rematerialises together with the loss's transient buffers, nor
-    with its own micro-batch's kept loss bytes: the backward reaches a layer only after the loss's backward has
-    consumed both. On the last stage the peak beyond the kept activations and kept loss bytes is therefore
-    max(transient, working - one micro-batch's kept loss bytes), not their sum: the working set counts above the
-    loss bytes its micro-batch has freed, and the transient above what the working set already counts. The first
-    two of (activations, logits_loss, recompute_working_set) then add up to what autograd saves at its peak, and
-    with loss_transient to what the allocator holds (measured by dtc smoke with saved_tensors_hooks, and in
-    compiler/runtime/measure.py's timeline of a checkpointed block)."""
-    remat = max(0.0, working - one_loss)
+    with what its own micro-batch's backward has already consumed (``freed``: on the last stage the loss's kept
+    bytes and the saved inputs of the final norm and the output layer): the backward reaches a layer only after
+    those. On the last stage the peak beyond the kept activations and kept loss bytes is therefore
+    max(transient, working - freed), not their sum: the working set counts above what its micro-batch has freed,
+    and the transient above what the working set already counts. The first three of (activations, logits_loss,
+    recompute_working_set) then add up to what autograd saves at its peak, and with loss_transient to what the
+    allocator holds (measured by dtc smoke with saved_tensors_hooks)."""
+    remat = max(0.0, working - freed)
     return remat, max(0.0, transient - remat)
 
 
@@ -356,15 +362,17 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     working = recompute_working_set_bytes(setup, sl) if lay.recompute != "none" else 0.0
     kept_loss, transient = logits_bytes(setup, inflight) if sl.last else (0.0, 0.0)
     held = loss_kept_microbatches(setup, inflight) if sl.last else 0.0
-    one_loss = kept_loss / held if held else 0.0
-    remat, transient_left = backward_peaks(working, one_loss, transient)
+    # what a micro-batch's backward has freed before it reaches the last layer: its loss's kept bytes and the saved
+    # inputs of the final norm and the output layer
+    freed = (kept_loss / held if held else 0.0) + (output_layer_activation_bytes(setup) if sl.last else 0.0)
+    remat, transient_left = backward_peaks(working, freed, transient)
     if lay.recompute != "none":
         per_op = op_level_selective(setup)
         what = ("one layer's ops that op-level selective checkpointing does not keep, rematerialised during backward"
                 if per_op else f"one layer rematerialised during backward ({lay.recompute} recompute)")
-        if one_loss:
-            what += (f": {_gb(working)} less the {_gb(min(working, one_loss))} its micro-batch's loss backward has "
-                     "freed by then")
+        if freed:
+            what += (f": {_gb(working)} less the {_gb(min(working, freed))} its micro-batch's loss and output layer "
+                     "backward have freed by then")
         items.append(LineItem(
             "recompute_working_set", remat, what,
             "torch.utils.checkpoint (non-reentrant): a checkpointed block's recomputed tensors live until backward "

@@ -194,7 +194,9 @@ class Transformer(nn.Module):
             h = tokens
         for layer in self.layers.values():
             if self.checkpoint_block is not None:  # full recompute (DeepSpeed's checkpointing)
-                h = self.checkpoint_block(layer, h, self.freqs_cis)
+                # no None argument: with partition_activations (tp > 1) DeepSpeed saves a None as (None, size) and
+                # hands the block both in the recompute (a learned-position model has no rotary table)
+                h = self.checkpoint_block(layer, h, *(() if self.freqs_cis is None else (self.freqs_cis,)))
             else:
                 h = layer(h, self.freqs_cis)
         if self.norm is not None:

@@ -107,6 +107,10 @@ class CostProfile:
     # (precision, implementation): the loss under a training precision where it differs from cross_entropy (the
     # renderer emits the same; compiler/costmodel/compute.py cross_entropy_time_s reads cross_entropy_for)
     cross_entropy_by_precision: tuple[tuple[str, str], ...] = ()
+    # whether the layers run dropout (and save its masks): False for a stack that trains without (dtc's targets);
+    # None for a published stack, which trained GPT-2/3-style (biased) models with dropout 0.1
+    # (compiler.costmodel.activations.uses_dropout)
+    dropout: bool | None = None
     # the part of ``source`` that says in which dtype the gradients are kept and reduced (grad_dtype,
     # grad_reduce_dtype), which the memory breakdown's gradients line cites; "": ``source`` whole
     grad_source: str = ""

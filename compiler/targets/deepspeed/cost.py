@@ -26,4 +26,5 @@ COST = CostProfile(
     fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, zero3_live_params=STAGE3_MAX_LIVE_PARAMETERS,
     zero_fp32_partition_copy=True,
     offload_moves_gradients=True, cross_entropy="torch_fp32",
+    dropout=False,  # compiler/runtime/model.py's blocks have no dropout
     source=source_with(GRAD_SOURCE), grad_source=GRAD_SOURCE, tp_source=TP_SOURCE)

@@ -59,7 +59,8 @@ COST = CostProfile(
     recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
     hierarchical_all_to_all=False, cross_entropy="megatron_native", fp4_param_gather=True,
-    cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, source=SOURCE + ARTIFACT_SOURCE, grad_source=GRAD_SOURCE)
+    cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, dropout=False,  # render.py: --attention/hidden-dropout 0.0
+    source=SOURCE + ARTIFACT_SOURCE, grad_source=GRAD_SOURCE)
 
 # render.py writes this dispatcher; the 'alltoall' dispatcher sends every routed copy of a token over the
 # network (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher), no node-level dedup:

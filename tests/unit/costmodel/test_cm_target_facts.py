@@ -224,3 +224,27 @@ def test_every_cross_entropy_kernel_has_a_price_and_a_size():
 
     kernels = set(typing.get_args(typing.get_type_hints(CostProfile)["cross_entropy"]))
     assert set(LOSS_MEMORY) == set(load_efficiency().physics.cross_entropy_bytes) == kernels
+
+
+def test_dtc_targets_train_without_dropout(problem_factory, layout_factory):
+    """Dropout is the training stack's fact, not the model's: dtc's Megatron arguments set --attention-dropout and
+    --hidden-dropout to 0 and the FSDP2 / DeepSpeed trainers' blocks have none, so a GPT-3-style plan keeps no
+    dropout masks for them; a published Megatron-LM 2021 run of the same model trained with dropout 0.1 and keeps
+    them (embedding, attention and MLP masks)."""
+    p = problem_factory("gpt3-175b", seq=2048, gbs=64, num_gpus=64)
+    lay = layout_factory(p, tp=8, pp=8, dp_shard=1, zero_stage=0, recompute="none")
+    for name in ("megatron", "fsdp", "deepspeed"):
+        assert registry.get(name).cost.dropout is False, name
+    ours = evaluate(p, lay, target="megatron", check_memory=False)
+    with_dropout = evaluate(p, lay, target=dataclasses.replace(registry.get("megatron").cost, dropout=None),
+                            check_memory=False)
+    assert published_profile("megatron_lm_2021").dropout is None
+    terms = act.layer_terms(p.shape, moe_layer=False, seq_kv=2048, act_bytes=2, dropout=False)
+    assert not any("dropout" in t.name for t in terms)
+    assert {"attention_dropout_mask", "mlp_dropout_mask"} <= {
+        t.name for t in act.layer_terms(p.shape, moe_layer=False, seq_kv=2048, act_bytes=2)}
+    # the masks alone: 1 B per element of the embedding output and of each layer's attention and MLP outputs, for
+    # the pp micro-batches the first stage holds under 1F1B
+    masks = (2 * p.shape.num_layers / lay.pp + 1) * lay.micro_batch * 2048 * p.shape.hidden_size * lay.pp
+    assert with_dropout.memory.item("activations").value - ours.memory.item("activations").value \
+        == pytest.approx(masks, rel=0.02)
