@@ -44,6 +44,12 @@ Mechanism = Literal["even", "account", "uneven", "layout"]
 MECHANISMS: tuple[Mechanism, ...] = ("even", "account", "uneven", "layout")  # simplest first
 
 
+# every flag PipelineSplit.megatron_flags can emit (a reduced model drops them: dtc smoke splits its few layers evenly)
+SPLIT_FLAGS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+               "--pipeline-model-parallel-layout")
+
+
 @dataclass(frozen=True)
 class PipelineSplit:
     """A Megatron split mechanism and its parameters: what a layout records and the renderer emits.

@@ -129,6 +129,48 @@ def test_rank_records_lost_on_the_console_are_read_from_each_ranks_own_log(tmp_p
     assert [r.rank for r in found.ranks] == [0, 1, 2] and all(r.param_bytes == 10 for r in found.ranks)
 
 
+@pytest.mark.parametrize("pp, vpp, flag", [(2, 3, "--pipeline-model-parallel-layout"),
+                                           (3, 1, "--account-for-embedding-in-pipeline-split")])
+def test_the_plans_split_flags_give_way_to_the_reduced_models_even_split(pp, vpp, flag):
+    """8 layers over 6 chunks or 3 stages: Megatron's split (compiler/split.py) needs an explicit layout or the
+    embedding counted as a layer. The reduced model's few layers split evenly, so every split flag is dropped, and an
+    explicit layout's virtual stages come back as --num-virtual-stages-per-pipeline-rank. A kept 80-layer layout
+    failed the smoke of every such plan ('Number of decoder layers 80 must match num_layers 4')."""
+    from compiler.split import SPLIT_FLAGS
+    from compiler.targets.megatron.render import megatron_args
+
+    plan = make_plan("mg-split", targets="megatron, slurm", pp=pp, vpp=vpp, micro_batch=1, gbs=12,
+                     schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
+    artifact = [str(t) for t in megatron_args(plan)]
+    assert flag in artifact
+    setup = scale_plan(plan, device="cpu", max_ranks=4)
+    run = megatron_smoke_args(artifact, {}, setup, plan.layout)
+    f = _flags(run.args)
+    assert not set(SPLIT_FLAGS) & set(f)
+    assert any(c.what == flag and c.smoke == "(dropped)" for c in run.changes)
+    if vpp > 1:
+        assert f["--num-virtual-stages-per-pipeline-rank"] == [str(setup.degrees.vpp)]
+    assert f["--pipeline-model-parallel-size"] == [str(setup.degrees.pp)]
+
+
+def test_the_cpu_layer_answers_the_plans_gpu_architecture():
+    """Megatron checks CUDA_DEVICE_MAX_CONNECTIONS=1 for tp or cp only below compute capability 10, and the renderer
+    leaves it unset on Blackwell: the plan-scale check on CPU must see the plan's architecture, not Hopper's, or every
+    tp > 1 Blackwell plan fails it (as docs/specs/llama3-70b-32k-b200.yaml's did)."""
+    from compiler.targets.megatron.cpu import ARCH_ENV
+    from compiler.targets.megatron.render import megatron_args, megatron_env
+    from compiler.targets.megatron.smoke import worker_env
+
+    for gpu, arch, connections in (("b200", "10", {}), ("h100-sxm", "9", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})):
+        plan = make_plan("mg-arch", targets="megatron, slurm", gpu=gpu, tp=2, dp_shard=2, zero_stage=1,
+                         micro_batch=1, sequence_parallel=True)
+        assert megatron_env(plan) == connections
+        artifact = [str(t) for t in megatron_args(plan)]
+        setup = scale_plan(plan, device="cpu", max_ranks=4)
+        run = megatron_smoke_args(artifact, megatron_env(plan), setup, plan.layout)
+        assert worker_env(run, artifact, plan, "cpu")[ARCH_ENV] == arch, gpu
+
+
 # ------------------------------------------------------------------------------------------- slow
 MOE_SPEC = """
 name: {name}
@@ -260,6 +302,23 @@ def test_context_parallel_plan_runs_on_the_cpu_path(gen):
     _passed(t, ranks=report.setup["world_size"])
     assert any(c["what"] == "skipped part: context parallel" for c in t.changes), t.changes
     assert "--context-parallel-size" not in t.command
+    assert_no_leftovers()
+
+
+@pytest.mark.slow
+def test_blackwell_tp2_plan_with_an_explicit_pipeline_layout(gen):
+    """A B200 plan with tp=2 (CUDA_DEVICE_MAX_CONNECTIONS left unset, as Blackwell allows) and 8 layers over pp=2 x
+    vpp=3 (an explicit --pipeline-model-parallel-layout): the plan-scale check passes at the plan's architecture,
+    and the reduced model runs its own even split."""
+    from compiler.smoke import run_smoke
+
+    folder = make_generated(gen, "mg-b200-layout", targets="megatron, slurm", gpu="b200", gbs=12, tp=2, pp=2, vpp=3,
+                            micro_batch=1, sequence_parallel=True, schedule="interleaved_1f1b")
+    assert "--pipeline-model-parallel-layout" in (folder / "megatron_args.sh").read_text()
+    report = run_smoke(folder, target="megatron", timeout_s=400)
+    t = report.targets[0]
+    _passed(t, ranks=report.setup["world_size"])
+    assert "--pipeline-model-parallel-layout" not in t.command
     assert_no_leftovers()
 
 

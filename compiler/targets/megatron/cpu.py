@@ -30,7 +30,8 @@ Device runtime answers (``_runtime``, set on torch.cuda): is_available True (tra
   (training/utils/common_utils.py:322-325 report_memory: the process's resident set and its
   peak, see ``_rss_bytes``), device
   properties/capability (training/arguments.py:1339, core/utils.py get_device_arch_version:
-  Hopper, so CUDA_DEVICE_MAX_CONNECTIONS is checked as on H100s, from the artifact's own export).
+  the plan's GPU architecture, DTC_SMOKE_MEGATRON_ARCH, so CUDA_DEVICE_MAX_CONNECTIONS is checked as on
+  the plan's GPUs, from the artifact's own export).
 Local (torch) norm under sequence parallel: core/transformer/torch_norm.py:50 asserts no SP;
   the norm is built without it and its parameters are tagged ``sequence_parallel`` (what apex's
   FusedLayerNorm does), so their gradients are all-reduced over TP like every SP norm's.
@@ -166,9 +167,13 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+ARCH_ENV = "DTC_SMOKE_MEGATRON_ARCH"  # the plan's CUDA compute capability (major), set by megatron/smoke.py
+
+
 class _Props:
     name = "CPU (dtc smoke: megatron_cpu bridge)"
-    major, minor = 9, 0  # answers Hopper to the arch probes; no kernel of that arch runs here
+    # answers the plan's GPU architecture to the arch probes (Hopper when not told); no kernel of it runs here
+    major, minor = int(os.environ.get(ARCH_ENV, "9")), 0
     multi_processor_count = 1
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 

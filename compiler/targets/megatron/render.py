@@ -397,15 +397,22 @@ def _checkpointing(plan: Plan) -> list[list[str]]:
 
 
 # ------------------------------------------------------------------------------ environment
+def cuda_arch(generation: str) -> int:
+    """The CUDA compute capability (major) of a GPU generation, as Megatron-Core's get_device_arch_version reads it
+    (core/utils.py): Ampere and Ada 8, Hopper 9, Blackwell 10 (B300/GB300 are sm_103). Others answer 9 (the
+    Hopper rules)."""
+    return {"ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}.get(generation, 9)
+
+
 def megatron_env(plan: Plan) -> dict[str, str | None]:
     """Environment the launch needs: CUDA_DEVICE_MAX_CONNECTIONS (None = must be unset).
 
-    validate_args requires 1 with tp > 1 or cp > 1 before Blackwell (arguments.py:1413-1439)
+    validate_args requires 1 with tp > 1 or cp > 1 below compute capability 10 (arguments.py:1413-1439)
     and forbids 1 with Megatron-FSDP (arguments.py:1143)."""
     lay = plan.layout
     if lay.zero_stage >= 2:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if (lay.tp > 1 or lay.cp > 1) and plan.cluster.generation != "blackwell":
+    if (lay.tp > 1 or lay.cp > 1) and cuda_arch(plan.cluster.generation) < 10:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
 

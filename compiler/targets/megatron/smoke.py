@@ -37,12 +37,14 @@ from typing import Any
 
 from compiler.layout import Layout
 from compiler.model import ModelShape
+from compiler.plan import Plan
 from compiler.smoke import launch as L
 from compiler.smoke import slurm as S
 from compiler.smoke.report import RankMeasure, TargetResult
 from compiler.smoke.scale import Change, SmokeSetup, smoke_ep
+from compiler.split import SPLIT_FLAGS
 from compiler.targets import registry
-from compiler.targets.megatron.render import ARGS_FILE
+from compiler.targets.megatron.render import ARGS_FILE, cuda_arch
 
 WORKER_MODULE = "compiler.targets.megatron.pretrain"
 PLAN_ARGS_ENV = "DTC_SMOKE_MEGATRON_PLAN_ARGS"  # the unscaled arguments (JSON), checked by every rank
@@ -107,7 +109,6 @@ def validate_args_past_te_version(A: Any, args: Any, defaults: dict[str, Any]) -
 QUANTISED_GEMM_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
              "--fp4-format", "--fp4-recipe", "--fp4-param-gather")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
-UNEVEN_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
 
 @dataclass
@@ -177,7 +178,7 @@ def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
         # model.init's converted checkpoint is of the full model, which the smoke scales down
         "--pretrained-checkpoint": None,
     }
-    for flag in UNEVEN_SPLIT_FLAGS:
+    for flag in SPLIT_FLAGS:
         values[flag] = None
     if not (setup.layout.sequence_parallel and d.tp > 1):
         values["--sequence-parallel"] = None
@@ -203,8 +204,7 @@ _WHY = {
     "--lr-decay-iters": "the learning-rate schedule fitted to the smoke's steps",
     "--log-interval": "a loss line for every iteration",
     "--pretrained-checkpoint": "the converted model.init is the full model; the smoke trains the reduced one",
-    "--decoder-first-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
-    "--decoder-last-pipeline-num-layers": "the reduced model's layers split evenly over the pipeline",
+    **{flag: "the reduced model's layers split evenly over the pipeline" for flag in SPLIT_FLAGS},
     "--sequence-parallel": "tensor parallel was dropped",
 }
 
@@ -244,6 +244,11 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
         if vals and [str(new)] != vals:
             out.changes.append(Change(flag, old, str(new), _why(flag)))
         rewritten.append((flag, [str(new)] if vals else []))
+    vpp = "--num-virtual-stages-per-pipeline-rank"
+    if "--pipeline-model-parallel-layout" in present and vpp not in present and setup.degrees.vpp > 1:
+        # an explicit layout sets the virtual stages itself; the even split of the reduced model needs the flag
+        rewritten.append((vpp, [str(setup.degrees.vpp)]))
+        out.changes.append(Change(vpp, "(the layout's)", str(setup.degrees.vpp), _why(vpp)))
     for flag in ("--train-iters", "--log-interval", "--lr-decay-iters"):
         if flag not in present:
             rewritten.append((flag, [str(values[flag])]))
@@ -405,12 +410,18 @@ def rank_measures(log: MegatronLog, world: int) -> list[RankMeasure]:
 
 
 # ------------------------------------------------------------------------------------------- running
-def worker_env(run: MegatronArgs, plan_args: list[str], plan_layout: Layout, device: str) -> dict[str, str]:
+def worker_env(run: MegatronArgs, plan_args: list[str], plan: Plan, device: str) -> dict[str, str]:
     """What the worker processes get on top of the launch environment."""
+    from compiler.targets.megatron.cpu import ARCH_ENV  # (imports torch: not at module level)
+
+    plan_layout = plan.layout
     planned = run.plan_env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     env = {PLAN_ARGS_ENV: json.dumps(plan_args), PLAN_WORLD_ENV: str(plan_layout.world_size),
            PLAN_CONNECTIONS_ENV: UNSET if planned is None else planned}
     if device == "cpu":
+        # the CPU layer answers the plan's GPU architecture to Megatron's probes: its validate_args applies that
+        # GPU's rules to the artifact (no CUDA_DEVICE_MAX_CONNECTIONS=1 requirement from Blackwell on)
+        env[ARCH_ENV] = str(cuda_arch(plan.cluster.generation))
         args, connections = cpu_path_args(plan_args, run.plan_env, plan_layout.tp)
         # the CPU path runs cp=1 (_cpu_parts): checked on the plan's other degrees, so that Megatron's data-parallel
         # size, and every batch check on it, stays the plan's (at the plan's world, dp would grow by cp)
@@ -453,13 +464,13 @@ def run_megatron_smoke(ctx, *, slurm: bool = False, extra_args: tuple[str, ...] 
         return TargetResult("megatron", "failed", reason=str(exc), steps_requested=setup.steps)
     run.args += list(extra_args)
     if slurm:
-        result = run_slurm_megatron(ctx, run, worker_env(run, plan_args, ctx.plan.layout, setup.device))
+        result = run_slurm_megatron(ctx, run, worker_env(run, plan_args, ctx.plan, setup.device))
     else:
         log_dir = ctx.workdir / "logs-megatron"
         argv = worker_argv(ctx, run, log_dir)
         result = TargetResult("megatron", "failed", launched=True, command=shlex.join(argv),
                               steps_requested=setup.steps)
-        launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan.layout, setup.device))
+        launch = launch_local(ctx, argv, log_dir, worker_env(run, plan_args, ctx.plan, setup.device))
         fill_result(result, launch.all_lines, setup, rank_stdout=L.rank_logs(log_dir, "stdout"))
         result.wall_s = launch.wall_s
         T.judge(result, launch)
@@ -580,7 +591,7 @@ def local_job_env(ctx, job_dir: Path) -> tuple[MegatronArgs, dict[str, str]]:
     OSError when the artifact cannot be read."""
     run, plan_args = prepare(ctx)
     artifacts, megatron_dir = megatron_job_files(ctx, run, job_dir)
-    env = worker_env(run, plan_args, ctx.plan.layout, ctx.setup.device)
+    env = worker_env(run, plan_args, ctx.plan, ctx.setup.device)
     env.update({"DTC_ARTIFACT_DIR": str(artifacts), "MEGATRON_DIR": str(megatron_dir),
                 "DTC_NPROC_PER_NODE": str(ctx.setup.world_size), "PYTHONUNBUFFERED": "1",
                 "PYTHONWARNINGS": "ignore::FutureWarning"})
