@@ -61,7 +61,8 @@ def reduced_spec(setup: SmokeSetup, shape: ModelShape, target: str) -> dict[str,
 
 def activation_impl(target: str, device: str) -> Any:
     """Which tensors the reduced run saves for backward (compiler.costmodel.activations): the generated fsdp and
-    deepspeed trainers are plain PyTorch modules (nn.RMSNorm, SDPA, eager SwiGLU), on CPU with CPU dropout.
+    deepspeed trainers are plain PyTorch modules (nn.RMSNorm, SDPA, eager SwiGLU; no dropout: their cost profile's
+    ``dropout`` is False, so the CPU profile's dropout-mask dtype never applies to them).
     Megatron on GPUs runs Transformer Engine (the cost model's default); on CPU it runs megatron-core's local
     layers with every fusion off (compiler/targets/megatron/cpu.py: --no-masked-softmax-fusion,
     --no-bias-swiglu-fusion, ...): torch norms, the unfused DotProductAttention, which repeats the KV heads to

@@ -423,11 +423,12 @@ def worker_env(run: MegatronArgs, plan_args: list[str], plan: Plan, device: str)
         # GPU's rules to the artifact (no CUDA_DEVICE_MAX_CONNECTIONS=1 requirement from Blackwell on)
         env[ARCH_ENV] = str(cuda_arch(plan.cluster.generation))
         args, connections = cpu_path_args(plan_args, run.plan_env, plan_layout.tp)
-        # the CPU path runs cp=1 (_cpu_parts): checked on the plan's other degrees, so that Megatron's data-parallel
-        # size, and every batch check on it, stays the plan's (at the plan's world, dp would grow by cp)
+        # checked at the world of the CPU path's own cp (_cpu_parts drops it), so that Megatron's data-parallel size,
+        # and every batch check on it, stays the plan's (at the plan's world, dp would grow by the dropped cp)
+        cp = int(dict(split_flags(args)).get("--context-parallel-size", ["1"])[0])
         env[PLAN_CONFIG_ARGS_ENV] = json.dumps({"args": args, "connections": UNSET if connections is None
                                                 else connections,
-                                                "world": str(plan_layout.world_size // plan_layout.cp)})
+                                                "world": str(plan_layout.world_size // plan_layout.cp * cp)})
     value = run.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if value is not None:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = value
