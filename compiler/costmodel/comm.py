@@ -276,6 +276,11 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
     * ZeRO 3 (FSDP FULL_SHARD): per micro-batch, all-gather parameters for forward and again for
       backward (reshard after forward) and reduce-scatter the gradients (Zhao et al. 2023, sec. 3).
     * HSDP (dp_replicate > 1): the sharded gradient is also all-reduced across replicas once per step.
+    * ZeRO++ hpZ (a cost profile's hybrid_shard "hpz", DeepSpeed's HSDP): the gradients are reduce-scattered
+      over all dp x cp ranks and nothing is all-reduced across replicas; the first micro-batch's forward
+      gathers from the primary partition over all of them (once per step, costed beside ZeRO-1/2's parameter
+      gather), every other gather from the secondary copy inside the dp_shard group (the per-micro-batch
+      forward gathers count that first micro-batch's too: one intra-group gather per step more than run).
     Experts use their own group: dp x cp / ep ranks at stride tp x ep.
     ZeRO-3 gathers and reduces one unit (a decoder layer, or the embedding) at a time: ``units``
     collectives per pass, each paying the ring's latency (NCCL all-gather / reduce-scatter are rings); a
@@ -288,11 +293,15 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
     parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp)]
     if sp.expert:
         parts.append(("expert", sp.expert, max(1, (lay.dp_shard if lay.zero_stage else lay.dp) * lay.cp // lay.ep)))
+    hpz = setup.framework.hybrid_shard == "hpz" and lay.is_hsdp and lay.zero_stage >= 3
     for part, params, n in parts:
         if part == "dense":
             link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
+            n_all, link_all = lay.dp * lay.cp, dp_cp_link(setup)
         else:
             link = group_link(setup, lay.tp * lay.ep, n)
+            n_all = max(1, lay.dp * lay.cp // lay.ep)
+            link_all = group_link(setup, lay.tp * lay.ep, n_all)
         # --fp4-param-gather all-gathers the NVFP4 weights ("perform the param all-gather in fp4"): one copy, the
         # transpose is made after the gather (the kept weights hold both)
         gathered = GEMM_INPUT_BYTES[r.gemm_dtype] if r.quantised_weights else r.weight_bytes
@@ -303,6 +312,13 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
             continue
         if z == 1:
             out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, 1, "step_grad"))
+        elif hpz:
+            c = _collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n_all, link_all, m,
+                            "backward")
+            out.append(_per_unit(c, units, link_all))
+            c = _collective(f"{part}_param_all_gather_fwd_primary", "dp", "all_gather", weights, n_all, link_all, 1,
+                            "step_param")
+            out.append(_per_unit(c, units, link_all))
         else:
             c = _collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, m, "backward")
             out.append(_per_unit(c, units, link) if z == 3 else c)
@@ -316,7 +332,7 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
             for name, phase in gathers:
                 c = _collective(f"{part}_param_all_gather_{name}", "dp", "all_gather", weights, n, link, m, phase)
                 out.append(_per_unit(c, units, link))
-        if lay.dp_replicate > 1:
+        if lay.dp_replicate > 1 and not hpz:
             out.append(_collective(f"{part}_grad_all_reduce_replicas", "dp", "all_reduce", grads / n,
                                    lay.dp_replicate, replicate_link(setup), 1, "step_grad"))
     return [c for c in out if c is not None]

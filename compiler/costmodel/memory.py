@@ -6,7 +6,9 @@ shard group when the stage shards it (1: master + optimizer, 2: + gradients, 3: 
 weights). The shard group of dense parameters is dp_shard x cp (Megatron shards the
 distributed optimizer over the data-parallel x context-parallel group; FSDP2 in
 torchtitan shards over dp_shard x cp as well); routed experts, already split by ep,
-are sharded over dp_shard x cp / ep (Megatron's expert data-parallel group).
+are sharded over dp_shard x cp / ep (Megatron's expert data-parallel group). DeepSpeed's hybrid
+sharding (ZeRO++ hpZ) keeps every state partitioned over all dp x cp ranks and adds a secondary
+16-bit weight copy partitioned over dp_shard (state_sharding, secondary_weight_bytes).
 
 The binding stage is reported: the first stage holds the embedding and the most
 micro-batches in flight, the last stage the output layer and the logits.
@@ -41,6 +43,44 @@ def params_after_sharding(sp: StageParams, layout: Layout, sharded: bool) -> flo
     if not sharded:
         return sp.total
     return sp.dense / dense_shard_degree(layout) + sp.expert / expert_shard_degree(layout)
+
+
+def is_hybrid(sharding: Layout) -> bool:
+    """ZeRO-3 over dp_shard ranks, replicated dp_replicate times (``sharding``: a layout or its sharding view)."""
+    return sharding.zero_stage >= 3 and sharding.dp_replicate > 1 and sharding.dp_shard > 1
+
+
+class _AllRanks:
+    """A sharding with its data-parallel ranks in one shard group (dp_shard = dp): how ZeRO++ hpZ partitions the
+    model states of a hybrid layout."""
+
+    __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params")
+
+    def __init__(self, sharding: Layout):
+        self.tp, self.cp, self.ep = sharding.tp, sharding.cp, sharding.ep
+        self.dp_shard, self.dp_replicate = sharding.dp_shard * sharding.dp_replicate, 1
+        self.zero_stage = sharding.zero_stage
+        self.offload_optimizer, self.offload_params = sharding.offload_optimizer, sharding.offload_params
+
+
+def state_sharding(setup: Setup, sharding: Layout) -> Layout:
+    """The sharding ``setup``'s target partitions the model states by: the layout's, except under ZeRO++ hpZ
+    (cost profile hybrid_shard "hpz"), which keeps them partitioned over all data-parallel ranks
+    (targets.cost.CostProfile.hybrid_shard)."""
+    if setup.framework.hybrid_shard == "hpz" and is_hybrid(sharding):
+        return _AllRanks(sharding)  # type: ignore[return-value]
+    return sharding
+
+
+def secondary_weight_bytes(setup: Setup, sp: StageParams, sharding: Layout, *, on_host: bool = False) -> float:
+    """ZeRO++ hpZ's secondary 16-bit copy of the weights, partitioned over the dp_shard ranks
+    (partition_parameters.py _partition_param_sec: tensor size / zero_hpz_partition_size), on the parameters'
+    device: the GPU's bytes, or with ``on_host`` the host's (where offloaded parameters keep it)."""
+    if setup.framework.hybrid_shard != "hpz" or not is_hybrid(sharding):
+        return 0.0
+    if (sharding.offload_params != "none") != on_host:
+        return 0.0
+    return setup.recipe.weight_bytes * params_after_sharding(sp, sharding, True)
 
 
 # --- model states (bytes per GPU) ---------------------------------------------------------------------
@@ -99,11 +139,12 @@ def persistent_weight_bytes(setup: Setup, sharding: Layout) -> float:
 def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -> float:
     """Weights + gradients + fp32 master + optimizer states of one GPU as ``setup``'s target keeps them
     (``sharding``: the layout, or any object with its tp, cp, ep, dp_shard, zero_stage and offload fields)."""
-    r = setup.recipe
-    return (weight_bytes_per_gpu(sp, sharding, persistent_weight_bytes(setup, sharding))
-            + gradient_bytes_per_gpu(sp, sharding, setup.grad_bytes, on_host=gradients_on_host(setup, sharding))
-            + master_weight_bytes_per_gpu(sp, sharding, r.master_bytes)
-            + optimizer_state_bytes_per_gpu(sp, sharding, setup.optimizer_state_bytes))
+    r, states = setup.recipe, state_sharding(setup, sharding)
+    return (weight_bytes_per_gpu(sp, states, persistent_weight_bytes(setup, states))
+            + secondary_weight_bytes(setup, sp, sharding)
+            + gradient_bytes_per_gpu(sp, states, setup.grad_bytes, on_host=gradients_on_host(setup, states))
+            + master_weight_bytes_per_gpu(sp, states, r.master_bytes)
+            + optimizer_state_bytes_per_gpu(sp, states, setup.optimizer_state_bytes))
 
 
 def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
@@ -323,28 +364,38 @@ def _gb(x: float) -> str:
 def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     lay, r, eff = setup.layout, setup.recipe, setup.eff
     sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-    nd, ne = dense_shard_degree(lay), expert_shard_degree(lay)
+    states = state_sharding(setup, lay)
+    nd, ne = dense_shard_degree(states), expert_shard_degree(states)
     params_txt = f"{format_count(sp.dense)} dense + {format_count(sp.expert)} expert params on this GPU"
 
     def shard_txt(on: bool) -> str:
         return f" / shard ({nd} dense, {ne:g} expert)" if on and lay.zero_stage > 0 else ""
 
+    weight_b = persistent_weight_bytes(setup, states)
+    on_host = gradients_on_host(setup, states)
     items = [
-        LineItem("weights", weight_bytes_per_gpu(sp, lay, persistent_weight_bytes(setup, lay)),
-                 f"{persistent_weight_bytes(setup, lay)} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
+        LineItem("weights", weight_bytes_per_gpu(sp, states, weight_b),
+                 f"{weight_b} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
                  + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
-        LineItem("gradients", gradient_bytes_per_gpu(sp, lay, setup.grad_bytes, on_host=gradients_on_host(setup, lay)),
+        LineItem("gradients", gradient_bytes_per_gpu(sp, states, setup.grad_bytes, on_host=on_host),
                  f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}"
-                 + (" (offloaded with the optimizer)" if gradients_on_host(setup, lay) else ""),
+                 + (" (offloaded with the optimizer)" if on_host else ""),
                  r.source if setup.grad_bytes == r.grad_bytes else setup.framework.grad_fact),
-        LineItem("master_weights", master_weight_bytes_per_gpu(sp, lay, r.master_bytes),
+        LineItem("master_weights", master_weight_bytes_per_gpu(sp, states, r.master_bytes),
                  f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
                  + (" (offloaded)" if lay.offload_optimizer != "none" else ""), r.source),
-        LineItem("optimizer_states", optimizer_state_bytes_per_gpu(sp, lay, setup.optimizer_state_bytes),
+        LineItem("optimizer_states", optimizer_state_bytes_per_gpu(sp, states, setup.optimizer_state_bytes),
                  f"{setup.optimizer_state_bytes} B ({setup.problem.optimizer}) x {params_txt}"
                  f"{shard_txt(lay.zero_stage >= 1)}" + (" (offloaded)" if lay.offload_optimizer != "none" else ""),
                  OPTIMIZER_SOURCE),
     ]
+    secondary = secondary_weight_bytes(setup, sp, lay)
+    if secondary:
+        items.insert(1, LineItem(
+            "secondary_weights", secondary,
+            f"{r.weight_bytes} B x {params_txt} / hpZ group ({dense_shard_degree(lay)} dense, "
+            f"{expert_shard_degree(lay):g} expert): ZeRO++ hpZ's copy for the gathers after each step's first forward",
+            "DeepSpeed 0.19.8 runtime/zero/partition_parameters.py _partition_param_sec (zero_hpz_partition_size)"))
     cache = weight_cache_per_param(r)
     if cache is not None:
         dt = r.gemm_dtype
@@ -448,9 +499,10 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
     lay = setup.layout
     sl = setup.stages[best_stage]
     sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-    host = offloaded_bytes_per_gpu(sp, lay, setup.recipe.master_bytes, setup.optimizer_state_bytes,
-                                   setup.recipe.weight_bytes,
-                                   setup.grad_bytes if gradients_on_host(setup, lay) else 0) * lay.gpus_per_node
+    states = state_sharding(setup, lay)
+    host = (offloaded_bytes_per_gpu(sp, states, setup.recipe.master_bytes, setup.optimizer_state_bytes,
+                                    setup.recipe.weight_bytes, setup.grad_bytes if gradients_on_host(setup, lay) else 0)
+            + secondary_weight_bytes(setup, sp, lay, on_host=True)) * lay.gpus_per_node
     to_nvme = lay.offload_optimizer == "nvme" or lay.offload_params == "nvme"
     return MemoryBreakdown(
         items=tuple(best),

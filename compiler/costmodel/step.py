@@ -25,7 +25,7 @@ from compiler.costmodel import comm, compute, pp_schedule
 from compiler.costmodel.bands import band_for
 from compiler.costmodel.context import QUANTISED_GEMM_DTYPES, Setup
 from compiler.costmodel.efficiency import Efficiency
-from compiler.costmodel.memory import candidate_stages, params_after_sharding
+from compiler.costmodel.memory import candidate_stages, params_after_sharding, state_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
 from compiler.units import format_seconds
@@ -143,7 +143,7 @@ def optimizer_bytes_touched_per_param(setup: Setup) -> float:
 def optimizer_step_time_s(setup: Setup, sp: StageParams) -> float:
     if setup.layout.offload_optimizer != "none":
         return 0.0
-    local = params_after_sharding(sp, setup.layout, setup.layout.zero_stage >= 1)
+    local = params_after_sharding(sp, state_sharding(setup, setup.layout), setup.layout.zero_stage >= 1)
     return local * optimizer_bytes_touched_per_param(setup) / setup.hbm_rate("fused")
 
 
@@ -176,7 +176,7 @@ def offload_time_s(setup: Setup, sp: StageParams, st: StageTime) -> tuple[float,
     pcie = setup.gpu.spec.pcie_bandwidth_bytes_per_s * eff.pcie_fraction
     total, parts = 0.0, []
     if lay.offload_optimizer != "none":
-        local = params_after_sharding(sp, lay, lay.zero_stage >= 1)
+        local = params_after_sharding(sp, state_sharding(setup, lay), lay.zero_stage >= 1)
         d2h = local * r.grad_bytes / pcie
         h2d = local * r.weight_bytes / pcie
         adam = local * lay.gpus_per_node / eff.cpu_adam_params_per_s_per_node

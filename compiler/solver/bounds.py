@@ -357,9 +357,11 @@ class Bounds:
         return got
 
     def _model_states(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding) -> float:
-        # not dp: the model states read the shard group (dp_shard x cp), not the replicas (memory.py
-        # model_state_bytes_per_gpu; test_model_states_cache_matches_the_cost_model), so the dps share them
-        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, sl.dense, sl.moe, sl.first, sl.last, sh)
+        # dp only for hybrid ZeRO-3: the model states read the shard group (dp_shard x cp), not the replicas, except
+        # under ZeRO++ hpZ, which partitions them over all dp ranks (memory.py model_state_bytes_per_gpu,
+        # state_sharding; test_model_states_cache_matches_the_cost_model), so the other dps share them
+        hybrid = shape.dp if sh.zero_stage >= 3 and shape.dp > sh.dp_shard else 0
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, hybrid, sl.dense, sl.moe, sl.first, sl.last, sh)
         got = self._states.get(key)
         if got is None:
             view = _ShardingView(shape, sh)

@@ -95,6 +95,15 @@ class CostProfile:
     # 'This call is blocking', torch.cuda.synchronize after the all-gather; overlap_comm False by default), and
     # a fetch is tied to a submodule's forward hooks, so full recompute fetches every parameter a third time
     zero3_blocking: bool = False
+    # hybrid sharding (ZeRO-3 with dp_replicate > 1): "replicas": each group of dp_shard ranks holds a whole sharded
+    # copy of the model states, gathers and reduce-scatters run inside it and the gradient shards are all-reduced
+    # across the replicas once per step (FSDP2's 2-D HSDP mesh, Megatron). "hpz": DeepSpeed ZeRO++ hpZ
+    # (zero_hpz_partition_size): every state stays partitioned over all dp ranks and gradients are reduce-scattered
+    # over all of them; a secondary 16-bit copy of the weights, partitioned over dp_shard ranks, is made as each
+    # parameter is released after its first forward of a step and freed after the optimizer step, and every gather
+    # but that first forward's reads it (DeepSpeed 0.19.8 runtime/zero/partition_parameters.py _partition_param
+    # / _partition_param_sec / _all_gather_coalesced, stage3.py _post_step invalidate_secondary_tensor)
+    hybrid_shard: Literal["replicas", "hpz"] = "replicas"
     # an otherwise eager block whose norms run as one fused kernel each (torchtitan's norm_type = "fused_rmsnorm":
     # a Triton kernel that saves x, weight and rstd, not the fp32 copies of composite RMSNorm, and moves the bytes
     # of a fused norm, physics.yaml memory_bound.bytes_per_element)

@@ -248,3 +248,59 @@ def test_dtc_targets_train_without_dropout(problem_factory, layout_factory):
     masks = (2 * p.shape.num_layers / lay.pp + 1) * lay.micro_batch * 2048 * p.shape.hidden_size * lay.pp
     assert with_dropout.memory.item("activations").value - ours.memory.item("activations").value \
         == pytest.approx(masks, rel=0.02)
+
+
+def test_deepspeed_hybrid_sharding_is_zero_plus_plus_hpz(problem_factory, layout_factory):
+    """DeepSpeed runs HSDP as ZeRO++ hpZ (DeepSpeed 0.19.8 partition_parameters.py): every state stays partitioned
+    over all dp ranks and a secondary 16-bit weight copy over the hpZ group; FSDP2's HSDP keeps a whole sharded copy
+    per replica group. dtc smoke measured the DeepSpeed states at x0.66 of a prediction sharded like FSDP2's."""
+    p = problem_factory("llama3-8b", num_gpus=64, gbs=64, targets="[deepspeed, fsdp]")
+    hsdp = layout_factory(p, dp_replicate=8, dp_shard=8, zero_stage=3, gpus_per_node=8)
+    flat = layout_factory(p, dp_shard=64, zero_stage=3, gpus_per_node=8)
+    n = p.params.total
+    ds, ds_flat = (_items(evaluate(p, lay, target="deepspeed", check_memory=False)) for lay in (hsdp, flat))
+    for name in ("weights", "gradients", "master_weights", "optimizer_states"):
+        assert ds[name] == pytest.approx(ds_flat[name]), name
+    assert ds["gradients"] == pytest.approx(4 * n / 64, rel=0.01)
+    assert ds["secondary_weights"] == pytest.approx(2 * n / 8, rel=0.01)
+    assert "secondary_weights" not in ds_flat
+    fsdp = _items(evaluate(p, hsdp, target="fsdp", check_memory=False))
+    assert fsdp["gradients"] == pytest.approx(4 * n / 8, rel=0.01) and "secondary_weights" not in fsdp
+    # the optimizer step updates the 1/64 partition, not 1/8
+    steps = [_time(evaluate(p, lay, target="deepspeed", check_memory=False))["optimizer_step"] for lay in (hsdp, flat)]
+    assert steps[0] == pytest.approx(steps[1])
+    # offloaded parameters take their secondary copy to the host as well
+    off = layout_factory(p, dp_replicate=8, dp_shard=8, zero_stage=3, gpus_per_node=8, offload_optimizer="cpu",
+                         offload_params="cpu")
+    off_flat = layout_factory(p, dp_shard=64, zero_stage=3, gpus_per_node=8, offload_optimizer="cpu",
+                              offload_params="cpu")
+    host, host_flat = (evaluate(p, lay, target="deepspeed", check_memory=False).memory.cpu_bytes_per_node
+                       for lay in (off, off_flat))
+    assert "secondary_weights" not in _items(evaluate(p, off, target="deepspeed", check_memory=False))
+    assert host - host_flat == pytest.approx(8 * 2 * n / 8, rel=0.01)  # 8 GPUs per node x their secondary copies
+
+
+def test_deepspeed_hpz_collectives(problem_factory, layout_factory):
+    """hpZ reduce-scatters gradients over all dp ranks every micro-batch, gathers the first forward over all of them
+    once per step and every other gather inside the hpZ group; nothing is all-reduced across replicas (FSDP2 HSDP:
+    all inside the shard group, then the replica all-reduce)."""
+    from compiler.costmodel import comm
+    from compiler.costmodel.stages import stage_params
+
+    p = problem_factory("llama3-8b", num_gpus=64, gbs=64, targets="[deepspeed, fsdp]")
+    lay = layout_factory(p, dp_replicate=8, dp_shard=8, zero_stage=3, gpus_per_node=8, grad_accum=4)
+
+    def collectives(target):
+        setup = make_setup(p, lay, p.gpu_options[0], target=target)
+        sl = setup.stages[0]
+        sp = stage_params(setup.shape, setup.params, sl, tp=1, ep=1, pp=1)
+        return {c.name: c for c in comm.dp_collectives(setup, sp)}
+
+    ds, fsdp = collectives("deepspeed"), collectives("fsdp")
+    assert ds["dense_grad_reduce_scatter"].group_size == 64 and ds["dense_grad_reduce_scatter"].calls_per_step == 4
+    primary = ds["dense_param_all_gather_fwd_primary"]
+    assert (primary.group_size, primary.calls_per_step, primary.phase) == (64, 1, "step_param")
+    assert ds["dense_param_all_gather_fwd"].group_size == ds["dense_param_all_gather_bwd"].group_size == 8
+    assert "dense_grad_all_reduce_replicas" not in ds
+    assert fsdp["dense_grad_reduce_scatter"].group_size == 8 and "dense_grad_all_reduce_replicas" in fsdp
+    assert "dense_param_all_gather_fwd_primary" not in fsdp
