@@ -159,7 +159,9 @@ class TargetEstimates:
 def evaluate_targets(problem: Problem, layout: Layout, **kwargs) -> TargetEstimates:
     """``evaluate`` for each framework target of ``problem``: a plan rendered for several targets must fit
     and is as fast as the slowest of them. The binding target is the first that rejects the layout (the
-    targets after it are not costed), else the one with the longest step."""
+    targets after it are not costed), else the one with the longest step at the spec's confidence
+    (budget.confidence: the step time times its band's factor, what the objective ranks by), so that a layout
+    is ranked by its worst target, not by whichever target is a hair slower on the point estimate."""
     out = evaluate_targets_unless(problem, layout, None, **kwargs)
     assert out is not None
     return out
@@ -181,5 +183,6 @@ def evaluate_targets_unless(problem: Problem, layout: Layout, hopeless: Callable
         costed.append((t, r))
         if hopeless is not None and i < len(targets) - 1 and hopeless(r):
             return None
-    slowest = max(costed, key=lambda tr: (tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))
+    slowest = max(costed, key=lambda tr: (tr[1].step_time_s * tr[1].time_factor(problem.confidence),
+                                          tr[1].step_time_s, tr[1].memory.total_bytes_per_gpu))
     return TargetEstimates(tuple(results), slowest[0])

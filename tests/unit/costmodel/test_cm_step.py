@@ -151,6 +151,28 @@ def test_evaluate_targets_binds_to_the_slowest_or_the_rejecting_target(problem_f
     assert rej.binding == "megatron" and rej.result.code == "out_of_memory"
 
 
+def test_evaluate_targets_binds_to_the_slowest_at_the_specs_confidence(problem_factory, layout_factory, monkeypatch):
+    """The objective ranks by the step time at budget.confidence (times the band's factor): the binding target is
+    the slowest by that key, so a layout is not ranked by a target a hair slower on the point estimate whose band is
+    narrower than another target's."""
+    from dataclasses import replace
+
+    import compiler.costmodel.evaluation as ev
+
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B", targets="[megatron, fsdp, slurm]")
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=3, recompute="full")
+    mg, fsdp = evaluate(p, lay, target="megatron"), evaluate(p, lay, target="fsdp")
+    assert fsdp.step_time_s > mg.step_time_s and mg.band is not None and fsdp.band is not None
+    ratio = 2 * fsdp.step_time_s * fsdp.band.high / mg.step_time_s
+    wide_mg = replace(mg, band=replace(mg.band, p80=ratio, high=ratio))
+    real = ev.evaluate
+    monkeypatch.setattr(ev, "evaluate", lambda problem, layout, target=None, **kw: wide_mg if target == "megatron"
+                        else real(problem, layout, target=target, **kw))
+    assert ev.evaluate_targets(p, lay).binding == "megatron"
+    assert ev.evaluate_targets(replace(p, confidence="p90"), lay).binding == "megatron"
+    assert ev.evaluate_targets(replace(p, confidence="expected"), lay).binding == "fsdp"
+
+
 def test_blocking_zero3_per_weight_gathers_are_all_exposed(problem_factory, layout_factory):
     """A profile whose ZeRO-3 fetches block (DeepSpeed 2021) shows every gather and reduce-scatter in the step; one
     collective per weight matrix adds ring latencies; full recompute fetches the parameters a third time."""
