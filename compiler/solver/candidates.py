@@ -96,6 +96,7 @@ class Space:
     def __init__(self, problem: Problem):
         self.problem = problem
         self.pins = problem.pins
+        self._shape_space: ShapeSpace | None = None
         s = problem.shape
         self.num_layers = s.num_layers
         self.lo_batch, self.hi_batch = batch_range(problem.global_batch, problem.global_batch_tolerance)
@@ -354,6 +355,13 @@ class Space:
 
     # ------------------------------------------------------------------ shapes and counts
     def shapes(self) -> ShapeSpace:
+        """Every parallel shape of the problem (built once: the searches that share this space read it, never change
+        it)."""
+        if self._shape_space is None:
+            self._shape_space = self._build_shapes()
+        return self._shape_space
+
+    def _build_shapes(self) -> ShapeSpace:
         space = ShapeSpace(shapes=[])
         cps, pps = self.cp_values(), self.pp_values()
         for index, option in enumerate(self.problem.gpu_options):

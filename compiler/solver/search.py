@@ -125,6 +125,13 @@ def _calibrated_evaluate(problem: Problem, layout: Layout) -> Estimate | Rejecti
 
 
 THIN_REGIME = "thin_regime"  # only in the search for a well-calibrated alternative (never in a plan's tally)
+# how much worse (on the objective at the spec's confidence) a well-calibrated alternative to a thin-regime pick may
+# be and still be named in its note (search.thin_regime_note)
+SAFETY_REACH = 0.25
+# ... and how much of the space it explores: this many times the parallel shapes the search for the pick explored,
+# at least SAFETY_MIN_SHAPES (the specs of specs/ and docs/specs explore at most 10 for their notes)
+SAFETY_SHAPES = 1
+SAFETY_MIN_SHAPES = 32
 
 
 def _plan_evaluate(problem: Problem, layout: Layout) -> "TargetEstimates":
@@ -143,13 +150,18 @@ class _Entry:
 
 class _Search:
     def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None,
-                 ceiling: float = float("inf")):
+                 ceiling: float = float("inf"), max_explored: int | None = None):
         """``like``: a search of the same problem but for top_k, whose space and bounds (and their caches) this
         one shares: neither reads top_k. ``ceiling``: an objective key no layout of interest reaches (the search
-        prunes every layout whose bound is above it, and finds the best exactly when that one is below it)."""
+        prunes every layout whose bound is above it, and finds the best exactly when that one is below it).
+        ``max_explored``: stop after exploring this many shapes (``stopped`` then says so); None: no limit."""
         self.problem = problem
         self.k = k
         self.ceiling = ceiling
+        self.max_explored = max_explored
+        self.num_explored = 0
+        self.stopped = False
+        self._like = like
         self.evaluate = evaluator
         if like is not None:
             assert replace(like.problem, top_k=problem.top_k) == problem, "a shared search must be of the same problem"
@@ -445,7 +457,18 @@ class _Search:
                 self.num_pruned += n
                 continue
             if self._refine(queue, entry, threshold):
+                if self.max_explored is not None and self.has_options(shape):
+                    if self.num_explored >= self.max_explored:
+                        self.stopped = True
+                        return
+                    self.num_explored += 1
+                elif self.max_explored is None:
+                    self.num_explored += 1
                 self.explore(shape)
+
+    def has_options(self, shape: Shape) -> bool:
+        """Whether some pipeline choice of ``shape`` has a (sequence parallel, sharding) option this search costs."""
+        return any(self.options(shape, sched, vpp) for sched, vpp in self.space.pipeline_choices(shape.pp))
 
     def _refine(self, queue: list, entry: tuple, threshold: float) -> bool:
         """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the refinements it
@@ -466,7 +489,11 @@ class _Search:
         """(layouts of ``shape``, those every target supports, those of them interleaved 1F1B cannot batch), cached
         by what they depend on: the degrees as support_key_of reads them (> 1; the well-calibrated search's options
         also read the GPU and the scale), pp and dp whole, and the sequence-parallel choices. A large space repeats
-        each key for many tp x cp."""
+        each key for many tp x cp. The search for a well-calibrated alternative (``like`` the search for the pick)
+        takes the pick's counts: its own tally is never reported, and a shape whose every choice is thin has no
+        options when explored (counting the thin choices anew took longer than that search's exploring)."""
+        if self.calibrated and self._like is not None:
+            return self._like.shape_counts(shape)
         space = self.space
         sps = space.sp_choices(shape.tp, shape.cp)
         key: tuple = (shape.tp > 1, shape.cp > 1, shape.ep > 1, shape.pp, shape.dp, sps)
@@ -969,20 +996,29 @@ class _Search:
         runs, with what choosing it costs (a search without the thin regimes)."""
         problem, est = self.problem, as_in_plan(best.estimate)  # the figures as plan.json and PLAN.md show them
         assert est.band is not None
-        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self)
+        # an alternative is worth naming while its objective stays within SAFETY_REACH of the pick's, and the search
+        # for it explores at most SAFETY_SHAPES x the shapes the search for the pick explored (SAFETY_MIN_SHAPES at
+        # least): where no layout is well calibrated (a target without published runs near the spec's scale binds every layout), proving it
+        # costs every shape the bounds cannot rule out (a 16K-GPU spec with a loose batch: ~1,000 shapes, 13 s)
+        safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self,
+                       ceiling=objective_key(problem, best.estimate) * (1 + SAFETY_REACH),
+                       max_explored=max(SAFETY_MIN_SHAPES, SAFETY_SHAPES * self.num_explored))
         for e in self.calibrated_seen:  # the well-calibrated layouts this search found: a head start, not a shortcut
             safe.offer(e.layout, e.estimate)
         safe.run()
         head = (f"the pick lies in a thin regime ({est.band.describe()}): its 80% band is "
                 f"{units.format_seconds_range(*est.step_time_band_s)} per step")
+        stopped = (f" among the {safe.num_explored:,} most promising parallel shapes (the search stopped there)"
+                   if safe.stopped else "")
         if not safe.top:
-            return head + "; no layout of a well-calibrated regime is feasible for this spec"
+            return head + (f"; no layout of a well-calibrated regime is feasible for this spec within {SAFETY_REACH:.0%} "
+                           f"of the pick's objective at {problem.confidence}{stopped}")
         alt = safe.best_first()[0]
         a = as_in_plan(alt.estimate)
         assert a.band is not None
         dt, dc = a.time_to_train_s / est.time_to_train_s - 1, a.cost_usd / est.cost_usd - 1
         ka, kb = objective_key(problem, a), objective_key(problem, est)
-        return (head + f". The best well-calibrated alternative: {alt.layout.describe()} on {a.num_gpus:,} x "
+        return (head + f". The best well-calibrated alternative{stopped}: {alt.layout.describe()} on {a.num_gpus:,} x "
                 f"{alt.layout.gpu}, {units.format_seconds(a.time_to_train_s)}, {units.format_money(a.cost_usd)} "
                 f"({a.band.describe()}); the cost of safety: {dt:+.1%} time to train, {dc:+.1%} cost by the point "
                 f"estimates ({ka / kb - 1:+.1%} on the objective at {problem.confidence})")

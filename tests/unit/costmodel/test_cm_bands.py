@@ -210,6 +210,27 @@ def test_thin_pick_names_the_best_well_calibrated_alternative(monkeypatch) -> No
     assert "the pick lies in a thin regime" in md and "80% band" in md
 
 
+def test_the_search_for_a_well_calibrated_alternative_is_bounded_and_says_so(monkeypatch) -> None:
+    """The alternative must come within search.SAFETY_REACH of the pick's objective, and its search explores a
+    bounded number of shapes; when that limit stops it, the note says where (a 16K-GPU spec whose every layout a
+    target without calibrated regimes binds took minutes without it)."""
+    from compiler.solver import search, solve
+
+    table = BandTable(residuals([0.01 * i for i in range(30)], gpu_generation="hopper", scale="9-64")
+                      + residuals([0.02], framework="deepspeed"))
+    monkeypatch.setattr(bands, "default_table", lambda: table)
+    monkeypatch.setattr(search, "SAFETY_REACH", 0.0)  # the pipelined alternative costs more than the pick
+    plan = solve(small_problem("expected"), top_k=0)
+    note = next(n for n in plan.notes if n.startswith("the pick lies in a thin regime"))
+    assert "no layout of a well-calibrated regime is feasible for this spec within 0% of the pick's objective" in note
+    assert "stopped" not in note
+    monkeypatch.setattr(search, "SAFETY_REACH", 0.25)
+    monkeypatch.setattr(search, "SAFETY_MIN_SHAPES", 0)
+    monkeypatch.setattr(search, "SAFETY_SHAPES", 0)
+    note = next(n for n in solve(small_problem("expected"), top_k=0).notes if n.startswith("the pick lies"))
+    assert "among the 0 most promising parallel shapes (the search stopped there)" in note
+
+
 def test_band_shows_in_estimate_json_and_text(tmp_path) -> None:
     from compiler.pipeline import compile_spec
     from helpers import run_cli
