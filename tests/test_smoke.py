@@ -212,6 +212,25 @@ def test_scale_plan_pipeline_microbatches():
 
 
 # ------------------------------------------------------------------------------------------- DeepSpeed config
+def test_ds_train_sets_the_zero_sizes_it_is_given_and_only_those_its_stage_uses():
+    import argparse
+
+    from compiler.runtime.deepspeed_train import adapt_ds_config, parse_args
+
+    args = parse_args(["--zero-sizes", "stage3_param_persistence_threshold=640,reduce_bucket_size=4096"])
+    assert isinstance(args, argparse.Namespace)
+    z3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 51200, "reduce_bucket_size": 9}}
+    ds, changes = adapt_ds_config(z3, args, None, 4, on_cpu=False)
+    assert ds["zero_optimization"]["stage3_param_persistence_threshold"] == 640
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 4096
+    assert {c["key"] for c in changes} >= {"zero_optimization.stage3_param_persistence_threshold"}
+    z1 = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 9}}
+    ds, _ = adapt_ds_config(z1, args, None, 4, on_cpu=False)
+    assert "stage3_param_persistence_threshold" not in ds["zero_optimization"]
+    with pytest.raises(Exception, match="is not KEY=N"):
+        adapt_ds_config(z3, parse_args(["--zero-sizes", "reduce_bucket_size=big"]), None, 4, on_cpu=False)
+
+
 def test_smoke_options_are_the_scripts_own_options():
     """One set of options per target: on the command line locally, as DTC_SMOKE_<OPTION> for --slurm."""
     plan = make_plan("opts", precision="fp16", dp_shard=8, zero_stage=3, micro_batch=2, grad_accum=4,
@@ -230,6 +249,11 @@ def test_smoke_options_are_the_scripts_own_options():
     env = as_env(ds)
     assert env["DTC_SMOKE_ALLOW_RESIZE"] == "1" and env["DTC_SMOKE_KV_HEADS"] == str(s.num_kv_heads)
     assert env["DTC_SMOKE_SEQ"] == str(setup.seq_len)
+    # ds_config.json's hidden-sized ZeRO-3 sizes, for the reduced model (the renderer's rule)
+    h = s.hidden_size
+    assert ds["--zero-sizes"] == (f"reduce_bucket_size={h * h},stage3_prefetch_bucket_size={int(0.9 * h * h)},"
+                                  f"stage3_param_persistence_threshold={10 * h}")
+    assert env["DTC_SMOKE_ZERO_SIZES"] == ds["--zero-sizes"]
     fsdp = smoke_options(setup, "fsdp")
     assert fsdp["--param-dtype"] == "bf16"  # fp16 cannot run on CPU
     assert fsdp["--seq"] == str(setup.seq_len) and fsdp["--device"] == "cpu" and fsdp["--dp-shard"] == "2"

@@ -160,6 +160,18 @@ def _precision(precision: str) -> dict[str, Any]:
     return {"bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": False}}
 
 
+# the ZeRO sizes _zero derives from the hidden size: a reduced model (dtc smoke) runs with its own
+HIDDEN_SIZED_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                     "stage3_param_persistence_threshold")
+
+
+def hidden_sized_zero(lay: Layout, shape: ModelShape) -> dict[str, int]:
+    """The zero_optimization sizes ds_config.json would hold for ``shape`` (those of HIDDEN_SIZED_KEYS its stage
+    uses)."""
+    zero = _zero(lay, shape)
+    return {key: zero[key] for key in HIDDEN_SIZED_KEYS if key in zero}
+
+
 def _zero(lay: Layout, shape: ModelShape) -> dict[str, Any]:
     """ZeRO section for the stage.
 
