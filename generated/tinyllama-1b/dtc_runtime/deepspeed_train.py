@@ -67,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=None, help="pipeline stages (pipeline.stages; pipeline configs only)")
     p.add_argument("--dp-shard", type=int, default=None,
                    help="ZeRO++ hpZ secondary partition size (zero_hpz_partition_size; hpZ configs only)")
+    p.add_argument("--zero-sizes", default=None, metavar="KEY=N,...",
+                   help="set these zero_optimization sizes (dtc smoke: the buckets and the persistence threshold "
+                        "ds_config.json sizes by the hidden size, for the reduced model's)")
     p.add_argument("--allow-resize", action="store_true",
                    help="run a config on a world its batch fields do not fit: recompute train_batch_size")
     p.add_argument("--cpu-optimizer", choices=("torch", "deepspeed"), default="torch",
@@ -118,6 +121,13 @@ def adapt_ds_config(ds: dict, args, cfg: RunConfig, world: int, on_cpu: bool) ->
             raise ConfigError(f"--pp {args.pp} needs a pipeline config (this ds_config has no pipeline section)")
     if args.dp_shard is not None and "zero_hpz_partition_size" in ds.get("zero_optimization", {}):
         put(("zero_optimization", "zero_hpz_partition_size"), args.dp_shard, "--dp-shard")
+    for item in filter(None, (args.zero_sizes or "").split(",")):
+        key, _, value = item.partition("=")
+        if not key or not value.strip().isdigit():
+            raise ConfigError(f"--zero-sizes: {item!r} is not KEY=N")
+        if "zero_optimization" not in ds or key.strip() not in ds["zero_optimization"]:
+            continue  # a size this config's stage does not use
+        put(("zero_optimization", key.strip()), int(value), "--zero-sizes")
     batch_set = False
     if args.micro_batch is not None:
         batch_set |= put(("train_micro_batch_size_per_gpu",), args.micro_batch, "--micro-batch")
