@@ -48,6 +48,15 @@ ASSUMPTIONS = (
 )
 
 
+def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
+    """How the costed framework runs a hybrid-sharded (HSDP) layout, where it is not FSDP2's replicated shard groups."""
+    if setup.framework.hybrid_shard != "hpz" or not setup.layout.is_hsdp:
+        return ()
+    return (f"{setup.framework.display_name} runs hybrid sharding as ZeRO++ hpZ: model states partitioned over all "
+            "dp x cp ranks, a secondary 16-bit weight copy over the dp_shard group for every gather after a step's "
+            "first forward, gradients reduce-scattered over all dp x cp ranks every micro-batch.",)
+
+
 def precision_assumption(setup: Setup) -> str:
     """What the memory breakdown assumes of the weights, gradients and master copy, for the costed framework: the
     gradient dtypes and whether the master is the parameter come from its profile (compiler/targets/<name>/cost.py),
@@ -390,7 +399,7 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + (precision_assumption(setup),
+        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + (precision_assumption(setup),
                                    f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),

@@ -264,6 +264,8 @@ def test_deepspeed_hybrid_sharding_is_zero_plus_plus_hpz(problem_factory, layout
     assert ds["gradients"] == pytest.approx(4 * n / 64, rel=0.01)
     assert ds["secondary_weights"] == pytest.approx(2 * n / 8, rel=0.01)
     assert "secondary_weights" not in ds_flat
+    said = [a for a in evaluate(p, hsdp, target="deepspeed", check_memory=False).assumptions if "hpZ" in a]
+    assert len(said) == 1 and not any("hpZ" in a for a in evaluate(p, hsdp, target="fsdp").assumptions)
     fsdp = _items(evaluate(p, hsdp, target="fsdp", check_memory=False))
     assert fsdp["gradients"] == pytest.approx(4 * n / 8, rel=0.01) and "secondary_weights" not in fsdp
     # the optimizer step updates the 1/64 partition, not 1/8
