@@ -214,6 +214,8 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
     sac_counted = M.count_sac_caches(parts)
     remat_counted = M.count_recomputation() if par.recompute != "none" else None
     params = [p for part in parts for p in part.parameters()]
+    # ZeRO-2 keeps the unsharded 16-bit parameters between forward and backward: part of the model states
+    unsharded = M.UnshardedParams(parts, params) if par.zero_stage == 2 else None
     # the gradient norm counts a tied embedding once (Megatron: param_is_not_shared)
     norm_params = [p for p in params if tied is None or tied.embedding is not None or p is not tied.head]
     optimizers = build_optimizers(cfg, parts)
@@ -308,7 +310,7 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
     record = {
         "rank": rank,
         "coords": {name: mesh[name].get_local_rank() for name in P.MESH_DIM_NAMES},
-        "param_bytes": M.local_bytes(params),
+        "param_bytes": M.local_bytes(params) + (unsharded.peak if unsharded is not None else 0),
         "grad_bytes": grad_bytes,
         "optimizer_bytes": sum(M.optimizer_state_bytes(o) for o in optimizers),
         "saved_activation_bytes": M.SAVED.peak,

@@ -208,6 +208,23 @@ def local_bytes(tensors) -> int:
     return total
 
 
+class UnshardedParams:
+    """Peak bytes of the unsharded parameters FSDP2 keeps after a forward when it does not reshard them
+    (reshard_after_forward=False, dtc's ZeRO-2: each unit's 16-bit parameters live from its forward to its
+    backward), read by a forward hook on each part: the parameters the parts hold then that are not the sharded
+    ones they were built with (``registered``)."""
+
+    def __init__(self, parts, registered):
+        self.peak = 0
+        ids = {id(p) for p in registered}
+
+        def hook(module, args, output):
+            now = local_bytes(p for part in parts for p in part.parameters() if id(p) not in ids)
+            self.peak = max(self.peak, now)
+
+        self.handles = [part.register_forward_hook(hook) for part in parts]
+
+
 def optimizer_state_bytes(optimizer) -> int:
     return local_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
 
