@@ -53,7 +53,8 @@ class Candidate:
 class TargetEstimate:
     """The chosen layout costed for one framework target of the spec (its artifacts' kernels, gradient dtypes,
     activation profile and overlaps: compiler/targets/<name>/cost.py). The plan's ``estimate`` is the binding
-    target's: the slowest, as a layout rendered for several targets must fit under each."""
+    target's: the slowest at the spec's confidence (compiler.costmodel.evaluation.evaluate_targets), as a layout
+    rendered for several targets must fit under each."""
 
     target: str
     binding: bool

@@ -25,7 +25,8 @@ from compiler.spec.load import load_spec
 
 def estimate_layout(problem: Problem, layout: Layout) -> Estimate | Rejection:
     """The cost model on one layout (the GPU is the spec's option named by layout.gpu), for each framework
-    target of the spec: the binding target's estimate (the first that rejects it, else the slowest)."""
+    target of the spec: the binding target's estimate (the first that rejects it, else the slowest at the spec's
+    confidence)."""
     return evaluate_targets(problem, layout).result
 
 
@@ -34,7 +35,7 @@ def format_targets_text(per_target: tuple[TargetEstimate, ...]) -> list[str]:
     if len(per_target) < 2:
         return []
     lines = ["", "per target (the figures above are the binding target's: it must fit under each and runs as fast "
-                 "as the slowest)"]
+                 "as the slowest at the spec's confidence, its step time x its band's factor)"]
     width = max(len(e.target) for e in per_target)
     for e in per_target:
         lines.append(f"  {e.target:<{width}}  step {units.format_seconds(e.step_time_s):>9}  "

@@ -196,7 +196,7 @@ def per_target(plan: Plan) -> dict[str, Any]:
     return {"show": True,
             "line": "The layout costed for each target it is rendered for (each with its own kernels, gradient "
                     "dtypes, saved activations and overlaps); it fits under each, and the plan's figures are the "
-                    "binding target's, the slowest:",
+                    "binding target's, the slowest at the spec's confidence (step time x its band's factor):",
             "table": txt.table(["target", "step time", "tokens/s per GPU", "MFU", "time to train", "cost",
                                 "memory per GPU"], rows, "lrrrrrr")}
 
