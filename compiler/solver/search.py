@@ -998,8 +998,9 @@ class _Search:
         assert est.band is not None
         # an alternative is worth naming while its objective stays within SAFETY_REACH of the pick's, and the search
         # for it explores at most SAFETY_SHAPES x the shapes the search for the pick explored (SAFETY_MIN_SHAPES at
-        # least): where no layout is well calibrated (a target without published runs near the spec's scale binds every layout), proving it
-        # costs every shape the bounds cannot rule out (a 16K-GPU spec with a loose batch: ~1,000 shapes, 13 s)
+        # least): where no layout is well calibrated (a target without published runs near the spec's scale binds
+        # every layout), proving it costs every shape the bounds cannot rule out (a 16K-GPU spec with a loose
+        # batch: ~1,000 shapes, 13 s)
         safe = _Search(replace(problem, top_k=0), 0, _calibrated_evaluate, like=self,
                        ceiling=objective_key(problem, best.estimate) * (1 + SAFETY_REACH),
                        max_explored=max(SAFETY_MIN_SHAPES, SAFETY_SHAPES * self.num_explored))
