@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from compiler.costmodel.activations import attention_widths
 from compiler.costmodel.context import GEMM_INPUT_BYTES, Setup
+from compiler.costmodel.memory import runs_hpz
 from compiler.costmodel.stages import StageParams
 
 INTRA = "intra_node"
@@ -293,15 +294,12 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
     parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp)]
     if sp.expert:
         parts.append(("expert", sp.expert, max(1, (lay.dp_shard if lay.zero_stage else lay.dp) * lay.cp // lay.ep)))
-    hpz = setup.framework.hybrid_shard == "hpz" and lay.is_hsdp and lay.zero_stage >= 3
+    hpz = runs_hpz(setup, lay)
     for part, params, n in parts:
         if part == "dense":
             link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
-            n_all, link_all = lay.dp * lay.cp, dp_cp_link(setup)
         else:
             link = group_link(setup, lay.tp * lay.ep, n)
-            n_all = max(1, lay.dp * lay.cp // lay.ep)
-            link_all = group_link(setup, lay.tp * lay.ep, n_all)
         # --fp4-param-gather all-gathers the NVFP4 weights ("perform the param all-gather in fp4"): one copy, the
         # transpose is made after the gather (the kept weights hold both)
         gathered = GEMM_INPUT_BYTES[r.gemm_dtype] if r.quantised_weights else r.weight_bytes
@@ -312,7 +310,9 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
             continue
         if z == 1:
             out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, 1, "step_grad"))
-        elif hpz:
+        elif hpz:  # over every dp x cp rank (the expert part: / ep), not the hpZ group
+            n_all = lay.dp * lay.cp if part == "dense" else max(1, lay.dp * lay.cp // lay.ep)
+            link_all = dp_cp_link(setup) if part == "dense" else group_link(setup, lay.tp * lay.ep, n_all)
             c = _collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n_all, link_all, m,
                             "backward")
             out.append(_per_unit(c, units, link_all))

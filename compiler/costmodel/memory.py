@@ -45,30 +45,34 @@ def params_after_sharding(sp: StageParams, layout: Layout, sharded: bool) -> flo
     return sp.dense / dense_shard_degree(layout) + sp.expert / expert_shard_degree(layout)
 
 
-def is_hybrid(sharding: Layout) -> bool:
-    """ZeRO-3 over dp_shard ranks, replicated dp_replicate times (``sharding``: a layout or its sharding view)."""
-    return sharding.zero_stage >= 3 and sharding.dp_replicate > 1 and sharding.dp_shard > 1
-
-
-class _AllRanks:
-    """A sharding with its data-parallel ranks in one shard group (dp_shard = dp): how ZeRO++ hpZ partitions the
-    model states of a hybrid layout."""
+class ShardingView:
+    """The sharding fields of a layout, what the model-state functions read, without building a Layout (the
+    solver's memory bounds ask for every sharding choice of a group; ZeRO++ hpZ's states use another one)."""
 
     __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params")
 
-    def __init__(self, sharding: Layout):
-        self.tp, self.cp, self.ep = sharding.tp, sharding.cp, sharding.ep
-        self.dp_shard, self.dp_replicate = sharding.dp_shard * sharding.dp_replicate, 1
-        self.zero_stage = sharding.zero_stage
-        self.offload_optimizer, self.offload_params = sharding.offload_optimizer, sharding.offload_params
+    def __init__(self, tp: int, cp: int, ep: int, dp_shard: int, dp_replicate: int, zero_stage: int,
+                 offload_optimizer: str, offload_params: str):
+        self.tp, self.cp, self.ep = tp, cp, ep
+        self.dp_shard, self.dp_replicate = dp_shard, dp_replicate
+        self.zero_stage = zero_stage
+        self.offload_optimizer, self.offload_params = offload_optimizer, offload_params
+
+
+def runs_hpz(setup: Setup, sharding: Layout) -> bool:
+    """Whether ``setup``'s target runs this sharding as ZeRO++ hpZ: a hybrid ZeRO-3 layout (dp_shard ranks, replicated
+    dp_replicate times) under a cost profile whose hybrid_shard is "hpz" (targets.cost.CostProfile.hybrid_shard)."""
+    return (setup.framework.hybrid_shard == "hpz" and sharding.zero_stage >= 3 and sharding.dp_replicate > 1
+            and sharding.dp_shard > 1)
 
 
 def state_sharding(setup: Setup, sharding: Layout) -> Layout:
-    """The sharding ``setup``'s target partitions the model states by: the layout's, except under ZeRO++ hpZ
-    (cost profile hybrid_shard "hpz"), which keeps them partitioned over all data-parallel ranks
-    (targets.cost.CostProfile.hybrid_shard)."""
-    if setup.framework.hybrid_shard == "hpz" and is_hybrid(sharding):
-        return _AllRanks(sharding)  # type: ignore[return-value]
+    """The sharding ``setup``'s target partitions the model states by: the layout's, except under ZeRO++ hpZ,
+    which keeps them partitioned over all data-parallel ranks (one shard group, dp_shard = dp)."""
+    if runs_hpz(setup, sharding):
+        s = sharding
+        return ShardingView(s.tp, s.cp, s.ep, s.dp_shard * s.dp_replicate, 1, s.zero_stage,  # type: ignore[return-value]
+                            s.offload_optimizer, s.offload_params)
     return sharding
 
 
@@ -76,7 +80,7 @@ def secondary_weight_bytes(setup: Setup, sp: StageParams, sharding: Layout, *, o
     """ZeRO++ hpZ's secondary 16-bit copy of the weights, partitioned over the dp_shard ranks
     (partition_parameters.py _partition_param_sec: tensor size / zero_hpz_partition_size), on the parameters'
     device: the GPU's bytes, or with ``on_host`` the host's (where offloaded parameters keep it)."""
-    if setup.framework.hybrid_shard != "hpz" or not is_hybrid(sharding):
+    if not runs_hpz(setup, sharding):
         return 0.0
     if (sharding.offload_params != "none") != on_host:
         return 0.0

@@ -21,6 +21,7 @@ comm, compute, step, stages, context) may change behind it as long as these keep
     inflight_microbatches(schedule, stage, pp, m, vpp) the micro-batches a stage holds at its peak (what the above
                                                   reads of the schedule and the micro-batch count)
     model_state_bytes(setup, params, sharding)    weights + gradients + master + optimizer states per GPU
+    ShardingView(tp, cp, ep, dp_shard, ...)       the sharding fields model_state_bytes reads, without a Layout
     fixed_bytes(layout)                           the CUDA context and the communicators' buffers
     fragmentation_factor(), dp_overlap_window()   the allowances the memory and time models apply
 """
@@ -35,6 +36,7 @@ from compiler.costmodel.compute import StageCompute
 from compiler.costmodel.context import Setup, make_setup
 from compiler.costmodel.efficiency import Efficiency, ProfileRef, efficiency_of, load_efficiency
 from compiler.costmodel.frameworks import costed_targets
+from compiler.costmodel.memory import ShardingView
 from compiler.costmodel.stages import StageLayers, StageParams, stage_layers, stage_params
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
@@ -43,7 +45,7 @@ __all__ = ["Setup", "StageLayers", "StageParams", "ZeroTraffic", "bound_target",
            "stages_of", "distinct_stages", "unit_stage", "stage_params_of", "stage_forward_backward_s",
            "pipeline_send_s", "zero_traffic", "step_extras_s", "sync_overhead_s", "activations_in_flight_bytes",
            "inflight_microbatches",
-           "model_state_bytes", "fixed_bytes", "fragmentation_factor", "dp_overlap_window"]
+           "model_state_bytes", "ShardingView", "fixed_bytes", "fragmentation_factor", "dp_overlap_window"]
 
 _NEVER_S = 1e30  # a compute window no traffic fills (the offload terms that cannot overlap whatever runs)
 

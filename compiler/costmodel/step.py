@@ -25,7 +25,7 @@ from compiler.costmodel import comm, compute, pp_schedule
 from compiler.costmodel.bands import band_for
 from compiler.costmodel.context import QUANTISED_GEMM_DTYPES, Setup
 from compiler.costmodel.efficiency import Efficiency
-from compiler.costmodel.memory import candidate_stages, params_after_sharding, state_sharding
+from compiler.costmodel.memory import candidate_stages, params_after_sharding, runs_hpz, state_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
 from compiler.units import format_seconds
@@ -50,7 +50,7 @@ ASSUMPTIONS = (
 
 def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
     """How the costed framework runs a hybrid-sharded (HSDP) layout, where it is not FSDP2's replicated shard groups."""
-    if setup.framework.hybrid_shard != "hpz" or not setup.layout.is_hsdp:
+    if not runs_hpz(setup, setup.layout):
         return ()
     return (f"{setup.framework.display_name} runs hybrid sharding as ZeRO++ hpZ: model states partitioned over all "
             "dp x cp ranks, a secondary 16-bit weight copy over the dp_shard group for every gather after a step's "

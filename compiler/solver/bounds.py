@@ -364,7 +364,8 @@ class Bounds:
         key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, hybrid, sl.dense, sl.moe, sl.first, sl.last, sh)
         got = self._states.get(key)
         if got is None:
-            view = _ShardingView(shape, sh)
+            view = cm.ShardingView(shape.tp, shape.cp, shape.ep, sh.dp_shard, shape.dp // sh.dp_shard, sh.zero_stage,
+                                   sh.offload_optimizer, sh.offload_params)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
             # of the setup the states read the recipe (which the ZeRO stage can change, make_setup) and the target's
             # bookkeeping, not its layout: one setup per (GPU, ZeRO >= 1) serves every sharding (the same test)
@@ -543,15 +544,3 @@ def _mem_safe(x: float) -> float:
     """The cost model truncates its total to whole bytes and sums the items in another order."""
     return x * (1 - 1e-9) - 1.0
 
-
-class _ShardingView:
-    """The sharding fields of a layout (what the cost model's model-state functions read), without
-    building a Layout: the group memory bound asks for every sharding choice of a group."""
-
-    __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params")
-
-    def __init__(self, shape: Shape, sh: Sharding):
-        self.tp, self.cp, self.ep = shape.tp, shape.cp, shape.ep
-        self.dp_shard, self.dp_replicate = sh.dp_shard, shape.dp // sh.dp_shard
-        self.zero_stage = sh.zero_stage
-        self.offload_optimizer, self.offload_params = sh.offload_optimizer, sh.offload_params

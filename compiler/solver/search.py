@@ -457,12 +457,10 @@ class _Search:
                 self.num_pruned += n
                 continue
             if self._refine(queue, entry, threshold):
-                if self.max_explored is not None and self.has_options(shape):
-                    if self.num_explored >= self.max_explored:
+                if self.max_explored is None or self.has_options(shape):  # (a limit counts shapes with options)
+                    if self.num_explored == self.max_explored:
                         self.stopped = True
                         return
-                    self.num_explored += 1
-                elif self.max_explored is None:
                     self.num_explored += 1
                 self.explore(shape)
 

@@ -248,15 +248,14 @@ def _states_bounds(model: str, target: str, max_gpus: int) -> Bounds:
 def _cost_model_states(bounds: Bounds, shape, sl, sh: Sharding) -> float:
     """The cost model's model states of stage ``sl`` under the layout's own setup (no cache of the bounds)."""
     from compiler.costmodel import parts as cm
-    from compiler.solver.bounds import _ShardingView
 
-    setup = bounds.setup(0, bounds._probe(shape, pp=shape.pp, sh=sh))
-    return cm.model_state_bytes(setup, bounds._stage_params(shape, shape.pp, 1, sl), _ShardingView(shape, sh))
+    layout = bounds._probe(shape, pp=shape.pp, sh=sh)  # a Layout with this shape's degrees and sharding
+    return cm.model_state_bytes(bounds.setup(0, layout), bounds._stage_params(shape, shape.pp, 1, sl), layout)
 
 
 def test_model_states_cache_matches_the_cost_model() -> None:
     """Bounds._model_states shares its cache across the data-parallel degrees (the states read the shard group,
-    not the replicas): asked for each dp after other dps filled the cache, it equals the cost model's states of
+    not the replicas, except under DeepSpeed's hpZ, whose key has dp): asked for each dp after other dps filled the cache, it equals the cost model's states of
     that dp's own layout, for every target's bookkeeping (Megatron, DeepSpeed, FSDP), with ZeRO 0-3, HSDP and
     offload."""
     from compiler.solver.candidates import Shape
