@@ -73,7 +73,7 @@ _GPU_FIELDS = (
     "intra_node_link", "intra_node_bandwidth", "nvlink_domain_gpus", "default_gpus_per_node",
     "inter_node_bandwidth", "pcie_bandwidth", "price_per_gpu_hour", "tdp", "sources",
 )
-_GPU_OPTIONAL_FIELDS = ("kernel_class",)
+_GPU_OPTIONAL_FIELDS = ("kernel_class", "host_memory")
 _MODEL_FIELDS = (
     "display_name", "aliases", "published_params", "published_active_params", "source", "shape", "hyperparameters",
 )
@@ -107,6 +107,8 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     tdp_w: float = 0.0  # board power the datasheet peaks are quoted at; 0: unknown (custom GPUs)
     kernel_class: str = ""  # which kernel benchmarks apply (compiler/data/physics.yaml); "" -> generation
+    # host (CPU) memory of the reference system's node of default_gpus_per_node GPUs; 0: not known
+    host_memory_bytes: int = 0
 
     @property
     def kernel_family(self) -> str:
@@ -312,8 +314,11 @@ def _parse_gpu(name: str, raw: Any) -> GpuSpec:
     raw = _check_keys(ctx, raw, _GPU_FIELDS + _GPU_OPTIONAL_FIELDS, _GPU_FIELDS, "the entry")
     flops_raw = _check_keys(ctx, raw["peak_flops"], PRECISIONS, _REQUIRED_PRECISIONS, "peak_flops")
     flops = {k: _unit(ctx, parse_flops, flops_raw[k], f"peak_flops.{k}") for k in PRECISIONS if k in flops_raw}
-    sources_raw = _check_keys(ctx, raw["sources"], GPU_SOURCED_FIELDS, GPU_SOURCED_FIELDS, "sources")
-    sources = {k: _str(ctx, sources_raw[k], f"sources.{k}") for k in GPU_SOURCED_FIELDS}
+    sourced = GPU_SOURCED_FIELDS + (("host_memory",) if "host_memory" in raw else ())
+    sources_raw = _check_keys(ctx, raw["sources"], GPU_SOURCED_FIELDS + ("host_memory",), sourced, "sources")
+    if "host_memory" in sources_raw and "host_memory" not in raw:
+        raise ctx.error("sources.host_memory names a source for a host_memory the entry does not give")
+    sources = {k: _str(ctx, sources_raw[k], f"sources.{k}") for k in sourced}
     domain = _int(ctx, raw["nvlink_domain_gpus"], "nvlink_domain_gpus", 1)
     per_node = _int(ctx, raw["default_gpus_per_node"], "default_gpus_per_node", 1)
     if domain % per_node and per_node % domain:
@@ -337,6 +342,7 @@ def _parse_gpu(name: str, raw: Any) -> GpuSpec:
         aliases=_aliases(ctx, raw["aliases"]),
         tdp_w=_watts(ctx, raw["tdp"], "tdp"),
         kernel_class=_str(ctx, raw["kernel_class"], "kernel_class", _KERNEL_CLASSES) if "kernel_class" in raw else "",
+        host_memory_bytes=_unit(ctx, parse_bytes, raw["host_memory"], "host_memory") if "host_memory" in raw else 0,
     )
 
 

@@ -29,9 +29,28 @@ class MemoryBreakdown:
     cpu_bytes_per_node: int = 0  # offloaded states
     nvme_bytes_per_node: int = 0
     stage: int = 0  # the pipeline stage these items describe (the one with the most memory)
+    # host memory per node less the headroom, the limit of cpu_bytes_per_node: set when states are offloaded to
+    # the CPU and the node's host memory is known (left out of plan.json otherwise)
+    usable_cpu_bytes_per_node: int | None = field(default=None, metadata={"omit_if_none": True})
 
     def item(self, name: str) -> LineItem:
         return next(i for i in self.items if i.name == name)
+
+    def host_lines(self) -> list[str]:
+        """What the offloaded states take per node, and whether they fit the host memory (PLAN.md, dtc estimate)."""
+        from compiler.units import format_bytes
+
+        out = []
+        if self.cpu_bytes_per_node:
+            usable = self.usable_cpu_bytes_per_node
+            verdict = ("host memory not known for this GPU, not checked: give cluster.host_memory"
+                       if usable is None else
+                       f"of {format_bytes(usable)} usable host memory: "
+                       + ("fits" if self.cpu_bytes_per_node <= usable else "DOES NOT FIT"))
+            out.append(f"CPU memory per node for offloaded states: {format_bytes(self.cpu_bytes_per_node)} {verdict}.")
+        if self.nvme_bytes_per_node:
+            out.append(f"NVMe per node for offloaded states: {format_bytes(self.nvme_bytes_per_node)}.")
+        return out
 
 
 @dataclass(frozen=True)

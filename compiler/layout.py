@@ -65,6 +65,11 @@ class Layout:
         return -(-self.world_size // self.gpus_per_node)
 
     @property
+    def gpus_on_a_node(self) -> int:
+        """The GPUs one node holds: gpus_per_node, fewer when the whole run is smaller than a node."""
+        return min(self.gpus_per_node, self.world_size)
+
+    @property
     def global_batch(self) -> int:
         """Sequences per optimizer step: micro_batch x grad_accum x dp."""
         return self.micro_batch * self.grad_accum * self.dp

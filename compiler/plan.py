@@ -158,6 +158,9 @@ class ClusterSection:
     memory_headroom: float  # fraction of HBM kept free on top of the modelled items (search.memory_headroom)
     # cluster.profile: the cluster profile whose constants costed this plan (left out of plan.json when none)
     profile: ProfileRef | None = dataclasses.field(default=None, metadata={"omit_if_none": True})
+    # the host memory per node the offloaded states were checked against (cluster.host_memory or the catalog's;
+    # left out of plan.json when the layout offloads nothing to the CPU or it is not known)
+    host_memory_bytes_per_node: int | None = dataclasses.field(default=None, metadata={"omit_if_none": True})
 
 
 @dataclass(frozen=True)
@@ -443,7 +446,9 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             intra_node_bandwidth_bytes_per_s=option.intra_node_bandwidth_bytes_per_s,
             inter_node_bandwidth_bytes_per_s=option.inter_node_bandwidth_bytes_per_s,
             price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom,
-            profile=problem.profile),
+            profile=problem.profile,
+            host_memory_bytes_per_node=(option.host_memory_bytes_per_node or None) if "cpu" in (
+                layout.offload_optimizer, layout.offload_params) else None),
         budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
                              objective=problem.objective, confidence=problem.confidence),
         targets=tuple(problem.targets),

@@ -45,6 +45,9 @@ class GpuOption:
     intra_node_bandwidth_bytes_per_s: float
     inter_node_bandwidth_bytes_per_s: float
     power_limit_w: float | None = None  # a cluster's power cap below the part's TDP (None: run at TDP)
+    # host (CPU) memory per node, what offloaded states must fit in (cluster.host_memory, else the catalog's
+    # reference system scaled to gpus_per_node); 0: not known, not checked
+    host_memory_bytes_per_node: int = 0
 
     @property
     def name(self) -> str:
@@ -452,6 +455,9 @@ def _resolve_gpus(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Diag
                                               else g.intra_node_bandwidth_bytes_per_s),
             inter_node_bandwidth_bytes_per_s=(net.inter_node_bandwidth if net and net.inter_node_bandwidth
                                               else g.inter_node_bandwidth_bytes_per_s),
+            host_memory_bytes_per_node=(c.host_memory if c.host_memory is not None else
+                                        g.host_memory_bytes * (c.gpus_per_node or g.default_gpus_per_node)
+                                        // g.default_gpus_per_node),
         ))
     if c.num_gpus is not None:
         for o in out:

@@ -35,7 +35,8 @@ def problem_of_plan(plan: Plan, *, catalog: Catalog | None = None) -> Problem:
                                   hint="re-cost it from its spec: dtc estimate SPEC"))
     option = GpuOption(spec=spec, gpus_per_node=c.gpus_per_node, price_per_gpu_hour_usd=c.price_per_gpu_hour_usd,
                        intra_node_bandwidth_bytes_per_s=c.intra_node_bandwidth_bytes_per_s,
-                       inter_node_bandwidth_bytes_per_s=c.inter_node_bandwidth_bytes_per_s)
+                       inter_node_bandwidth_bytes_per_s=c.inter_node_bandwidth_bytes_per_s,
+                       host_memory_bytes_per_node=c.host_memory_bytes_per_node or 0)
     shape = plan.model.shape
     return Problem(
         name=plan.name, description=plan.description, spec_path=plan.provenance.spec_path,

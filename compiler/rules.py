@@ -58,6 +58,7 @@ FRAMEWORK_UNSUPPORTED = "framework_unsupported"
 PIN_MISMATCH = "pin_mismatch"
 NOT_CANONICAL = "not_canonical"
 OUT_OF_MEMORY = "out_of_memory"
+HOST_OUT_OF_MEMORY = "host_out_of_memory"
 OVER_BUDGET = "over_budget"
 OVER_DEADLINE = "over_deadline"
 
@@ -81,6 +82,7 @@ CODES: Mapping[str, str] = {
     PIN_MISMATCH: "the search: the layout differs from a pin of the spec",
     NOT_CANONICAL: "the search: the layout only renames another layout of the space",
     OUT_OF_MEMORY: "the cost model: the per-GPU memory exceeds usable HBM",
+    HOST_OUT_OF_MEMORY: "the cost model: the states offloaded to the CPU exceed a node's usable host memory",
     OVER_BUDGET: "the objective: the run costs more than budget.max_cost",
     OVER_DEADLINE: "the objective: the run takes longer than budget.deadline",
 }

@@ -73,9 +73,7 @@ def format_estimate_text(problem: Problem, layout: Layout, estimate: Estimate,
                  f"usable ({units.format_bytes(m.hbm_bytes_per_gpu)} HBM): {fits}")
     if e.band is not None:
         lines.append(f"  {uncertainty.memory_text(e)}")
-    if m.cpu_bytes_per_node or m.nvme_bytes_per_node:
-        lines.append(f"  offloaded per node: {units.format_bytes(m.cpu_bytes_per_node)} CPU, "
-                     f"{units.format_bytes(m.nvme_bytes_per_node)} NVMe")
+    lines += [f"  {line}" for line in m.host_lines()]
     lines += ["", "step time (critical path; items sum to the step)"]
     lines += _item_rows(e.time.items, units.format_seconds)
     lines.append(f"  {uncertainty.step_text(e)}")
@@ -113,7 +111,7 @@ def estimate_to_json(layout: Layout, e: Estimate, per_target: tuple[TargetEstima
             "items": [{"name": i.name, "bytes": int(i.value), "formula": i.formula, "source": i.source} for i in m.items],
             "total_bytes_per_gpu": m.total_bytes_per_gpu, "usable_bytes_per_gpu": m.usable_bytes_per_gpu,
             "hbm_bytes_per_gpu": m.hbm_bytes_per_gpu, "stage": m.stage, "cpu_bytes_per_node": m.cpu_bytes_per_node,
-            "nvme_bytes_per_node": m.nvme_bytes_per_node,
+            "nvme_bytes_per_node": m.nvme_bytes_per_node, "usable_cpu_bytes_per_node": m.usable_cpu_bytes_per_node,
         },
         "time": {"items": [{"name": i.name, "seconds": i.value, "formula": i.formula, "source": i.source}
                            for i in e.time.items], "step_time_s": e.time.step_time_s},

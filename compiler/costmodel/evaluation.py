@@ -79,6 +79,26 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
             + (text + ", or " if text else "") + "more tensor/pipeline parallel stages")
 
 
+def check_host_memory(setup: Setup, memory: MemoryBreakdown) -> Rejection | None:
+    """States offloaded to the CPU must fit in the node's host memory less the headroom (when it is known)."""
+    usable = memory.usable_cpu_bytes_per_node
+    if usable is None or memory.cpu_bytes_per_node <= usable:
+        return None
+    lay = setup.layout
+    need = memory.cpu_bytes_per_node - usable
+    fixes = ["offload to NVMe instead"]
+    if lay.offload_params == "cpu":
+        fixes.insert(0, "keep the parameters on the GPUs")
+    return Rejection(
+        rules.HOST_OUT_OF_MEMORY,
+        f"{format_bytes(memory.cpu_bytes_per_node)} of offloaded states per node exceeds {format_bytes(usable)} "
+        f"usable host memory ({format_bytes(setup.gpu.host_memory_bytes_per_node)} less "
+        f"{setup.problem.memory_headroom:.0%} headroom) on {lay.gpus_per_node} x {setup.gpu.name}",
+        {"needed_bytes": memory.cpu_bytes_per_node, "usable_bytes": usable, "target": setup.framework.name},
+        f"needs {format_bytes(need)} more host memory per node: " + ", ".join(fixes)
+        + ", more GPUs to shard the states over, or give cluster.host_memory if the nodes have more")
+
+
 def default_target(problem: Problem) -> str:
     """The framework a problem is costed for when none is asked: its first framework target."""
     return costed_targets(problem.targets)[0]
@@ -119,6 +139,10 @@ def evaluate(problem: Problem, layout: Layout, *, gpu: GpuOption | None = None,
             {"needed_bytes": memory.total_bytes_per_gpu, "usable_bytes": memory.usable_bytes_per_gpu,
              "stage": memory.stage, "target": setup.framework.name, "items": {i.name: int(i.value) for i in memory.items}},
             out_of_memory_fix(setup, memory))
+    if check_memory:
+        host = check_host_memory(setup, memory)
+        if host is not None:
+            return host
     return make_estimate(setup, memory, step_time(setup), with_events=pipeline_events)
 
 

@@ -151,16 +151,29 @@ def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -
             + optimizer_state_bytes_per_gpu(sp, states, setup.optimizer_state_bytes))
 
 
-def offloaded_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int, state_bytes: int,
-                            weight_bytes: float, grad_bytes: int = 0) -> float:
-    """Host (CPU or NVMe) bytes of one GPU's offloaded shard (``grad_bytes``: per parameter, when the target
-    keeps its accumulated gradients there)."""
-    out = grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
+def offloaded_bytes_per_gpu(setup: Setup, sp: StageParams, layout: Layout) -> dict[str, float]:
+    """Host bytes of one GPU's offloaded shard by where they go (``"cpu"``, ``"nvme"``): the optimizer side
+    (fp32 master, optimizer states, and the accumulated gradients when the target keeps them with its offloaded
+    optimizer) on layout.offload_optimizer's device, the 16-bit parameters (and hpZ's secondary copy of them)
+    on layout.offload_params'."""
+    states = state_sharding(setup, layout)
+    out = {"cpu": 0.0, "nvme": 0.0}
     if layout.offload_optimizer != "none":
-        out += (master_bytes + state_bytes) * params_after_sharding(sp, layout, layout.zero_stage >= 1)
+        grads = setup.grad_bytes if gradients_on_host(setup, layout) else 0
+        out[layout.offload_optimizer] += (
+            grads * params_after_sharding(sp, states, states.zero_stage >= 2)
+            + (setup.recipe.master_bytes + setup.optimizer_state_bytes)
+            * params_after_sharding(sp, states, states.zero_stage >= 1))
     if layout.offload_params != "none":
-        out += weight_bytes * params_after_sharding(sp, layout, True)
+        out[layout.offload_params] += (setup.recipe.weight_bytes * params_after_sharding(sp, states, True)
+                                       + secondary_weight_bytes(setup, sp, layout, on_host=True))
     return out
+
+
+def usable_host_bytes_per_node(setup: Setup) -> int:
+    """The node's host memory (GpuOption.host_memory_bytes_per_node) less the spec's headroom, as for HBM;
+    0 when it is not known."""
+    return int(setup.gpu.host_memory_bytes_per_node * (1.0 - setup.problem.memory_headroom))
 
 
 # --- activations --------------------------------------------------------------------------------------
@@ -501,19 +514,22 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
             best, best_total, best_stage = items, total, sl.stage
     assert best is not None
     lay = setup.layout
-    sl = setup.stages[best_stage]
-    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-    states = state_sharding(setup, lay)
-    host = (offloaded_bytes_per_gpu(sp, states, setup.recipe.master_bytes, setup.optimizer_state_bytes,
-                                    setup.recipe.weight_bytes, setup.grad_bytes if gradients_on_host(setup, lay) else 0)
-            + secondary_weight_bytes(setup, sp, lay, on_host=True)) * lay.gpus_per_node
-    to_nvme = lay.offload_optimizer == "nvme" or lay.offload_params == "nvme"
+    host = {"cpu": 0.0, "nvme": 0.0}
+    if lay.offload_optimizer != "none" or lay.offload_params != "none":
+        # every GPU of a node taken as the stage that offloads the most (the stages differ by their embedding
+        # and output layers): an upper bound of any node's sum
+        for sl in candidate_stages(setup):
+            sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+            for device, n in offloaded_bytes_per_gpu(setup, sp, lay).items():
+                host[device] = max(host[device], n)
+    cpu = int(host["cpu"] * lay.gpus_on_a_node)
     return MemoryBreakdown(
         items=tuple(best),
         total_bytes_per_gpu=int(best_total),
         hbm_bytes_per_gpu=int(setup.gpu.spec.hbm_bytes),
         usable_bytes_per_gpu=usable_bytes_per_gpu(setup),
-        cpu_bytes_per_node=0 if to_nvme else int(host),
-        nvme_bytes_per_node=int(host) if to_nvme else 0,
+        cpu_bytes_per_node=cpu,
+        nvme_bytes_per_node=int(host["nvme"] * lay.gpus_on_a_node),
+        usable_cpu_bytes_per_node=(usable_host_bytes_per_node(setup) or None) if cpu else None,
         stage=best_stage,
     )

@@ -117,11 +117,7 @@ def _memory(plan: Plan) -> dict[str, Any]:
     chart_rows += [("total", float(total), format_bytes(total)), ("usable", float(usable), format_bytes(usable)),
                    ("HBM", float(hbm), format_bytes(hbm))]
     scale = float(max([hbm, total, 1] + [i.value for i in mem.items]))
-    offload = []
-    if mem.cpu_bytes_per_node:
-        offload.append(f"CPU memory per node for offloaded states: {format_bytes(mem.cpu_bytes_per_node)}.")
-    if mem.nvme_bytes_per_node:
-        offload.append(f"NVMe per node for offloaded states: {format_bytes(mem.nvme_bytes_per_node)}.")
+    offload = mem.host_lines()
     return {
         "table": txt.table(["item", "bytes", "formula", "source"], rows, "lrll"),
         "total_line": (f"Total {format_bytes(total)} per GPU of {format_bytes(usable)} usable "

@@ -231,7 +231,7 @@ def _run_target(ctx, name: str, *, slurm: bool, gpus: int) -> TargetResult:
             result.prediction_note = memory
         else:
             result.comparisons = compare(memory, result.ranks, host_offload=ctx.setup.device == "cpu",
-                                         gpus_per_node=ctx.setup.layout.gpus_per_node)
+                                         gpus_on_a_node=ctx.setup.layout.gpus_on_a_node)
             judge(result)
             if result.ranks and all(r.grad_bytes is None for r in result.ranks):
                 result.prediction_note = ("gradients are not measured for this target: model_states compares "

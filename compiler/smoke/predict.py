@@ -123,7 +123,7 @@ def _max(values: list[int | None]) -> int | None:
 
 
 def compare(prediction: MemoryPrediction, ranks: list[RankMeasure], *, host_offload: bool = False,
-            gpus_per_node: int = 1) -> list[Comparison]:
+            gpus_on_a_node: int = 1) -> list[Comparison]:
     """Measured (max over ranks) vs predicted, by group (a rank's ``peak_bytes`` is the allocator's
     peak on GPU, the sum of the measured parts on CPU)."""
     memory = prediction.memory
@@ -136,7 +136,7 @@ def compare(prediction: MemoryPrediction, ranks: list[RankMeasure], *, host_offl
                             r.param_bytes + (r.grad_bytes or 0) + (r.optimizer_bytes or 0) for r in ranks])
     if host_offload and memory.cpu_bytes_per_node:
         # on CPU the offloaded states live in the same memory the ranks measure
-        states += int(memory.cpu_bytes_per_node / max(1, gpus_per_node))
+        states += int(memory.cpu_bytes_per_node / max(1, gpus_on_a_node))
         state_names += ("offloaded_to_host",)
     out = [Comparison("model_states", measured_states, states, state_names, BANDS["model_states"]),
            Comparison("activations", _max([r.activation_bytes for r in ranks]), acts, act_names,

@@ -160,6 +160,11 @@ def _hint(code: str, problem: Problem, summary: SearchSummary, fastest_gpus: int
             out.append(f"use GPUs with more memory ({', '.join(larger[:3])})")
         out.append(_framework_note(problem, summary))
         out.append(f"shorten training.sequence_length ({problem.seq_len})" if problem.seq_len > 2048 else "")
+    elif code == F.HOST_OUT_OF_MEMORY:
+        out.append("give cluster.host_memory if the nodes have more than the catalog's reference system")
+        if "cpu" in (problem.pins.offload_optimizer, problem.pins.offload_params):
+            out.append("unpin layout.offload_optimizer / layout.offload_params (NVMe offload needs little host memory)")
+        out.append(_more_gpus(problem))
     elif code == F.OVER_BUDGET:
         out.append("raise budget.max_cost")
         if problem.deadline_s is not None:
@@ -198,7 +203,8 @@ def _hint(code: str, problem: Problem, summary: SearchSummary, fastest_gpus: int
 
 
 # The filter that decided: a budget or deadline is checked last, memory before it, the framework table first.
-_HINT_ORDER = (F.OVER_BUDGET, F.OVER_DEADLINE, F.OUT_OF_MEMORY, F.FRAMEWORK_UNSUPPORTED, F.BATCH_NOT_DIVISIBLE)
+_HINT_ORDER = (F.OVER_BUDGET, F.OVER_DEADLINE, F.OUT_OF_MEMORY, F.HOST_OUT_OF_MEMORY, F.FRAMEWORK_UNSUPPORTED,
+               F.BATCH_NOT_DIVISIBLE)
 
 
 def infeasible_error(problem: Problem, summary: SearchSummary, examples: Mapping[str, str],

@@ -16,10 +16,10 @@ from compiler.estimate import Estimate, Rejection
 from compiler.layout import Layout
 from compiler.problem import GpuOption, Problem
 from compiler.rules import (BATCH_NOT_DIVISIBLE, CP_NOT_DIVISOR, DP_SHARD_INVALID, EP_INVALID,  # noqa: F401
-                            FRAMEWORK_UNSUPPORTED, GPU_COUNT_NOT_ALLOWED, GPU_NOT_OFFERED, MICROBATCHES_NOT_DIVISIBLE,
-                            NOT_CANONICAL, OFFLOAD_INVALID, OUT_OF_MEMORY, OVER_BUDGET, OVER_DEADLINE, PIN_MISMATCH,
-                            PP_SPLIT_INVALID, PRECISION_UNSUPPORTED, SCHEDULE_INVALID, SP_INVALID, TP_CROSS_NODE,
-                            TP_NOT_DIVISOR)
+                            FRAMEWORK_UNSUPPORTED, GPU_COUNT_NOT_ALLOWED, GPU_NOT_OFFERED, HOST_OUT_OF_MEMORY,
+                            MICROBATCHES_NOT_DIVISIBLE, NOT_CANONICAL, OFFLOAD_INVALID, OUT_OF_MEMORY, OVER_BUDGET,
+                            OVER_DEADLINE, PIN_MISMATCH, PP_SPLIT_INVALID, PRECISION_UNSUPPORTED, SCHEDULE_INVALID,
+                            SP_INVALID, TP_CROSS_NODE, TP_NOT_DIVISOR)
 
 # Codes counted per parallel shape (tp x pp x cp x dp) rather than per layout.
 SHAPE_CODES = frozenset({BATCH_NOT_DIVISIBLE})

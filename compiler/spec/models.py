@@ -353,6 +353,9 @@ class ClusterSpec(_Strict):
     min_gpus: PosInt | None = Field(None, description="Use at least this many GPUs.")
     price_per_gpu_hour: Price | None = Field(None, description="Dollars per GPU-hour; default from the catalog.")
     network: NetworkSpec | None = Field(None, description="Link bandwidth overrides.")
+    host_memory: PosBytes | None = Field(None, description="Host (CPU) memory per node, e.g. 2TiB: offloaded "
+                                         "optimizer states and parameters must fit in it; default from the "
+                                         "catalog's reference system.")
     profile: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
         None, description="A cluster profile written by `dtc calibrate` (path relative to this spec): the cost "
                           "model's fitted constants measured on this cluster.")

@@ -142,7 +142,8 @@ def test_presets_are_modelpresets():
 @pytest.mark.parametrize("name", GPU_NAMES)
 def test_every_numeric_gpu_field_has_a_named_source(name):
     gpu = CATALOG.gpus[name]
-    assert set(gpu.sources) == set(GPU_SOURCED_FIELDS)
+    # host_memory is optional: sourced exactly when the entry gives it
+    assert set(gpu.sources) == set(GPU_SOURCED_FIELDS) | ({"host_memory"} if gpu.host_memory_bytes else set())
     for field, text in gpu.sources.items():
         # a document and where it lives: a domain or an arXiv id
         assert re.search(r"[a-z0-9-]+\.(com|cn|ai|org|io|net)\b|arXiv:\d{4}\.\d{4,5}", text), (name, field)
@@ -481,3 +482,24 @@ def test_every_data_file_survives_the_json_cache() -> None:
     for path in sorted((Path(__file__).resolve().parents[2] / "compiler" / "data").glob("*.yaml")):
         data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
         assert repr(json.loads(json.dumps(data))) == repr(data), path.name
+
+
+def test_host_memory_is_a_reference_systems_node():
+    # DGX datasheets' system memory (binary DIMM capacities), NVL72 trays' two Grace CPUs
+    assert CATALOG.gpus["h100-sxm"].host_memory_bytes == 2 * 2**40
+    assert CATALOG.gpus["a100-40gb"].host_memory_bytes == 2**40
+    assert CATALOG.gpus["gb200"].host_memory_bytes == 960 * 2**30
+    assert CATALOG.gpus["l40s"].host_memory_bytes == 0  # no reference system states it: not known
+
+
+def test_host_memory_source_without_a_value_is_an_error():
+    from compiler.catalog import _parse_gpu
+
+    from pathlib import Path
+
+    from ruamel.yaml import YAML
+
+    raw = YAML(typ="safe").load((Path(__file__).resolve().parents[2] / "compiler/data/gpus.yaml").read_text())["l40s"]
+    raw["sources"]["host_memory"] = "a datasheet (nvidia.com)"
+    with pytest.raises(ValueError, match="host_memory"):
+        _parse_gpu("l40s", raw)

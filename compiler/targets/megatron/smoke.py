@@ -544,7 +544,7 @@ def predict(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
         result.prediction_note = memory
         return
     result.comparisons = compare(memory, result.ranks, host_offload=setup.device == "cpu",
-                                 gpus_per_node=run.layout.gpus_per_node)
+                                 gpus_on_a_node=run.layout.gpus_on_a_node)
     if any(c.what == EXPERT_TP for c in run.skipped):
         # the cost model splits experts by tp, as Megatron-Core does by default and the plan runs them; the CPU run
         # keeps them whole (etp=1): tp x the expert weights and gradients per rank, the same optimizer shards
