@@ -43,7 +43,7 @@ class MemoryBreakdown:
         out = []
         if self.cpu_bytes_per_node:
             usable = self.usable_cpu_bytes_per_node
-            verdict = ("host memory not known for this GPU, not checked: give cluster.host_memory"
+            verdict = ("(host memory not known for this GPU: not checked; give cluster.host_memory)"
                        if usable is None else
                        f"of {format_bytes(usable)} usable host memory: "
                        + ("fits" if self.cpu_bytes_per_node <= usable else "DOES NOT FIT"))

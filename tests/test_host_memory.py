@@ -80,7 +80,8 @@ def test_unknown_host_memory_is_not_checked_and_the_plan_says_so() -> None:
                                                                       host_memory_bytes_per_node=0),))
     est = evaluate(unknown, _offload_layout(unknown), target="deepspeed")
     assert isinstance(est, Estimate) and est.memory.usable_cpu_bytes_per_node is None
-    assert "not checked: give cluster.host_memory" in est.memory.host_lines()[0]
+    assert "not checked; give cluster.host_memory" in est.memory.host_lines()[0]
+    assert any("is not known, so the" in a for a in est.assumptions)
 
 
 def test_the_solver_keeps_offloaded_states_within_host_memory(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding, runs_hpz, state_sharding
 from compiler.costmodel.stages import StageLayers, StageParams, stage_params
 from compiler.estimate import CommVolume, Estimate, LineItem, MemoryBreakdown, TimeBreakdown
-from compiler.units import format_seconds
+from compiler.units import format_bytes, format_seconds
 
 ASSUMPTIONS = (
     "FLOPs: model = 6 x GEMM params per token (active experts, logits incl.) + 3 x causal attention-core "
@@ -55,6 +55,19 @@ def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
     return (f"{setup.framework.display_name} runs hybrid sharding as ZeRO++ hpZ: model states partitioned over all "
             "dp x cp ranks, a secondary 16-bit weight copy over the dp_shard group for every gather after a step's "
             "first forward, gradients reduce-scattered over all dp x cp ranks every micro-batch.",)
+
+
+def host_memory_assumption(setup: Setup, memory: MemoryBreakdown) -> tuple[str, ...]:
+    """What the host-memory check of CPU offload covers, or that it was not made."""
+    if not memory.cpu_bytes_per_node:
+        return ()
+    states = format_bytes(memory.cpu_bytes_per_node)
+    if memory.usable_cpu_bytes_per_node is None:
+        return (f"Host memory: the host memory of {setup.gpu.name}'s nodes is not known, so the {states} of offloaded "
+                "states per node are not checked against it (give cluster.host_memory).",)
+    return (f"Host memory: the {states} of offloaded states per node must fit in "
+            f"{format_bytes(setup.gpu.host_memory_bytes_per_node)} less the {setup.problem.memory_headroom:.0%} "
+            "headroom, which also holds the rank processes, data-loader workers and page cache (not modelled).",)
 
 
 def precision_assumption(setup: Setup) -> str:
@@ -399,7 +412,8 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + (precision_assumption(setup),
+        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + host_memory_assumption(setup, memory)
+        + (precision_assumption(setup),
                                    f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
                                    f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
