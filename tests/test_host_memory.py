@@ -100,3 +100,16 @@ def test_the_solver_keeps_offloaded_states_within_host_memory(tmp_path: Path) ->
     again = json.loads(run_cli(["estimate", "--plan", str(out_dir / "plan.json"), "--json"]).stdout)
     assert again["reproduces_plan"] is True
     assert again["memory"]["usable_cpu_bytes_per_node"] == mem.usable_cpu_bytes_per_node
+
+
+def test_dtc_diff_shows_the_host_memory_a_change_frees(tmp_path: Path) -> None:
+    """A reviewer sees why the layout moved: more host memory per node lets the optimizer leave NVMe."""
+    for side, extra in (("a", ""), ("b", "  host_memory: 4TiB")):
+        spec = tmp_path / side / "offload-70b.yaml"
+        spec.parent.mkdir()
+        spec.write_text(SPEC.format(gpu="a100-40gb", extra=extra))
+        run_cli(["compile", str(spec), "--out", str(tmp_path / side / "out")])
+    out = run_cli(["diff", str(tmp_path / "a/out/offload-70b"), str(tmp_path / "b/out/offload-70b")], exit_code=1).stdout  # (1: they differ)
+    row = next(line for line in out.splitlines() if "host memory/node" in line)
+    assert "of 972.8 GiB ->" in row and "of 3.8 TiB" in row, out
+    assert "offload_optimizer nvme -> cpu" in out

@@ -262,6 +262,21 @@ def _memory_value(p: Plan) -> tuple[int, int]:
     return p.estimate.memory.total_bytes_per_gpu, p.estimate.memory.usable_bytes_per_gpu
 
 
+def _host_value(p: Plan) -> list[int | None]:
+    m = p.estimate.memory
+    return [m.cpu_bytes_per_node, m.usable_cpu_bytes_per_node, p.cluster.host_memory_bytes_per_node]
+
+
+def _host_text(p: Plan) -> str:
+    """The offloaded states per node against the usable host memory ('none offloaded to the CPU' without)."""
+    m = p.estimate.memory
+    if not m.cpu_bytes_per_node:
+        return "none offloaded to the CPU"
+    if m.usable_cpu_bytes_per_node is None:
+        return f"{format_bytes(m.cpu_bytes_per_node)} offloaded (host memory not known)"
+    return f"{format_bytes(m.cpu_bytes_per_node)} offloaded of {format_bytes(m.usable_cpu_bytes_per_node)}"
+
+
 def _facts(p: Plan) -> dict[str, tuple[str, Any, str, float | None]]:
     """Summary key -> (label, raw value compared and kept in JSON, text, number whose change is shown in %)."""
     e, c, t, m = p.estimate, p.cluster, p.training, p.model
@@ -280,6 +295,7 @@ def _facts(p: Plan) -> dict[str, tuple[str, Any, str, float | None]]:
         "global_batch": ("global batch", [t.global_batch, t.seq_len],
                          f"{t.global_batch:,} x {t.seq_len:,} tokens", t.global_batch * t.seq_len),
         "memory": ("memory/GPU", [total, usable], f"{format_bytes(total)} of {format_bytes(usable)}", total),
+        "host_memory": ("host memory/node", _host_value(p), _host_text(p), e.memory.cpu_bytes_per_node or None),
         "step_time": ("step time", [e.step_time_s, *e.step_time_band_s], _with_band(e.step_time_s, e.step_time_band_s),
                       e.step_time_s),
         "throughput": ("tokens/s/GPU", e.tokens_per_s_per_gpu, f"{e.tokens_per_s_per_gpu:,.0f}",
@@ -325,6 +341,8 @@ def summary_rows(old: Plan | None, new: Plan | None) -> list[SummaryChange]:
         label = (fb or fa)[key][0]
         _, va, ta, na = fa.get(key, (label, None, None, None))
         _, vb, tb, nb = fb.get(key, (label, None, None, None))
+        if key == "host_memory" and not (va and va[0]) and not (vb and vb[0]):
+            continue  # neither plan offloads to the CPU
         change = _change(key, old, new, na, nb) if old is not None and new is not None and va != vb else ""
         rows.append(SummaryChange(key=key, label=label, old=ta, new=tb, change=change, changed=va != vb,
                                   old_value=va, new_value=vb))
