@@ -155,7 +155,8 @@ def offloaded_bytes_per_gpu(setup: Setup, sp: StageParams, layout: Layout) -> di
     """Host bytes of one GPU's offloaded shard by where they go (``"cpu"``, ``"nvme"``): the optimizer side
     (fp32 master, optimizer states, and the accumulated gradients when the target keeps them with its offloaded
     optimizer) on layout.offload_optimizer's device, the 16-bit parameters (and hpZ's secondary copy of them)
-    on layout.offload_params'."""
+    on layout.offload_params' (none where the sharded parameter is the fp32 master: FSDP2's CPUOffloadPolicy
+    keeps that one copy, counted with the optimizer side)."""
     states = state_sharding(setup, layout)
     out = {"cpu": 0.0, "nvme": 0.0}
     if layout.offload_optimizer != "none":
@@ -165,7 +166,7 @@ def offloaded_bytes_per_gpu(setup: Setup, sp: StageParams, layout: Layout) -> di
             + (setup.recipe.master_bytes + setup.optimizer_state_bytes)
             * params_after_sharding(sp, states, states.zero_stage >= 1))
     if layout.offload_params != "none":
-        out[layout.offload_params] += (setup.recipe.weight_bytes * params_after_sharding(sp, states, True)
+        out[layout.offload_params] += (persistent_weight_bytes(setup, states) * params_after_sharding(sp, states, True)
                                        + secondary_weight_bytes(setup, sp, layout, on_host=True))
     return out
 

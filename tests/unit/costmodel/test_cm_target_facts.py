@@ -306,3 +306,15 @@ def test_deepspeed_hpz_collectives(problem_factory, layout_factory):
     assert "dense_grad_all_reduce_replicas" not in ds
     assert fsdp["dense_grad_reduce_scatter"].group_size == 8 and "dense_grad_all_reduce_replicas" in fsdp
     assert "dense_param_all_gather_fwd_primary" not in fsdp
+
+
+def test_fsdp2_offload_keeps_one_host_copy_of_a_parameter(problem_factory, layout_factory):
+    """FSDP2's CPUOffloadPolicy offloads the sharded parameter, which is the fp32 master: 4 B master + 4 B
+    gradient + 8 B Adam moments per parameter on the host, no 16-bit copy besides (DeepSpeed keeps one: 18 B).
+    The smoke measures it (tests/test_smoke_launch.py, fsdp-offload)."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, targets="[fsdp, deepspeed]")
+    lay = layout_factory(p, dp_shard=8, zero_stage=3, offload_optimizer="cpu", offload_params="cpu")
+    per_param = {t: evaluate(p, lay, target=t, check_memory=False).memory.cpu_bytes_per_node / p.params.total
+                 for t in ("fsdp", "deepspeed")}
+    assert per_param["fsdp"] == pytest.approx(16, rel=0.01)
+    assert per_param["deepspeed"] == pytest.approx(18, rel=0.01)
