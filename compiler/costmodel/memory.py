@@ -107,15 +107,46 @@ def weight_bytes_per_gpu(sp: StageParams, layout: Layout, weight_bytes: float) -
     return weight_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 3)
 
 
-def gradient_bytes_per_gpu(sp: StageParams, layout: Layout, grad_bytes: int, *, on_host: bool = False) -> float:
-    """The accumulated gradients a GPU keeps (``on_host``: the target keeps them with its offloaded optimizer)."""
+def gradient_bytes_per_gpu(sp: StageParams, layout: Layout, grad_bytes: int, *, on_host: bool = False,
+                           partition: bool = False) -> float:
+    """The accumulated gradients a GPU keeps (``on_host``: the target keeps them with its offloaded optimizer
+    instead; ``partition``: it keeps only this rank's partition, whatever the ZeRO stage)."""
     if on_host:
         return 0.0
-    return grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2)
+    return grad_bytes * params_after_sharding(sp, layout, layout.zero_stage >= 2 or partition)
 
 
 def gradients_on_host(setup: Setup, layout: Layout) -> bool:
+    """Whether the host keeps the accumulated gradient shard with the offloaded optimizer."""
     return layout.offload_optimizer != "none" and setup.framework.offload_moves_gradients
+
+
+def gradient_partition_stays(setup: Setup, layout: Layout) -> bool:
+    """Whether the GPU keeps the gradient partition as well, where the host keeps its copy (CostProfile
+    offload_keeps_gradient_partition: DeepSpeed ZeRO-1/2 accumulate it on the GPU and copy it at the boundary)."""
+    return (gradients_on_host(setup, layout) and setup.framework.offload_keeps_gradient_partition
+            and layout.zero_stage < 3)
+
+
+def offload_grad_buffer_bytes(setup: Setup, sl: StageLayers) -> float:
+    """The gradient staging buffer of the largest parameter that ZeRO-1/2 with an offloaded optimizer keeps on the GPU,
+    and its pinned twin on the host (DeepSpeed 0.19.8 stage_1_and_2.py temp_grad_buffer_for_gpu_offload and
+    temp_grad_buffer_for_cpu_offload: largest_param_numel elements in the parameter dtype); 0 elsewhere."""
+    lay = setup.layout
+    if not gradient_partition_stays(setup, lay):
+        return 0.0
+    shape = setup.shape
+    largest = max(shape.ffn_hidden_size, shape.moe.expert_ffn_hidden_size if shape.moe else 0) * shape.hidden_size / lay.tp
+    if sl.first or sl.last:
+        largest = max(largest, shape.vocab_size * shape.hidden_size)  # (nn.Embedding: AutoTP splits Linear layers)
+    return setup.recipe.weight_bytes * largest
+
+
+def gpu_gradient_bytes(setup: Setup, sp: StageParams, states: Layout) -> float:
+    """The gradients line of one GPU as ``setup``'s target keeps them (see gradient_partition_stays)."""
+    if gradient_partition_stays(setup, states):
+        return gradient_bytes_per_gpu(sp, states, setup.grad_bytes, partition=True)
+    return gradient_bytes_per_gpu(sp, states, setup.grad_bytes, on_host=gradients_on_host(setup, states))
 
 
 def master_weight_bytes_per_gpu(sp: StageParams, layout: Layout, master_bytes: int) -> float:
@@ -146,12 +177,12 @@ def model_state_bytes_per_gpu(setup: Setup, sp: StageParams, sharding: Layout) -
     r, states = setup.recipe, state_sharding(setup, sharding)
     return (weight_bytes_per_gpu(sp, states, persistent_weight_bytes(setup, states))
             + secondary_weight_bytes(setup, sp, sharding)
-            + gradient_bytes_per_gpu(sp, states, setup.grad_bytes, on_host=gradients_on_host(setup, states))
+            + gpu_gradient_bytes(setup, sp, states)
             + master_weight_bytes_per_gpu(sp, states, r.master_bytes)
             + optimizer_state_bytes_per_gpu(sp, states, setup.optimizer_state_bytes))
 
 
-def offloaded_bytes_per_gpu(setup: Setup, sp: StageParams, layout: Layout) -> dict[str, float]:
+def offloaded_bytes_per_gpu(setup: Setup, sl: StageLayers, sp: StageParams, layout: Layout) -> dict[str, float]:
     """Host bytes of one GPU's offloaded shard by where they go (``"cpu"``, ``"nvme"``): the optimizer side
     (fp32 master, optimizer states, and the accumulated gradients when the target keeps them with its offloaded
     optimizer) on layout.offload_optimizer's device, the 16-bit parameters (and hpZ's secondary copy of them)
@@ -161,9 +192,10 @@ def offloaded_bytes_per_gpu(setup: Setup, sp: StageParams, layout: Layout) -> di
     out = {"cpu": 0.0, "nvme": 0.0}
     if layout.offload_optimizer != "none":
         grads = setup.grad_bytes if gradients_on_host(setup, layout) else 0
+        out[layout.offload_optimizer] += offload_grad_buffer_bytes(setup, sl)
+        # (the host's gradient shard is the optimizer's partition, at ZeRO-1 too: single_partition_of_fp32_groups)
         out[layout.offload_optimizer] += (
-            grads * params_after_sharding(sp, states, states.zero_stage >= 2)
-            + (setup.recipe.master_bytes + setup.optimizer_state_bytes)
+            (grads + setup.recipe.master_bytes + setup.optimizer_state_bytes)
             * params_after_sharding(sp, states, states.zero_stage >= 1))
     if layout.offload_params != "none":
         out[layout.offload_params] += (persistent_weight_bytes(setup, states) * params_after_sharding(sp, states, True)
@@ -391,13 +423,15 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
 
     weight_b = persistent_weight_bytes(setup, states)
     on_host = gradients_on_host(setup, states)
+    stays = gradient_partition_stays(setup, states)
     items = [
         LineItem("weights", weight_bytes_per_gpu(sp, states, weight_b),
                  f"{weight_b} B x {params_txt}{shard_txt(lay.zero_stage >= 3)}"
                  + (" (offloaded to host)" if lay.offload_params != "none" else ""), r.source),
-        LineItem("gradients", gradient_bytes_per_gpu(sp, states, setup.grad_bytes, on_host=on_host),
-                 f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2)}"
-                 + (" (offloaded with the optimizer)" if on_host else ""),
+        LineItem("gradients", gpu_gradient_bytes(setup, sp, states),
+                 f"{setup.grad_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 2 or stays)}"
+                 + (" (the partition accumulated here, copied to the offloaded optimizer's at the boundary)" if stays
+                    else " (offloaded with the optimizer)" if on_host else ""),
                  r.source if setup.grad_bytes == r.grad_bytes else setup.framework.grad_fact),
         LineItem("master_weights", master_weight_bytes_per_gpu(sp, states, r.master_bytes),
                  f"{r.master_bytes} B x {params_txt}{shard_txt(lay.zero_stage >= 1)}"
@@ -467,6 +501,12 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
                               + (f", at most {format_count(setup.framework.zero3_live_params)} live"
                                  if setup.framework.zero3_live_params else ""),
                               "Zhao et al. 2023, PyTorch FSDP, sec. 3.3 (prefetch) / DeepSpeed ZeRO-3 prefetch"))
+    staging = offload_grad_buffer_bytes(setup, sl)
+    if staging:
+        items.append(LineItem("offload_grad_buffer", staging,
+                              f"largest parameter ({format_count(staging / r.weight_bytes)}) x {r.weight_bytes} B: "
+                              "the staging buffer of gradients copied to the offloaded optimizer",
+                              "DeepSpeed 0.19.8 runtime/zero/stage_1_and_2.py temp_grad_buffer_for_gpu_offload"))
     buckets = dp_bucket_bytes(setup, sp)
     if buckets:
         items.append(LineItem("dp_comm_buckets", buckets,
@@ -521,7 +561,7 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
         # and output layers): an upper bound of any node's sum
         for sl in candidate_stages(setup):
             sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
-            for device, n in offloaded_bytes_per_gpu(setup, sp, lay).items():
+            for device, n in offloaded_bytes_per_gpu(setup, sl, sp, lay).items():
                 host[device] = max(host[device], n)
     cpu = int(host["cpu"] * lay.gpus_on_a_node)
     return MemoryBreakdown(

@@ -35,7 +35,7 @@ from compiler.smoke.scale import SmokeSetup
 BANDS: dict[str, tuple[float, float]] = {"model_states": (0.8, 1.25), "activations": (0.8, 1.25),
                                          "total": (0.5, 1.5)}
 
-STATE_ITEMS = ("weights", "secondary_weights", "gradients", "master_weights", "optimizer_states")
+STATE_ITEMS = ("weights", "secondary_weights", "gradients", "offload_grad_buffer", "master_weights", "optimizer_states")
 ACTIVATION_ITEMS = ("activations", "logits_loss", "recompute_working_set")  # what autograd saves (not loss_transient)
 NOT_ALLOCATED = ("cuda_context", "nccl_buffers")
 

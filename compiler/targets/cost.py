@@ -81,11 +81,17 @@ class CostProfile:
     zero_fp32_partition_copy: bool = False
     # with the optimizer offloaded, the accumulated gradient shard lives in host memory beside the optimizer
     # (DeepSpeed: stage_1_and_2.py initialize_optimizer_states puts single_partition_of_fp32_groups[i].grad on
-    # self.device = 'cpu' under cpu_offload and accumulates into accumulated_grads_in_cpu, keeping on the GPU only
-    # the reduce buckets and one largest-parameter buffer; FSDP2: CPUOffloadPolicy moves the sharded gradients to
-    # CPU). False: the gradient buffer stays on the GPU (Megatron's --optimizer-cpu-offload copies main_grad out
-    # for each step)
+    # self.device = 'cpu' under cpu_offload, stage3.py its fp32 gradient partition; FSDP2: CPUOffloadPolicy moves
+    # the sharded gradients to CPU). False: the gradient buffer stays on the GPU (Megatron's
+    # --optimizer-cpu-offload copies main_grad out for each step). Whether the GPU also keeps one:
+    # offload_keeps_gradient_partition
     offload_moves_gradients: bool = False
+    # ZeRO-1/2 with the optimizer offloaded still accumulate the reduced gradient partition on the GPU (in
+    # grad_dtype) and copy it to the host's partition at the accumulation boundary, so the GPU keeps the partition
+    # too (DeepSpeed 0.19.8 with an fp32 grad_accum_dtype: stage_1_and_2.py copy_grads_in_partition ->
+    # _get_compact_grad_partition_slice -> _build_compact_grad_partition_buffer on the accelerator; measured by
+    # the smoke as averaged_gradients). ZeRO-3 (stage3.py) does not.
+    offload_keeps_gradient_partition: bool = False
     # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
     # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
     # threshold stay gathered), so a layer costs one collective per weight matrix

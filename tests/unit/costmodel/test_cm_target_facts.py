@@ -96,22 +96,37 @@ def test_torchtitan_op_checkpointing_keeps_every_other_matmul():
     assert alt < per_op
 
 
-@pytest.mark.parametrize("target, moved", [("deepspeed", True), ("megatron", False)])
+@pytest.mark.parametrize("target", ["deepspeed", "megatron", "fsdp"])
 def test_an_offloaded_optimizer_takes_the_gradient_shard_to_the_host_where_the_target_does(
-        problem_factory, layout_factory, target, moved):
-    """DeepSpeed's ZeRO-Offload accumulates the fp32 gradient partition in host memory (stage_1_and_2.py:
-    single_partition_of_fp32_groups[i].grad on 'cpu'); Megatron's optimizer CPU offload keeps main_grad on the
-    GPU. What leaves the GPU shows up in the host bytes."""
-    p = problem_factory("llama3-8b", num_gpus=8, gbs=64)
-    on_gpu = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=1), target=target, check_memory=False)
-    off_layout = layout_factory(p, dp_shard=8, zero_stage=1, offload_optimizer="cpu")
+        problem_factory, layout_factory, target):
+    """DeepSpeed's ZeRO-Offload (ZeRO-1/2) keeps the fp32 gradient partition in host memory for the CPU optimizer
+    (stage_1_and_2.py single_partition_of_fp32_groups[i].grad on 'cpu') and still accumulates the partition on the
+    GPU (with an fp32 grad_accum_dtype: _build_compact_grad_partition_buffer on the accelerator), with a staging
+    buffer of the largest parameter on each side; FSDP2's CPUOffloadPolicy (ZeRO-3 only) moves the gradient shard;
+    Megatron's optimizer CPU offload keeps main_grad on the GPU. The smoke measures each
+    (tests/test_smoke_launch.py test_model_states_are_measured_as_costed)."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, targets=f"[{target}]")
+    stage = 3 if target == "fsdp" else 1
+    on_gpu = evaluate(p, layout_factory(p, dp_shard=8, zero_stage=stage), target=target, check_memory=False)
+    off_layout = layout_factory(p, dp_shard=8, zero_stage=stage, offload_optimizer="cpu",
+                                offload_params="cpu" if target == "fsdp" else "none")
     off = evaluate(p, off_layout, target=target, check_memory=False)
     grads = _items(on_gpu)["gradients"]
-    assert grads > 0
-    assert _items(off)["gradients"] == (0 if moved else grads)
+    partition = 4 * p.params.total / 8  # fp32, this rank's 1/8
+    assert grads == pytest.approx(partition if target == "fsdp" else 8 * partition, rel=0.01)
     host_optimizer = _items(on_gpu)["master_weights"] + _items(on_gpu)["optimizer_states"]
     per_gpu = off.memory.cpu_bytes_per_node / off_layout.gpus_per_node
-    assert per_gpu == pytest.approx(host_optimizer + (grads if moved else 0), rel=1e-6)
+    staging = _items(off).get("offload_grad_buffer", 0.0)
+    if target == "deepspeed":
+        assert _items(off)["gradients"] == pytest.approx(partition, rel=0.01)
+        assert staging == 2 * p.shape.vocab_size * p.shape.hidden_size  # the embedding, bf16
+        assert per_gpu == pytest.approx(host_optimizer + partition + staging, rel=0.01)
+    elif target == "fsdp":
+        assert _items(off)["gradients"] == 0 and staging == 0
+        assert per_gpu == pytest.approx(host_optimizer + partition, rel=0.01)
+    else:
+        assert _items(off)["gradients"] == grads and staging == 0
+        assert per_gpu == pytest.approx(host_optimizer, rel=1e-6)
 
 
 def test_megatron_costs_the_token_dispatcher_it_renders(problem_factory, layout_factory):
