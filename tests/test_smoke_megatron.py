@@ -80,6 +80,17 @@ def test_cpu_parts_are_skipped_not_dropped():
     (part,) = [c for c in run.skipped if c.what == "nvfp4"]
     assert "nvfp4 GEMMs are Transformer Engine CUDA kernels" in part.why
     assert not {"--fp4-format", "--fp4-recipe", "--fp4-param-gather"} & set(_flags(run.args))
+    # optimizer CPU offload: Megatron's HybridDeviceOptimizer needs CUDA streams; the prediction is for what runs
+    off = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--bf16", "--optimizer-cpu-offload",
+           "--use-precision-aware-optimizer", "--optimizer-offload-fraction", "1.0", "--num-layers", "8"]
+    offloaded = plan.layout.with_(zero_stage=1, offload_optimizer="cpu")
+    run = megatron_smoke_args(off, {}, dataclasses.replace(setup, layout=setup.layout.with_(
+        zero_stage=1, offload_optimizer="cpu")), offloaded)
+    (part,) = [c for c in run.skipped if c.what == "optimizer CPU offload"]
+    assert "hybrid_optimizer.py" in part.why
+    assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction"} \
+        & set(_flags(run.args))
+    assert run.layout.offload_optimizer == "none"
 
 
 def test_parse_megatron_log():
@@ -366,6 +377,19 @@ def test_nvfp4_plan_runs_in_bf16_on_cpu(gen, tmp_path):
     _passed(t, ranks=2)
     assert [c["what"] for c in t.changes if c["what"] == "skipped part: nvfp4"] == ["skipped part: nvfp4"]
     assert "--fp4-format" not in t.command
+
+
+@pytest.mark.slow
+def test_optimizer_cpu_offload_plan_runs_on_cpu(gen, tmp_path):
+    """A plan with --optimizer-cpu-offload (distributed optimizer): its unscaled arguments pass Megatron's parser, and
+    it trains with the offload listed as a skipped part (the HybridDeviceOptimizer's CUDA streams); it failed with a
+    KeyError in hybrid_optimizer.py before."""
+    folder = make_generated(gen, "mg-offload", targets="megatron, slurm", gbs=8, dp_shard=2, zero_stage=1,
+                            micro_batch=1, offload_optimizer="cpu")
+    t = _run(folder, tmp_path)
+    _passed(t, ranks=2)
+    assert [c["what"] for c in t.changes if "offload" in c["what"]] == ["skipped part: optimizer CPU offload"]
+    assert "--optimizer-cpu-offload" not in t.command
 
 
 @pytest.mark.slow

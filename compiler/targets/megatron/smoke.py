@@ -9,7 +9,7 @@
    SmokeSetup: degrees, reduced model, batch, steps) and, without GPUs, for the CPU path
    (local transformer implementation, gloo, CPU initialisation, fusions off). Every rewrite is
    a ``Change``, listed in the report; what cannot run on CPU (context parallel, fp8 /
-   Transformer Engine, expert-TP > 1, Megatron-FSDP) is a skipped *part*: its degree or
+   Transformer Engine, expert-TP > 1, Megatron-FSDP, optimizer CPU offload) is a skipped *part*: its degree or
    feature is mapped to what runs, and the rest of the layout still runs. Every other
    argument is the artifact's.
 3. ``torchrun -m compiler.targets.megatron.pretrain`` runs them: megatron.training.pretrain with
@@ -109,6 +109,9 @@ def validate_args_past_te_version(A: Any, args: Any, defaults: dict[str, Any]) -
 QUANTISED_GEMM_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather",
              "--fp4-format", "--fp4-recipe", "--fp4-param-gather")
 FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format")
+# what render.py writes for offload_optimizer=cpu (the precision-aware optimizer is Transformer Engine's FusedAdam)
+OFFLOAD_FLAGS = ("--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction")
+OPTIMIZER_OFFLOAD = "optimizer CPU offload"  # the skipped part of an offload_optimizer=cpu plan on CPU
 
 
 @dataclass
@@ -259,6 +262,8 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
     out.args = join_flags(rewritten)
     zero = 1 if cpu and "--use-megatron-fsdp" in present else setup.layout.zero_stage
     out.layout = replace(setup.layout, ep=ep, zero_stage=zero)
+    if any(c.what == OPTIMIZER_OFFLOAD for c in out.skipped):
+        out.layout = out.layout.with_(offload_optimizer="none")
     out.shape = setup.shape
     return out
 
@@ -301,6 +306,14 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
             out.changes.append(Change("CUDA_DEVICE_MAX_CONNECTIONS", "(unset, as Megatron-FSDP requires)",
                                       connections or "(unset)", "tensor parallel without Megatron-FSDP requires 1 "
                                                                 "(training/arguments.py:1437)"))
+    if "--optimizer-cpu-offload" in vals:
+        offload = [f for f in OFFLOAD_FLAGS if f in vals]
+        drop.update(offload)
+        out.skipped.append(Change(
+            OPTIMIZER_OFFLOAD, shown(offload), "(the optimizer where the parameters are)",
+            "skipped on CPU: Megatron's HybridDeviceOptimizer copies gradients and parameters between CUDA streams "
+            "(core/optimizer/cpu_offloading/hybrid_optimizer.py _set_sub_optimizer_grads) and the precision-aware "
+            "optimizer is Transformer Engine's FusedAdam; on CPU the optimizer states are in host memory anyway"))
     if "--num-experts" in vals and tp > 1:
         etp = vals.get("--expert-tensor-parallel-size", [str(tp)])[0]
         if etp != "1":
