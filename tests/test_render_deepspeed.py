@@ -71,7 +71,8 @@ def plan(problem, **layout: Any) -> Plan:
 
 # name -> (problem kwargs, layout kwargs); all on 8 GPUs unless the layout says otherwise
 MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "z0_bf16": ({}, dict(dp_replicate=8)),
+    # ZeRO-0 runs only fp32 parameters with dtc's fp32 gradient accumulation (support.py _ds_zero0)
+    "z0_fp32": (dict(precision="fp32"), dict(dp_replicate=8)),
     "z1_fp16": (dict(precision="fp16"), dict(dp_shard=8, zero_stage=1)),
     "z2_fp32": (dict(precision="fp32"), dict(dp_shard=8, zero_stage=2, micro_batch=2)),
     "z3_full": ({}, dict(dp_shard=8, zero_stage=3, recompute="full")),
@@ -79,7 +80,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "z3_offload_cpu": ({}, dict(dp_shard=8, zero_stage=3, offload_optimizer="cpu", offload_params="cpu")),
     "z3_offload_nvme": ({}, dict(dp_shard=8, zero_stage=3, offload_optimizer="nvme", offload_params="nvme")),
     "pp2_z1": ({}, dict(pp=2, dp_shard=4, zero_stage=1, recompute="full")),
-    "pp4_z0": ({}, dict(pp=4, dp_replicate=2)),
+    "pp4_z0": (dict(precision="fp32"), dict(pp=4, dp_replicate=2)),
     "tp2_z1": ({}, dict(tp=2, dp_shard=4, zero_stage=1, recompute="selective")),
     "tp4_z2": ({}, dict(tp=4, dp_shard=2, zero_stage=2)),
     "hsdp_z3": (dict(num_gpus=16), dict(dp_replicate=2, dp_shard=8, zero_stage=3)),
@@ -109,7 +110,7 @@ def test_batch_identity_uses_deepspeeds_world_size(matrix: dict[str, Plan]) -> N
 
 def test_zero_sections(matrix: dict[str, Plan]) -> None:
     h = 4096
-    assert deepspeed_context(matrix["z0_bf16"])["zero_optimization"] == {"stage": 0}
+    assert deepspeed_context(matrix["z0_fp32"])["zero_optimization"] == {"stage": 0}
     z1 = deepspeed_context(matrix["z1_fp16"])["zero_optimization"]
     assert z1 == {"stage": 1, "overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True,
                   "reduce_bucket_size": h * h, "allgather_partitions": True, "allgather_bucket_size": h * h}
@@ -140,7 +141,7 @@ def test_offload(matrix: dict[str, Plan]) -> None:
 
 
 def test_precision(matrix: dict[str, Plan]) -> None:
-    assert deepspeed_context(matrix["z0_bf16"])["bf16"] == {"enabled": True}
+    assert deepspeed_context(matrix["z3_full"])["bf16"] == {"enabled": True}
     fp16 = deepspeed_context(matrix["z1_fp16"])
     assert fp16["bf16"] == {"enabled": False}
     assert fp16["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
@@ -182,12 +183,12 @@ def test_pipeline_autotp_and_checkpointing(matrix: dict[str, Plan]) -> None:
     tp = deepspeed_context(matrix["tp2_z1"])
     assert tp["tensor_parallel"] == {"autotp_size": 2} and "pipeline" not in tp
     assert tp["activation_checkpointing"]["partition_activations"] is True
-    for name in ("z0_bf16", "pp2_z1"):
+    for name in ("z0_fp32", "pp2_z1"):
         assert "tensor_parallel" not in deepspeed_context(matrix[name])
 
 
 def test_notes_explain_what_the_config_cannot(matrix: dict[str, Plan]) -> None:
-    assert deepspeed_notes(matrix["z0_bf16"]) == []
+    assert deepspeed_notes(matrix["z0_fp32"]) == []
     assert any(NVME_PATH in n for n in deepspeed_notes(matrix["z3_offload_nvme"]))
     assert any("train_batch_size=128" in n and "distinct sequences per step are 64" in n
                for n in deepspeed_notes(matrix["tp2_z1"]))

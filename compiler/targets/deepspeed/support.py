@@ -71,6 +71,15 @@ def _ds_hsdp(k: "Knobs", precision: str) -> tuple[str, str] | None:
     return None
 
 
+def _ds_zero0(k: "Knobs", precision: str) -> tuple[str, str] | None:
+    if k.zero_stage == 0 and precision != "fp32":
+        return "zero_stage", (f"ZeRO stage 0 cannot accumulate the fp32 gradients dtc renders for {precision} "
+                              "parameters (DeepSpeed 0.19.8 engine.py _do_optimizer_sanity_check: 'unsupported mix of "
+                              "model_dtype and grad_accum_dtype'); ZeRO-1 keeps the same weights and gradients and "
+                              "shards the optimizer states")
+    return None
+
+
 def _ds_offload(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if k.offload_optimizer not in (None, "none") and k.zero_stage == 0:
         return "offload_optimizer", "optimizer offload needs ZeRO stage 1 or more"
@@ -91,4 +100,4 @@ def notes(layout: "Layout") -> tuple[str, ...]:
     return tuple(out)
 
 
-RULES = (_ds_cp, _ds_ep, _ds_fp8, _ds_sp, _ds_pipeline, _ds_tp, _ds_hsdp, _ds_offload)
+RULES = (_ds_cp, _ds_ep, _ds_fp8, _ds_sp, _ds_pipeline, _ds_tp, _ds_hsdp, _ds_zero0, _ds_offload)
