@@ -145,6 +145,18 @@ def test_fsdp_tensor_parallel_sequence_parallel(gen):
     assert_no_leftovers()
 
 
+def test_deepspeed_autotp_full_recompute_keeps_the_rotary_table(gen):
+    """DeepSpeed with tp > 1 partitions the checkpointed blocks' inputs (partition_activations) and empties each
+    one after the forward: the rotary table, passed to every block, left the second layer's rope a 0-dim tensor
+    (IndexError) until it opted out with no_checkpointing."""
+    folder = make_generated(gen, "ds-tp2-full", tp=2, dp_shard=2, zero_stage=2, micro_batch=2, grad_accum=2,
+                            recompute="full", targets="deepspeed, slurm")
+    report = _smoke(folder, "deepspeed")
+    assert report.setup["degrees"]["tp"] == 2 and report.setup["layout"]["recompute"] == "full"
+    _check_passed(report.targets[0], world_ranks=4)
+    assert_no_leftovers()
+
+
 def test_fsdp_pipeline_1f1b(gen):
     folder = make_generated(gen, "pp", pp=2, dp_shard=2, zero_stage=3, micro_batch=1, grad_accum=4,
                             recompute="full", targets="fsdp, slurm")

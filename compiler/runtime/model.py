@@ -195,7 +195,12 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             if self.checkpoint_block is not None:  # full recompute (DeepSpeed's checkpointing)
                 # no None argument: with partition_activations (tp > 1) DeepSpeed saves a None as (None, size) and
-                # hands the block both in the recompute (a learned-position model has no rotary table)
+                # hands the block both in the recompute (a learned-position model has no rotary table). The table is
+                # a constant, not an activation: partitioned, DeepSpeed would empty it after the first layer
+                # (checkpointing.py get_partitioned_activations_for_backward: arg.data = torch.empty([])) and the
+                # next layer's rope fail; no_checkpointing is its is_activation_to_checkpoint opt-out
+                if self.freqs_cis is not None:
+                    self.freqs_cis.no_checkpointing = True
                 h = self.checkpoint_block(layer, h, *(() if self.freqs_cis is None else (self.freqs_cis,)))
             else:
                 h = layer(h, self.freqs_cis)
