@@ -214,8 +214,9 @@ def train(cfg: RunConfig, args: argparse.Namespace, device: torch.device) -> int
     sac_counted = M.count_sac_caches(parts)
     remat_counted = M.count_recomputation() if par.recompute != "none" else None
     params = [p for part in parts for p in part.parameters()]
-    # ZeRO-2 keeps the unsharded 16-bit parameters between forward and backward: part of the model states
-    unsharded = M.UnshardedParams(parts, params) if par.zero_stage == 2 else None
+    # ZeRO-2 and ZeRO-0 (fully_shard over a shard group of one, parallel.py) keep the unsharded 16-bit parameters
+    # between forward and backward (reshard_after_forward=False): part of the model states
+    unsharded = M.UnshardedParams(parts, params) if par.zero_stage in (0, 2) else None
     # the gradient norm counts a tied embedding once (Megatron: param_is_not_shared)
     norm_params = [p for p in params if tied is None or tied.embedding is not None or p is not tied.head]
     optimizers = build_optimizers(cfg, parts)

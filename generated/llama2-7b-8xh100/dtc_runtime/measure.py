@@ -210,7 +210,7 @@ def local_bytes(tensors) -> int:
 
 class UnshardedParams:
     """Peak bytes of the unsharded parameters FSDP2 keeps after a forward when it does not reshard them
-    (reshard_after_forward=False, dtc's ZeRO-2: each unit's 16-bit parameters live from its forward to its
+    (reshard_after_forward=False, dtc's ZeRO-2 and ZeRO-0: each unit's 16-bit parameters live from its forward to its
     backward), read by a forward hook on each part: the parameters the parts hold then that are not the sharded
     ones they were built with (``registered``)."""
 
