@@ -245,7 +245,7 @@ def layer_gemms(setup: Setup, moe_layer: bool) -> list[Gemm]:
 def logits_gemm(setup: Setup) -> Gemm:
     """The output layer runs in bf16 even in fp8 recipes (Megatron keeps it outside Transformer Engine)."""
     dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
-    return Gemm("logits", float(setup.tokens_per_microbatch), setup.shape.vocab_size / setup.layout.tp,
+    return Gemm("logits", float(setup.tokens_per_microbatch), setup.shape.vocab_size / setup.vocab_shards,
                 setup.shape.hidden_size, 1, dt)
 
 
@@ -392,7 +392,7 @@ def cross_entropy_time_s(setup: Setup) -> tuple[float, float]:
     the framework's cross-entropy implementation under the run's precision (physics.yaml
     memory_bound.cross_entropy_bytes_per_element)."""
     f, b = setup.eff.physics.cross_entropy_bytes[setup.framework.cross_entropy_for(setup.recipe.name)]
-    logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.layout.tp
+    logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.vocab_shards
     rate = setup.hbm_rate("fused")
     return logits * f / rate, logits * b / rate
 
@@ -531,7 +531,8 @@ def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
     if launch_b > bwd:
         add("launch_bound", 0.0, launch_b - bwd)
         bwd = launch_b
-    local = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp).total
+    local = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+                         vocab_tp=setup.vocab_shards).total
     acc = grad_accumulation_time_s(setup, local)
     add("grad_accumulation", 0.0, acc)
     bwd += acc

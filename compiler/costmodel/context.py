@@ -103,6 +103,12 @@ class Setup:
         return self.layout.micro_batch * self.problem.seq_len // self.layout.cp
 
     @property
+    def vocab_shards(self) -> int:
+        """How many ranks split the vocabulary (word embeddings, output layer, logits): tp where the target shards
+        them (CostProfile.tp_splits_vocab), else 1."""
+        return self.layout.tp if self.framework.tp_splits_vocab else 1
+
+    @property
     def num_microbatches(self) -> int:
         return self.layout.grad_accum
 

@@ -313,7 +313,7 @@ def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
     loss belongs to the last virtual stage, which runs each micro-batch's backward right after its forward in every
     schedule (1F1B's steady state; GPipe keeps them all): one micro-batch's kept bytes count, not the stage's
     in-flight count."""
-    t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.layout.tp
+    t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.vocab_shards
     kept_b, transient_b = loss_memory(setup).per_logit(setup.recipe.activation_bytes)
     return t * loss_kept_microbatches(setup, inflight) * (per_token * kept_b), t * (per_token * transient_b)
 
@@ -413,7 +413,8 @@ def _gb(x: float) -> str:
 
 def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     lay, r, eff = setup.layout, setup.recipe, setup.eff
-    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+                      vocab_tp=setup.vocab_shards)
     states = state_sharding(setup, lay)
     nd, ne = dense_shard_degree(states), expert_shard_degree(states)
     params_txt = f"{format_count(sp.dense)} dense + {format_count(sp.expert)} expert params on this GPU"
@@ -484,7 +485,7 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     if sl.last:
         loss = loss_memory(setup)
         kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
-        logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{lay.tp} vocab"
+        logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{setup.vocab_shards} vocab"
         kept = f" x {held:g} micro-batches" if held != 1 else ""
         items.append(LineItem("logits_loss", kept_loss, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}",
                               loss.source))
@@ -560,7 +561,8 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
         # every GPU of a node taken as the stage that offloads the most (the stages differ by their embedding
         # and output layers): an upper bound of any node's sum
         for sl in candidate_stages(setup):
-            sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+            sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+                              vocab_tp=setup.vocab_shards)
             for device, n in offloaded_bytes_per_gpu(setup, sl, sp, lay).items():
                 host[device] = max(host[device], n)
     cpu = int(host["cpu"] * lay.gpus_on_a_node)

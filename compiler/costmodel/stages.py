@@ -98,10 +98,13 @@ def embedding_params_per_gpu(shape: ModelShape, pc: ParamCount, tp: int, *, firs
     return params
 
 
-def stage_params(shape: ModelShape, pc: ParamCount, sl: StageLayers, *, tp: int, ep: int, pp: int) -> StageParams:
+def stage_params(shape: ModelShape, pc: ParamCount, sl: StageLayers, *, tp: int, ep: int, pp: int,
+                 vocab_tp: int | None = None) -> StageParams:
+    """``vocab_tp``: how many ranks split the vocabulary (Setup.vocab_shards; default tp)."""
     dense_layer = dense_layer_params_per_gpu(pc, tp)
     moe_dense = moe_layer_dense_params_per_gpu(pc, tp)
-    emb = embedding_params_per_gpu(shape, pc, tp, first=sl.first, last=sl.last, pp=pp)
+    emb = embedding_params_per_gpu(shape, pc, tp if vocab_tp is None else vocab_tp, first=sl.first, last=sl.last,
+                                   pp=pp)
     extra = pc.extra / pp  # parts outside the decoder stack (e.g. MTP), spread evenly: an approximation
     dense = sl.dense * dense_layer + sl.moe * moe_dense + emb + extra
     expert = sl.moe * moe_layer_expert_params_per_gpu(pc, tp, ep)

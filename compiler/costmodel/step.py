@@ -248,7 +248,8 @@ def step_time(setup: Setup) -> StepResult:
     lay, m, eff = setup.layout, setup.num_microbatches, setup.eff
     best: tuple[StageTime, StageParams, list[comm.Collective]] | None = None
     for sl in candidate_stages(setup):
-        sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp)
+        sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+                          vocab_tp=setup.vocab_shards)
         coll = comm.dp_collectives(setup, sp, units=sl.layers + int(sl.first or sl.last))
         st = stage_time(setup, sl, sp, coll)
         if best is None or st.forward_s + st.backward_s > best[0].forward_s + best[0].backward_s:

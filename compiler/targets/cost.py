@@ -92,6 +92,12 @@ class CostProfile:
     # _get_compact_grad_partition_slice -> _build_compact_grad_partition_buffer on the accelerator; measured by
     # the smoke as averaged_gradients). ZeRO-3 (stage3.py) does not.
     offload_keeps_gradient_partition: bool = False
+    # tensor parallel splits the vocabulary: word embeddings, output layer and logits are 1/tp per rank (Megatron's
+    # VocabParallelEmbedding and parallel output layer, the FSDP2 trainer's RowwiseParallel / ColwiseParallel plan
+    # for tok_embeddings and output, compiler/runtime/parallel.py). False: every tp rank holds them whole and
+    # computes the full logits (DeepSpeed AutoTP splits only the blocks' linear layers of
+    # compiler/runtime/model.py Transformer._tp_plan)
+    tp_splits_vocab: bool = True
     # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
     # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
     # threshold stay gathered), so a layer costs one collective per weight matrix

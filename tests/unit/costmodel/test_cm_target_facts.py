@@ -333,3 +333,24 @@ def test_fsdp2_offload_keeps_one_host_copy_of_a_parameter(problem_factory, layou
                  for t in ("fsdp", "deepspeed")}
     assert per_param["fsdp"] == pytest.approx(16, rel=0.01)
     assert per_param["deepspeed"] == pytest.approx(18, rel=0.01)
+
+
+def test_deepspeed_autotp_keeps_the_vocabulary_whole(problem_factory, layout_factory):
+    """DeepSpeed AutoTP splits the blocks' linear layers (compiler/runtime/model.py Transformer._tp_plan), not the
+    embeddings or the output layer: at tp=2 each rank holds them whole and computes the full logits, where Megatron
+    splits the vocabulary. The smoke measures the states (tests/test_smoke_launch.py, ds-tp2)."""
+    p = problem_factory("llama3-8b", num_gpus=8, gbs=64, targets="[deepspeed, megatron]")
+    lay = layout_factory(p, tp=2, dp_shard=4, zero_stage=1)
+    ds, mg = (evaluate(p, lay, target=t, check_memory=False) for t in ("deepspeed", "megatron"))
+    vocab = p.shape.vocab_size * p.shape.hidden_size  # each of the two untied vocabulary matrices
+    # weights: 2 B x (blocks / 2 + both vocabulary matrices whole) vs 2 B x (blocks + vocabulary) / 2
+    assert _items(ds)["weights"] - _items(mg)["weights"] == pytest.approx(2 * vocab, rel=0.01)
+    v = p.shape.vocab_size
+    assert f"x {v}/1 vocab" in ds.memory.item("logits_loss").formula
+    assert f"x {v}/2 vocab" in mg.memory.item("logits_loss").formula
+    # the output layer's GEMM is whole on each DeepSpeed rank: twice Megatron's per-rank columns
+    from compiler.costmodel.compute import logits_gemm
+    from compiler.costmodel.context import make_setup
+
+    assert logits_gemm(make_setup(p, lay, p.gpu_options[0], target="deepspeed")).n == v
+    assert logits_gemm(make_setup(p, lay, p.gpu_options[0], target="megatron")).n == v / 2
