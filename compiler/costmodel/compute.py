@@ -392,7 +392,7 @@ def cross_entropy_time_s(setup: Setup) -> tuple[float, float]:
     the framework's cross-entropy implementation under the run's precision (physics.yaml
     memory_bound.cross_entropy_bytes_per_element)."""
     f, b = setup.eff.physics.cross_entropy_bytes[setup.framework.cross_entropy_for(setup.recipe.name)]
-    logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.vocab_shards
+    logits = setup.tokens_per_microbatch * setup.shape.vocab_size / setup.loss_vocab_shards
     rate = setup.hbm_rate("fused")
     return logits * f / rate, logits * b / rate
 

@@ -109,6 +109,12 @@ class Setup:
         return self.layout.tp if self.framework.tp_splits_vocab else 1
 
     @property
+    def loss_vocab_shards(self) -> int:
+        """How many ranks split the logits the loss holds and reduces: vocab_shards where the target's loss is
+        vocab-parallel (CostProfile.tp_splits_loss), else 1 (the logits gathered whole)."""
+        return self.vocab_shards if self.framework.tp_splits_loss else 1
+
+    @property
     def num_microbatches(self) -> int:
         return self.layout.grad_accum
 

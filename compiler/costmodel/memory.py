@@ -313,7 +313,7 @@ def logits_bytes(setup: Setup, inflight: float) -> tuple[float, float]:
     loss belongs to the last virtual stage, which runs each micro-batch's backward right after its forward in every
     schedule (1F1B's steady state; GPipe keeps them all): one micro-batch's kept bytes count, not the stage's
     in-flight count."""
-    t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.vocab_shards
+    t, per_token = setup.tokens_per_microbatch, setup.shape.vocab_size / setup.loss_vocab_shards
     kept_b, transient_b = loss_memory(setup).per_logit(setup.recipe.activation_bytes)
     return t * loss_kept_microbatches(setup, inflight) * (per_token * kept_b), t * (per_token * transient_b)
 
@@ -485,7 +485,7 @@ def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     if sl.last:
         loss = loss_memory(setup)
         kept_b, transient_b = loss.per_logit(setup.recipe.activation_bytes)
-        logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{setup.vocab_shards} vocab"
+        logits = f"{setup.tokens_per_microbatch} tokens x {setup.shape.vocab_size}/{setup.loss_vocab_shards} vocab"
         kept = f" x {held:g} micro-batches" if held != 1 else ""
         items.append(LineItem("logits_loss", kept_loss, f"{logits} x {kept_b:g} B ({loss.kept_what}){kept}",
                               loss.source))

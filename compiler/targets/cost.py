@@ -98,6 +98,10 @@ class CostProfile:
     # computes the full logits (DeepSpeed AutoTP splits only the blocks' linear layers of
     # compiler/runtime/model.py Transformer._tp_plan)
     tp_splits_vocab: bool = True
+    # the loss runs over this rank's vocabulary shard (Megatron's vocab-parallel cross entropy). False: the logits
+    # are gathered and every tp rank holds and reduces them whole (the FSDP2 trainer's output layer is
+    # ColwiseParallel with output_layouts=Replicate, compiler/runtime/parallel.py apply_tp)
+    tp_splits_loss: bool = True
     # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
     # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
     # threshold stay gathered), so a layer costs one collective per weight matrix

@@ -25,7 +25,8 @@ COST = CostProfile(
     ops_per_moe_layer=60, ops_per_local_expert=6, recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, zero3_live_params=STAGE3_MAX_LIVE_PARAMETERS,
     zero_fp32_partition_copy=True,
-    offload_moves_gradients=True, offload_keeps_gradient_partition=True, tp_splits_vocab=False, cross_entropy="torch_fp32",
+    offload_moves_gradients=True, offload_keeps_gradient_partition=True, tp_splits_vocab=False,
+    tp_splits_loss=False, cross_entropy="torch_fp32",
     hybrid_shard="hpz",
     dropout=False,  # compiler/runtime/model.py's blocks have no dropout
     source=source_with(GRAD_SOURCE), grad_source=GRAD_SOURCE, tp_source=TP_SOURCE)
