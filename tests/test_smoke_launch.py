@@ -144,15 +144,16 @@ def test_model_states_are_measured_as_costed(gen, name, kw, target, ranks):
 
 def test_fsdp_tensor_parallel_loss_holds_the_gathered_logits(gen):
     """The FSDP2 trainer's output layer is ColwiseParallel with output_layouts=Replicate: each tp rank holds and
-    reduces the whole logits (x1.17 on activations when costed as a vocab-parallel loss, x1.10 now: the rest is
-    the all-gathered inputs torch's sequence parallel saves for its column-parallel GEMMs, not costed)."""
+    reduces the whole logits, and under sequence parallel its column-parallel GEMMs save their all-gathered input
+    (activations x1.17 when costed as Megatron's vocab-parallel loss and sharded inputs, x1.10 with the loss
+    only, x1.04 with both: the tp=1 plan's own figure)."""
     folder = make_generated(gen, "fsdp-tp2-loss", tp=2, dp_shard=2, zero_stage=2, micro_batch=2, grad_accum=2,
                             sequence_parallel=True, targets="fsdp, slurm")
     report = _smoke(folder, "fsdp")
     t = report.targets[0]
     _check_passed(t, world_ranks=4)
     acts = next(c for c in t.comparisons if c.name == "activations")
-    assert 1.0 < acts.ratio < 1.15, acts
+    assert 0.95 < acts.ratio < 1.07, acts
     assert_no_leftovers()
 
 

@@ -55,6 +55,11 @@ class ActivationImpl:
     fp8_activation_cache: bool = False  # SwiGLU inputs, attention outputs and dispatched tokens cached in fp8
     # MoE experts scale their SwiGLU output by the routing probability in an op of its own, which saves that output
     expert_scale_saves_output: bool = False
+    # sequence parallel all-gathers a column-parallel GEMM's input before the GEMM, which saves it whole for its
+    # weight gradient (torch.distributed.tensor.parallel ColwiseParallel(input_layouts=Shard(1)): the redistribute
+    # to Replicate happens in the module's input hook); Megatron saves the shard and gathers again in backward
+    # (Korthikanti et al. 2022 sec. 4.2.2)
+    sp_gathers_gemm_inputs: bool = False
 
 
 PAPER = ActivationImpl("paper", "unfused", 0, 0, 2, False, False, PAPER_SOURCE)
@@ -67,8 +72,9 @@ TORCH_EAGER = ActivationImpl(
     "torch_eager", "flash", FP32_BYTES, 2, 3, False, True,
     "PyTorch eager modules (torch 2.13): nn.RMSNorm computes in fp32 and saves the fp32 input, the fp32 normalised "
     "output and rstd; F.layer_norm saves input, mean, rstd; F.silu saves its input and the product saves silu(gate) "
-    "and up; SDPA (flash kernel) saves q, k, v, out, logsumexp; repeat_interleave expands GQA K/V before SDPA "
-    "(measured in tests/test_costmodel_measured.py)")
+    "and up; SDPA (flash kernel) saves q, k, v, out, logsumexp; repeat_interleave expands GQA K/V before SDPA; "
+    "under sequence parallel the column-parallel GEMMs save their all-gathered input (measured in "
+    "tests/test_costmodel_measured.py and by dtc smoke)", sp_gathers_gemm_inputs=True)
 TORCH_EAGER_CPU = replace(
     TORCH_EAGER, name="torch_eager_cpu", dropout_mask_act_dtype=True,
     source=TORCH_EAGER.source + "; on CPU, F.dropout multiplies by a scaled mask kept in the input dtype "
@@ -98,6 +104,8 @@ class Term:
     name: str
     bytes_per_token: float
     tp_sharded: bool
+    # under sequence parallel the tensor is saved all-gathered, whole, not as the rank's sequence shard
+    sp_gathered: bool = False
 
 
 # --- shape helpers ---------------------------------------------------------------------------
@@ -294,6 +302,8 @@ def layer_terms(shape: ModelShape, *, moe_layer: bool, seq_kv: int, act_bytes: i
     if impl.recompute_norms_and_up_proj:
         dropped = ("qkv_input", "mlp_input") + (("qkv",) if shape.mla is not None else ())
         terms = [t for t in terms if t.name not in dropped]
+    if impl.sp_gathers_gemm_inputs:
+        terms = [replace(t, sp_gathered=True) if t.name in ("qkv_input", "mlp_input") else t for t in terms]
     if impl.fp8_activation_cache:
         w = attention_widths(shape)
         cached = {"attention_output": w.out_width * 1.0}
@@ -345,14 +355,20 @@ def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, se
         total = 3.0 * hidden * act_bytes / (tp if sequence_parallel else 1)
         for t in kept:
             share = (2.0 / 3.0) if t.name.endswith("activation") and t.bytes_per_token > 0 else 1.0
-            total += share * (t.bytes_per_token / tp if (t.tp_sharded or sequence_parallel) else t.bytes_per_token)
+            total += share * t.bytes_per_token / _term_shards(t, tp, sequence_parallel)
         return total
     total = 0.0
     for t in terms:
         if recompute == "selective" and t.name in RECOMPUTED_BY_SELECTIVE:
             continue
-        total += t.bytes_per_token / tp if (t.tp_sharded or sequence_parallel) else t.bytes_per_token
+        total += t.bytes_per_token / _term_shards(t, tp, sequence_parallel)
     return total
+
+
+def _term_shards(t: Term, tp: int, sequence_parallel: bool) -> int:
+    """Over how many ranks a saved tensor is split: tp when tp shards it, or when sequence parallel does and the
+    implementation keeps the shard (not the all-gathered whole)."""
+    return tp if t.tp_sharded or (sequence_parallel and not t.sp_gathered) else 1
 
 
 def activation_bytes_per_layer(terms: tuple[Term, ...], *, tokens: int, tp: int, sequence_parallel: bool,
