@@ -36,17 +36,23 @@ class MemoryBreakdown:
     def item(self, name: str) -> LineItem:
         return next(i for i in self.items if i.name == name)
 
+    @property
+    def cpu_fits(self) -> bool | None:
+        """Whether the states offloaded to the CPU fit the usable host memory; None when not checked (nothing
+        offloaded to the CPU, or the node's host memory not known)."""
+        usable = self.usable_cpu_bytes_per_node
+        return None if usable is None else self.cpu_bytes_per_node <= usable
+
     def host_lines(self) -> list[str]:
         """What the offloaded states take per node, and whether they fit the host memory (PLAN.md, dtc estimate)."""
         from compiler.units import format_bytes
 
         out = []
         if self.cpu_bytes_per_node:
-            usable = self.usable_cpu_bytes_per_node
+            usable, fits = self.usable_cpu_bytes_per_node, self.cpu_fits
             verdict = ("(host memory not known for this GPU: not checked; give cluster.host_memory)"
                        if usable is None else
-                       f"of {format_bytes(usable)} usable host memory: "
-                       + ("fits" if self.cpu_bytes_per_node <= usable else "DOES NOT FIT"))
+                       f"of {format_bytes(usable)} usable host memory: " + ("fits" if fits else "DOES NOT FIT"))
             out.append(f"CPU memory per node for offloaded states: {format_bytes(self.cpu_bytes_per_node)} {verdict}.")
         if self.nvme_bytes_per_node:
             out.append(f"NVMe per node for offloaded states: {format_bytes(self.nvme_bytes_per_node)}.")

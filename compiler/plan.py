@@ -447,8 +447,8 @@ def make_plan(problem: Any, layout: Layout, estimate: Estimate, *, alternatives:
             inter_node_bandwidth_bytes_per_s=option.inter_node_bandwidth_bytes_per_s,
             price_per_gpu_hour_usd=option.price_per_gpu_hour_usd, memory_headroom=problem.memory_headroom,
             profile=problem.profile,
-            host_memory_bytes_per_node=(option.host_memory_bytes_per_node or None) if "cpu" in (
-                layout.offload_optimizer, layout.offload_params) else None),
+            host_memory_bytes_per_node=(option.host_memory_bytes_per_node
+                                        if estimate.memory.usable_cpu_bytes_per_node is not None else None)),
         budget=BudgetSection(max_cost_usd=problem.max_cost_usd, deadline_s=problem.deadline_s,
                              objective=problem.objective, confidence=problem.confidence),
         targets=tuple(problem.targets),

@@ -447,17 +447,17 @@ def _resolve_gpus(spec: Spec, src: SourceMap, catalog: Catalog, diags: list[Diag
     net = c.network
     out = []
     for g in found:
+        per_node = c.gpus_per_node or g.default_gpus_per_node
         out.append(GpuOption(
             spec=g,
-            gpus_per_node=c.gpus_per_node or g.default_gpus_per_node,
+            gpus_per_node=per_node,
             price_per_gpu_hour_usd=c.price_per_gpu_hour if c.price_per_gpu_hour is not None else g.price_per_gpu_hour_usd,
             intra_node_bandwidth_bytes_per_s=(net.intra_node_bandwidth if net and net.intra_node_bandwidth
                                               else g.intra_node_bandwidth_bytes_per_s),
             inter_node_bandwidth_bytes_per_s=(net.inter_node_bandwidth if net and net.inter_node_bandwidth
                                               else g.inter_node_bandwidth_bytes_per_s),
             host_memory_bytes_per_node=(c.host_memory if c.host_memory is not None else
-                                        g.host_memory_bytes * (c.gpus_per_node or g.default_gpus_per_node)
-                                        // g.default_gpus_per_node),
+                                        g.host_memory_bytes * per_node // g.default_gpus_per_node),
         ))
     if c.num_gpus is not None:
         for o in out:

@@ -81,10 +81,10 @@ def out_of_memory_fix(setup: Setup, memory: MemoryBreakdown) -> str:
 
 def check_host_memory(setup: Setup, memory: MemoryBreakdown) -> Rejection | None:
     """States offloaded to the CPU must fit in the node's host memory less the headroom (when it is known)."""
-    usable = memory.usable_cpu_bytes_per_node
-    if usable is None or memory.cpu_bytes_per_node <= usable:
+    if memory.cpu_fits is not False:
         return None
-    lay = setup.layout
+    lay, usable = setup.layout, memory.usable_cpu_bytes_per_node
+    assert usable is not None  # (cpu_fits is False only against a known limit)
     need = memory.cpu_bytes_per_node - usable
     fixes = ["offload to NVMe instead"]
     if lay.offload_params == "cpu":

@@ -138,7 +138,7 @@ def offload_grad_buffer_bytes(setup: Setup, sl: StageLayers) -> float:
     shape = setup.shape
     largest = max(shape.ffn_hidden_size, shape.moe.expert_ffn_hidden_size if shape.moe else 0) * shape.hidden_size / lay.tp
     if sl.first or sl.last:
-        largest = max(largest, shape.vocab_size * shape.hidden_size)  # (nn.Embedding: AutoTP splits Linear layers)
+        largest = max(largest, shape.vocab_size * shape.hidden_size / setup.vocab_shards)
     return setup.recipe.weight_bytes * largest
 
 
