@@ -271,6 +271,10 @@ def test_tp2_sequence_parallel_distributed_optimizer_equals_tp1(gen, tmp_path):
     _passed(tp2, ranks=4)
     assert "--sequence-parallel" in tp2.command and "--use-distributed-optimizer" in tp2.command
     assert "--tensor-model-parallel-size 2" in tp2.command
+    # Megatron's linear layers save the sequence shard of their input (not torch TP's gathered whole), and its
+    # unfused RoPE four bf16 tables per layer for the micro-batch's sequences: x0.94 before both were counted so
+    acts = next(c for c in tp2.comparisons if c.name == "activations")
+    assert 0.95 <= acts.ratio <= 1.05, acts
     tp1 = _run(folder, tmp_path / "tp1", tp=1)  # same reduced model, batch and seed
     _passed(tp1, ranks=2)
     print(f"TP2 {tp2.losses}\nTP1 {tp1.losses}\nmax |diff| {_max_diff(tp2.losses, tp1.losses):.2e}")
@@ -294,7 +298,7 @@ def test_full_recompute_on_every_target(gen):
     for t in report.targets:
         _passed(t, ranks=report.setup["world_size"])
         acts = next(c for c in t.comparisons if c.name == "activations")
-        assert "recompute_working_set" in acts.predicted_items and 0.8 <= acts.ratio <= 1.25, (t.target, acts)
+        assert "recompute_working_set" in acts.predicted_items and 0.95 <= acts.ratio <= 1.05, (t.target, acts)
     assert report.ok
     assert_no_leftovers()
 

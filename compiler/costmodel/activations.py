@@ -60,6 +60,11 @@ class ActivationImpl:
     # to Replicate happens in the module's input hook); Megatron saves the shard and gathers again in backward
     # (Korthikanti et al. 2022 sec. 4.2.2)
     sp_gathers_gemm_inputs: bool = False
+    # RoPE's cos and sin recast to the activation dtype at each call and saved by the rotation's products, per layer:
+    # megatron-core's unfused _apply_rotary_pos_emb_bshd (rope_utils.py: ``cos_ = (torch.cos(freqs) * mscale).to(
+    # t.dtype)``) for q and k, 4 tables of the rotary width; fused RoPE (Transformer Engine) and the torch trainers'
+    # shared fp32 table save none per layer
+    rope_cast_tables: int = 0
 
 
 PAPER = ActivationImpl("paper", "unfused", 0, 0, 2, False, False, PAPER_SOURCE)
@@ -106,6 +111,9 @@ class Term:
     tp_sharded: bool
     # under sequence parallel the tensor is saved all-gathered, whole, not as the rank's sequence shard
     sp_gathered: bool = False
+    # one tensor per sequence position, broadcast over the micro-batch's sequences (RoPE's tables): bytes_per_token
+    # is per position of one sequence, whatever the micro-batch size
+    per_sequence: bool = False
 
 
 # --- shape helpers ---------------------------------------------------------------------------
@@ -236,6 +244,11 @@ def attention_terms(shape: ModelShape, seq_kv: int, act_bytes: int, impl: Activa
     ]
     if w.latent_width:
         terms.append(Term("mla_latents", gemm_input_bytes_per_token(w.latent_width, gemm_bytes), False))
+    if impl.rope_cast_tables and shape.position == "rope":
+        # the tables span the whole sequence and head dimension on every tp rank (gathered under sp)
+        rotary = shape.mla.qk_rope_head_dim if shape.mla is not None else w.qk_head_dim
+        terms.append(Term("rope_tables", impl.rope_cast_tables * rotary * act_bytes, False, sp_gathered=True,
+                          per_sequence=True))
     if impl.attention == "unfused":
         terms.append(Term("attention_scores", attention_scores_bytes_per_token(w.heads, seq_kv, act_bytes, dropout), True))
     else:
@@ -319,9 +332,22 @@ RECOMPUTED_BY_SELECTIVE = ("attention_scores", "attention_lse")  # the attention
 # PyTorch op-level selective activation checkpointing (torchtitan's 'selective (op)', dtc's fsdp trainer:
 # torch.utils.checkpoint.create_selective_checkpoint_contexts saving mm / addmm / bmm / SDPA outputs) keeps
 # the matmul and attention outputs and recomputes every elementwise op: of a layer's terms it keeps these,
-# plus the block input and the outputs of the two output projections (attention out, fc2).
+# plus the block input and the outputs of the two output projections (attention out, fc2: row_parallel_outputs_kept).
 KEPT_BY_PER_OP_SAC = ("qkv", "attention_output", "attention_lse", "mlp_activation", "moe_router_probs",
                       "moe_expert_activation", "shared_expert_activation")
+
+
+def _sp_div(tp: int, sequence_parallel: bool) -> int:
+    return tp if sequence_parallel else 1
+
+
+def row_parallel_outputs_kept(tp: int, sequence_parallel: bool) -> float:
+    """What op-level SAC keeps of one row-parallel GEMM (attention out, fc2), in hidden widths per token: the matmul
+    output, whole (the partial sums exist before any reduction); under sequence parallel the reduce-scatter output
+    too, which the policy saves (``_c10d_functional.reduce_scatter_tensor``, torchtitan's save list). Without
+    sequence parallel the all-reduce is not saved. Measured by dtc smoke (FSDP2 tp=2 + sp, selective: x1.14 before
+    the whole matmul output was counted)."""
+    return 1.0 + (1.0 / tp if sequence_parallel and tp > 1 else 0.0)
 
 
 def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp: int, sequence_parallel: bool,
@@ -332,10 +358,12 @@ def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp
     input; everything else is recomputed in backward. MoE layers keep the router probabilities, the routed
     experts' first matmul outputs and the layer's input instead of w1 and w2."""
     w = attention_widths(shape)
-    h, sp_div = shape.hidden_size, (tp if sequence_parallel else 1)
+    h, sp_div = shape.hidden_size, _sp_div(tp, sequence_parallel)
     kept = (w.q_width + w.kv_heads * w.v_head_dim + w.out_width) * act_bytes / tp  # wq, wv, SDPA output
     kept += attention_logsumexp_bytes_per_token(w.heads) / tp
-    kept += 2 * h * act_bytes / sp_div  # the block input and w2's (row-parallel) output
+    kept += h * act_bytes * (1.0 / sp_div + row_parallel_outputs_kept(tp, sequence_parallel))  # block input, w2
+    if sequence_parallel and tp > 1:
+        kept += h * act_bytes / tp  # wo's reduce-scatter output (kept by the policy; its matmul is recomputed)
     if moe_layer and shape.moe is not None:
         m = shape.moe
         kept += moe_router_bytes_per_token(m.num_experts) + m.top_k * m.expert_ffn_hidden_size * act_bytes / tp
@@ -345,24 +373,32 @@ def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp
 
 
 def activation_bytes_per_token_per_layer(terms: tuple[Term, ...], *, tp: int, sequence_parallel: bool,
-                                         recompute: str, hidden: int, act_bytes: int) -> float:
-    """Bytes per token of one layer under tp/sp and a recompute mode (Korthikanti Table 2)."""
+                                         recompute: str, hidden: int, act_bytes: int,
+                                         full_input_split: bool = False, micro_batch: int = 1) -> float:
+    """Bytes per token of one layer under tp/sp and a recompute mode (Korthikanti Table 2), for micro-batches of
+    ``micro_batch`` sequences (per-sequence terms are shared by them)."""
     if recompute == "full":
-        # Only the layer input is kept (2sbh); with sp it is the sequence-parallel shard.
-        return hidden * act_bytes / (tp if sequence_parallel else 1)
+        # Only the layer input is kept (2sbh); with sp it is the sequence-parallel shard, and 1/tp too where the
+        # implementation splits it (``full_input_split``: DeepSpeed's partition_activations)
+        return hidden * act_bytes / (tp if sequence_parallel or full_input_split else 1)
     if recompute == "selective_per_op":
         kept = [t for t in terms if t.name in KEPT_BY_PER_OP_SAC]
-        total = 3.0 * hidden * act_bytes / (tp if sequence_parallel else 1)
+        total = hidden * act_bytes * (1.0 / _sp_div(tp, sequence_parallel) + 2.0 * row_parallel_outputs_kept(
+            tp, sequence_parallel))
         for t in kept:
             share = (2.0 / 3.0) if t.name.endswith("activation") and t.bytes_per_token > 0 else 1.0
-            total += share * t.bytes_per_token / _term_shards(t, tp, sequence_parallel)
+            total += share * _per_token(t, micro_batch) / _term_shards(t, tp, sequence_parallel)
         return total
     total = 0.0
     for t in terms:
         if recompute == "selective" and t.name in RECOMPUTED_BY_SELECTIVE:
             continue
-        total += t.bytes_per_token / _term_shards(t, tp, sequence_parallel)
+        total += _per_token(t, micro_batch) / _term_shards(t, tp, sequence_parallel)
     return total
+
+
+def _per_token(t: Term, micro_batch: int) -> float:
+    return t.bytes_per_token / micro_batch if t.per_sequence else t.bytes_per_token
 
 
 def _term_shards(t: Term, tp: int, sequence_parallel: bool) -> int:
@@ -372,24 +408,26 @@ def _term_shards(t: Term, tp: int, sequence_parallel: bool) -> int:
 
 
 def activation_bytes_per_layer(terms: tuple[Term, ...], *, tokens: int, tp: int, sequence_parallel: bool,
-                               recompute: str, hidden: int, act_bytes: int) -> float:
+                               recompute: str, hidden: int, act_bytes: int, full_input_split: bool = False,
+                               micro_batch: int = 1) -> float:
     """Bytes one layer keeps for one micro-batch of ``tokens`` local tokens (micro_batch * seq / cp)."""
     return tokens * activation_bytes_per_token_per_layer(
-        terms, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, hidden=hidden, act_bytes=act_bytes)
+        terms, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, hidden=hidden, act_bytes=act_bytes,
+        full_input_split=full_input_split, micro_batch=micro_batch)
 
 
 def recompute_working_set_bytes(terms: tuple[Term, ...], *, tokens: int, tp: int, sequence_parallel: bool,
-                                recompute: str, hidden: int, act_bytes: int) -> float:
+                                recompute: str, hidden: int, act_bytes: int, micro_batch: int = 1) -> float:
     """During backward, recompute rematerialises one layer at a time: full -> that layer's whole
     activations; selective -> that layer's attention core."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
         return activation_bytes_per_layer(terms, tokens=tokens, tp=tp, sequence_parallel=sequence_parallel,
-                                          recompute="none", hidden=hidden, act_bytes=act_bytes)
+                                          recompute="none", hidden=hidden, act_bytes=act_bytes, micro_batch=micro_batch)
     core = tuple(t for t in terms if t.name in RECOMPUTED_BY_SELECTIVE)
     return activation_bytes_per_layer(core, tokens=tokens, tp=tp, sequence_parallel=sequence_parallel,
-                                      recompute="none", hidden=hidden, act_bytes=act_bytes)
+                                      recompute="none", hidden=hidden, act_bytes=act_bytes, micro_batch=micro_batch)
 
 
 # --- first and last stage extras -------------------------------------------------------------

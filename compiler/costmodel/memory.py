@@ -233,7 +233,7 @@ def fused_activation_bytes_per_layer(setup: Setup, *, moe_layer: bool) -> float:
     return setup.memo(("fused_activation_bytes", moe_layer), lambda: act.activation_bytes_per_layer(
         setup_layer_terms(setup, moe_layer, act.fused_counterpart(setup.impl)), tokens=setup.tokens_per_microbatch,
         tp=lay.tp, sequence_parallel=lay.sequence_parallel, recompute="none", hidden=setup.shape.hidden_size,
-        act_bytes=setup.recipe.activation_bytes))
+        act_bytes=setup.recipe.activation_bytes, micro_batch=lay.micro_batch))
 
 
 def recompute_mode(setup: Setup, recompute: str) -> str:
@@ -262,7 +262,8 @@ def activation_bytes_per_layer_kind(setup: Setup, *, moe_layer: bool, recompute:
     return setup.memo(("activation_bytes", moe_layer, mode), lambda: act.activation_bytes_per_layer(
         setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
         sequence_parallel=lay.sequence_parallel, recompute=mode, hidden=setup.shape.hidden_size,
-        act_bytes=setup.recipe.activation_bytes))
+        act_bytes=setup.recipe.activation_bytes, full_input_split=setup.framework.full_recompute_inputs_split_over_tp,
+        micro_batch=lay.micro_batch))
 
 
 def stage_activation_bytes_per_microbatch(setup: Setup, sl: StageLayers, recompute: str | None = None) -> float:
@@ -303,7 +304,7 @@ def recompute_working_set_bytes(setup: Setup, sl: StageLayers) -> float:
         return setup.memo(("working_set", moe_layer), lambda: act.recompute_working_set_bytes(
             setup_layer_terms(setup, moe_layer), tokens=setup.tokens_per_microbatch, tp=lay.tp,
             sequence_parallel=lay.sequence_parallel, recompute=lay.recompute, hidden=setup.shape.hidden_size,
-            act_bytes=setup.recipe.activation_bytes))
+            act_bytes=setup.recipe.activation_bytes, micro_batch=lay.micro_batch))
 
     return max((one(k) for k, n in ((False, sl.dense), (True, sl.moe)) if n), default=0.0)
 

@@ -69,8 +69,10 @@ def activation_impl(target: str, device: str) -> Any:
     every query head and keeps the softmax (megatron/core/transformer/dot_product_attention.py), and MLP.forward's
     unfused glu (megatron/core/transformer/mlp.py), whose product saves silu(gate) and a copy of up
     (``x_linear + glu_linear_offset``) beside the fc1 output, and whose MoE experts multiply that product by the
-    routing probabilities in one more op that saves it (``per_token_scale``); counted by saved_tensors_hooks on
-    megatron-core 0.19.2's CPU smoke runs."""
+    routing probabilities in one more op that saves it (``per_token_scale``), and the unfused RoPE, which casts cos and
+    sin to bf16 for q and for k and saves the four (rope_cast_tables); under sequence parallel its linear layers save
+    the input's sequence shard and gather it again in backward, as on GPUs (not torch TP's gathered input); counted
+    by saved_tensors_hooks on megatron-core 0.19.2's CPU smoke runs."""
     from dataclasses import replace
 
     from compiler.costmodel.activations import DEFAULT_IMPL, TORCH_EAGER, TORCH_EAGER_CPU
@@ -79,10 +81,11 @@ def activation_impl(target: str, device: str) -> Any:
         return TORCH_EAGER_CPU if device == "cpu" else TORCH_EAGER
     if device == "cpu":
         return replace(TORCH_EAGER_CPU, name="megatron_local_cpu", attention="unfused", swiglu_saved_widths=4,
-                       expert_scale_saves_output=True,
+                       expert_scale_saves_output=True, rope_cast_tables=4, sp_gathers_gemm_inputs=False,
                        source="megatron-core local layers on CPU with every fusion off: torch norms, unfused "
                               "DotProductAttention (KV repeated per query head, softmax kept), the unfused glu (fc1 "
-                              "output, silu(gate), a copy of up) and the experts' probability scaling")
+                              "output, silu(gate), a copy of up), the experts' probability scaling and the unfused "
+                              "RoPE's bf16 cos and sin")
     return DEFAULT_IMPL
 
 

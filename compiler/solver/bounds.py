@@ -174,6 +174,16 @@ class Bounds:
     def _sp_min(shape: Shape, sps: Iterable[bool]) -> bool:
         return shape.tp > 1 and True in tuple(sps)
 
+    @classmethod
+    def _sp_least_memory(cls, shape: Shape, sps: tuple[bool, ...], recompute: str) -> tuple[bool, ...]:
+        """The sequence-parallel settings among ``sps`` whose activations may be the least: sequence parallel
+        shards every saved tensor it touches, except under selective recompute, where PyTorch's op-level SAC
+        keeps each row-parallel matmul's output whole beside its reduce-scatter shard (at tp=2 more than
+        without it: activations.row_parallel_outputs_kept); there both are tried."""
+        if recompute == "selective" and shape.tp > 1 and len(set(sps)) == 2:
+            return (True, False)
+        return (cls._sp_min(shape, sps),)
+
     # ------------------------------------------------------------------ time
     def gpu_s_per_token_lb(self, shape: Shape, sps: Iterable[bool] = (False, True), mb_cap: int = _HUGE_MB) -> float:
         """GPU-seconds per token of every layout of ``shape`` whose micro-batch is at most ``mb_cap``: the whole
@@ -408,9 +418,10 @@ class Bounds:
         """Bytes per GPU every (sequence parallel, sharding) option of this group needs at least.
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
-        sp = self._sp_min(shape, (o[0] for o in options))
-        return self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, None,
-                                      lambda sl: self._min_states(shape, vpp, sl, options))
+        sps = tuple(o[0] for o in options)
+        return min(self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, None,
+                                          lambda sl: self._min_states(shape, vpp, sl, options))
+                   for sp in self._sp_least_memory(shape, sps, recompute))
 
     def _stages_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
                           sh: Sharding | None, states_of) -> float:
@@ -513,31 +524,40 @@ class FamilyMemory:
     """Bounds.family_memory_lb of one family: per candidate stage, its smallest model states over the options
     and its table of one micro-batch's activations."""
 
-    __slots__ = ("bounds", "shape", "vpp", "sched", "sp", "stages", "base", "frag")
+    __slots__ = ("bounds", "shape", "vpp", "sched", "sps", "sp", "stages", "base", "frag")
 
     def __init__(self, bounds: Bounds, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]):
         self.bounds, self.shape, self.vpp, self.sched = bounds, shape, vpp, pipes[0][0]
-        self.sp = sp = bounds._sp_min(shape, (o[0] for _, opts in pipes for o in opts))
-        self.stages = tuple((bounds._family_states(shape, vpp, sl, pipes),
-                             bounds._pm_table(shape, sp, sl), sl) for sl in bounds.distinct(shape.pp, vpp))
+        self.sps = tuple(o[0] for _, opts in pipes for o in opts)
+        self.sp = sp = bounds._sp_min(shape, self.sps)
+        self.stages = tuple((bounds._family_states(shape, vpp, sl, pipes), bounds._pm_table(shape, sp, sl),
+                             bounds._pm_table(shape, not sp, sl), sl) for sl in bounds.distinct(shape.pp, vpp))
         self.base = bounds._shape_fixed(shape)
         self.frag = cm.fragmentation_factor()
 
     def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
         """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same)."""
         best = 0.0
-        setup: Setup | None = None
-        for (states, table, sl), k in zip(self.stages, inflight):
-            pm = table.get((mb, recompute))
-            if pm is None:
-                if setup is None:
-                    shape = self.shape
-                    probe = self.bounds._probe(shape, pp=shape.pp, vpp=self.vpp, sched=self.sched, mb=mb, ga=gas[0],
-                                               rc=recompute, sp=self.sp)
-                    setup = self.bounds.setup(shape.option, probe)
-                pm = table[(mb, recompute)] = cm.stage_activation_bytes(setup, sl)
+        sps = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
+        setups: dict[bool, Setup] = {}
+        for (states, table, other, sl), k in zip(self.stages, inflight):
+            pm = min(self._per_mb(table if sp == self.sp else other, sl, sp, mb, gas[0], recompute, setups)
+                     for sp in sps)
             best = max(best, states + pm * k)
         return _mem_safe(self.frag * best + self.base)
+
+    def _per_mb(self, table: dict, sl: StageLayers, sp: bool, mb: int, ga: int, recompute: str,
+                setups: dict[bool, Setup]) -> float:
+        pm = table.get((mb, recompute))
+        if pm is None:
+            setup = setups.get(sp)
+            if setup is None:
+                shape = self.shape
+                probe = self.bounds._probe(shape, pp=shape.pp, vpp=self.vpp, sched=self.sched, mb=mb, ga=ga,
+                                           rc=recompute, sp=sp)
+                setup = setups[sp] = self.bounds.setup(shape.option, probe)
+            pm = table[(mb, recompute)] = cm.stage_activation_bytes(setup, sl)
+        return pm
 
 
 def _mem_safe(x: float) -> float:

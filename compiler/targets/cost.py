@@ -102,6 +102,12 @@ class CostProfile:
     # are gathered and every tp rank holds and reduces them whole (the FSDP2 trainer's output layer is
     # ColwiseParallel with output_layouts=Replicate, compiler/runtime/parallel.py apply_tp)
     tp_splits_loss: bool = True
+    # full recompute keeps each layer's input split over the tp group, not whole: DeepSpeed's partition_activations
+    # (deepspeed/runtime/activation_checkpointing/checkpointing.py partition_activations: each rank keeps its
+    # 1/tp slice and all-gathers the input again before the layer's recompute), which the DeepSpeed renderer turns
+    # on for tp > 1 from this flag. Megatron and FSDP2 keep the sequence-parallel shard, or the whole input without
+    # sequence parallel
+    full_recompute_inputs_split_over_tp: bool = False
     # ZeRO-3 parameter gathers per decoder layer and pass: FSDP gathers a wrapped block at once (1); DeepSpeed
     # ZeRO-3 fetches each submodule's partitioned parameters on its own (parameters under its persistence
     # threshold stay gathered), so a layer costs one collective per weight matrix

@@ -26,7 +26,7 @@ COST = CostProfile(
     fp8_recipe="fp8_tensorwise_delayed", hierarchical_all_to_all=False, zero3_live_params=STAGE3_MAX_LIVE_PARAMETERS,
     zero_fp32_partition_copy=True,
     offload_moves_gradients=True, offload_keeps_gradient_partition=True, tp_splits_vocab=False,
-    tp_splits_loss=False, cross_entropy="torch_fp32",
+    tp_splits_loss=False, full_recompute_inputs_split_over_tp=True, cross_entropy="torch_fp32",
     hybrid_shard="hpz",
     dropout=False,  # compiler/runtime/model.py's blocks have no dropout
     source=source_with(GRAD_SOURCE), grad_source=GRAD_SOURCE, tp_source=TP_SOURCE)

@@ -247,12 +247,12 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
 def _activation_checkpointing(lay: Layout, shape: ModelShape) -> dict[str, Any]:
     """deepspeed.checkpointing settings, used by ds_train.py's checkpointed layers.
 
-    partition_activations splits each saved layer input over the TP group (AutoTP), so it is
-    on when tp > 1; keeping checkpoints on the CPU is left off (it costs PCIe time the cost
-    model does not charge).
+    partition_activations splits each saved layer input over the TP group (AutoTP): on when tp > 1,
+    as the cost profile costs it (COST.full_recompute_inputs_split_over_tp); keeping checkpoints on
+    the CPU is left off (it costs PCIe time the cost model does not charge).
     """
     return {
-        "partition_activations": lay.tp > 1,
+        "partition_activations": COST.full_recompute_inputs_split_over_tp and lay.tp > 1,
         "cpu_checkpointing": False,
         "contiguous_memory_optimization": False,
         "number_checkpoints": None,
