@@ -68,6 +68,7 @@ MEGATRON_ARGS=(
   --vocab-size 128256
   --make-vocab-size-divisible-by 128
   --mock-data
+  --no-create-attention-mask-in-dataloader
   --eval-interval 1000
   --eval-iters 0
   # logging

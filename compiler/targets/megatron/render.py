@@ -348,6 +348,15 @@ def _recompute(lay: Layout) -> list[list[str]]:
     return []
 
 
+# Megatron builds a (micro_batch, 1, seq, seq) boolean mask per sample by default (GPTDataset,
+# create_attention_mask_in_dataloader); the causal attention dtc renders (Transformer Engine's, attn_mask_type causal;
+# megatron-core's local softmax builds its own cached causal mask when given none, fused_softmax.py
+# get_default_causal_mask) never reads it, yet it is built on the host, copied to the GPU and, under full recompute,
+# kept as a checkpoint input: seq^2 bytes per micro-batch (64 MiB at 8K, 1 GiB at 32K). Megatron-LM's own long-context
+# and DeepSeek-V3 recipes turn it off the same way.
+NO_DATALOADER_MASK = ["--no-create-attention-mask-in-dataloader"]
+
+
 def _data(plan: Plan) -> list[list[str]]:
     s = _shape(plan)
     data = plan.data
@@ -358,12 +367,13 @@ def _data(plan: Plan) -> list[list[str]]:
             if len(data.datasets) > 1 else [data.datasets[0].path]
         return (tokenizer_type(data.tokenizer)
                 + [_f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY), ["--data-path", *paths],
-                   _f("--split", DATA_SPLIT), _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS)])
+                   _f("--split", DATA_SPLIT), _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", EVAL_ITERS),
+                   NO_DATALOADER_MASK])
     # NullTokenizer: ids 0..V-1, eod = V-1 (megatron/core/tokenizers null_tokenizer.py); no vocab files
     out = [_f("--tokenizer-type", "NullTokenizer"), _f("--vocab-size", s.vocab_size),
            _f("--make-vocab-size-divisible-by", MAKE_VOCAB_DIVISIBLE_BY)]
     # --eval-interval even without evaluation: training.py:4481 divides train_iters by it
-    return out + [["--mock-data"], _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
+    return out + [["--mock-data"], NO_DATALOADER_MASK, _f("--eval-interval", EVAL_INTERVAL), _f("--eval-iters", 0)]
 
 
 def _logging(plan: Plan) -> list[list[str]]:

@@ -266,13 +266,15 @@ def pipeline_param_name(name: str, num_layers: int) -> str:
 # ------------------------------------------------------------------------------------------- measurements
 def hold_checkpoint_inputs(out):
     """deepspeed.checkpointing keeps a checkpointed call's inputs on its autograd node, outside the
-    saved-tensor hooks: count them until that node's backward has run."""
+    saved-tensor hooks: count them until that node's backward has run. Under partition_activations
+    an input's ``data`` is emptied and this rank's slice kept as its ``saved_data``
+    (checkpointing.py get_partitioned_activations_for_backward): that slice is what is held."""
     first = out if torch.is_tensor(out) else next((o for o in out if torch.is_tensor(o)), None)
     node = getattr(first, "grad_fn", None)
     saved = getattr(node, "deepspeed_saved_tensors", None)
     if not saved:
         return
-    held = [M.SAVED.hold(t) for t in saved if torch.is_tensor(t)]
+    held = [M.SAVED.hold(getattr(t, "saved_data", t)) for t in saved if torch.is_tensor(t)]
     node.register_hook(lambda grad_inputs, grad_outputs: held.clear())
 
 

@@ -69,7 +69,12 @@ class SavedActivations:
             if entry[0] == 1:
                 self.live += nbytes
                 self.peak = max(self.peak, self.live)
-        return _Held(t, key, self)
+        # detached: autograd hands a saved *output* to the pack hook with its grad_fn, and keeping that
+        # tensor would close a cycle (node -> saved variable -> _Held -> tensor -> node) that only the
+        # garbage collector breaks; a graph dropped without a backward (torch pipelining's metadata
+        # inference on the first stage) then stayed counted for the rest of the run. Unpacking needs the
+        # data only: autograd re-attaches the grad_fn (torch/csrc/autograd/saved_variable.cpp).
+        return _Held(t.detach(), key, self)
 
     @staticmethod
     def drop(held):

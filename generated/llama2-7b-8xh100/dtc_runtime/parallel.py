@@ -180,10 +180,15 @@ def apply_fsdp(model: Any, mesh, par: ParallelConfig, param_dtype: str, reduce_d
     mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[param_dtype], reduce_dtype=TORCH_DTYPES[reduce_dtype])
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if par.offload == "cpu" else OffloadPolicy()
     reshard = par.zero_stage == 3
-    kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+    kwargs = dict(mesh=mesh, offload_policy=offload, reshard_after_forward=reshard)
+    # A block's hidden-state input is already in param_dtype (the embedding's output, or the stage input the
+    # previous stage sent): casting its inputs would only round the fp32 rotary table handed beside it to
+    # bf16, a fresh copy at every layer that apply_rope widens again and saves for backward (two per layer,
+    # measured by dtc smoke), and RoPE computed from bf16 angles.
+    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, cast_forward_inputs=False)
     for block in model.layers.values():
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(block, mp_policy=block_mp, **kwargs)
+    fully_shard(model, mp_policy=mp, **kwargs)
     return model
 
 
