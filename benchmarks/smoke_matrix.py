@@ -16,7 +16,9 @@ not a failure. Exit status 1 when a run that compiled failed.
 
 This is how the DeepSpeed ZeRO-0 rule, the DeepSpeed offload gradient partition, the AutoTP vocabulary, the
 BF16_Optimizer's doubled gradients, the rotary table under partition_activations and FSDP2 ZeRO-0's unsharded
-parameters were found (docs: each commit says what the matrix measured). Takes ~15 minutes on 2 cores.
+parameters were found, and then FSDP2's bf16-cast rotary table, op-level SAC's whole row-parallel outputs under
+sequence parallel, DeepSpeed's partitioned checkpoint inputs and Megatron's dataloader attention mask (docs: each
+commit says what the matrix measured). Takes ~15-25 minutes on 2 cores.
 """
 from __future__ import annotations
 
