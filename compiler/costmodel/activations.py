@@ -341,13 +341,18 @@ def _sp_div(tp: int, sequence_parallel: bool) -> int:
     return tp if sequence_parallel else 1
 
 
+def reduce_scatter_output_kept(tp: int, sequence_parallel: bool) -> float:
+    """What op-level SAC keeps of a row-parallel GEMM's reduction, in hidden widths per token: under sequence
+    parallel the reduce-scatter's output shard, which the policy saves (``_c10d_functional.reduce_scatter_tensor``,
+    torchtitan's save list); without it the all-reduce, which it does not save."""
+    return 1.0 / tp if sequence_parallel and tp > 1 else 0.0
+
+
 def row_parallel_outputs_kept(tp: int, sequence_parallel: bool) -> float:
     """What op-level SAC keeps of one row-parallel GEMM (attention out, fc2), in hidden widths per token: the matmul
-    output, whole (the partial sums exist before any reduction); under sequence parallel the reduce-scatter output
-    too, which the policy saves (``_c10d_functional.reduce_scatter_tensor``, torchtitan's save list). Without
-    sequence parallel the all-reduce is not saved. Measured by dtc smoke (FSDP2 tp=2 + sp, selective: x1.14 before
-    the whole matmul output was counted)."""
-    return 1.0 + (1.0 / tp if sequence_parallel and tp > 1 else 0.0)
+    output, whole (the partial sums exist before any reduction), and its reduction's (reduce_scatter_output_kept).
+    Measured by dtc smoke (FSDP2 tp=2 + sp, selective: x1.14 before the whole matmul output was counted)."""
+    return 1.0 + reduce_scatter_output_kept(tp, sequence_parallel)
 
 
 def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp: int, sequence_parallel: bool,
@@ -362,8 +367,8 @@ def every_other_mm_sac_bytes_per_token(shape: ModelShape, *, moe_layer: bool, tp
     kept = (w.q_width + w.kv_heads * w.v_head_dim + w.out_width) * act_bytes / tp  # wq, wv, SDPA output
     kept += attention_logsumexp_bytes_per_token(w.heads) / tp
     kept += h * act_bytes * (1.0 / sp_div + row_parallel_outputs_kept(tp, sequence_parallel))  # block input, w2
-    if sequence_parallel and tp > 1:
-        kept += h * act_bytes / tp  # wo's reduce-scatter output (kept by the policy; its matmul is recomputed)
+    # wo's matmul is recomputed, but its reduction's output is kept
+    kept += h * act_bytes * reduce_scatter_output_kept(tp, sequence_parallel)
     if moe_layer and shape.moe is not None:
         m = shape.moe
         kept += moe_router_bytes_per_token(m.num_experts) + m.top_k * m.expert_ffn_hidden_size * act_bytes / tp

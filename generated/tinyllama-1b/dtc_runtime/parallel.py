@@ -185,7 +185,7 @@ def apply_fsdp(model: Any, mesh, par: ParallelConfig, param_dtype: str, reduce_d
     # previous stage sent): casting its inputs would only round the fp32 rotary table handed beside it to
     # bf16, a fresh copy at every layer that apply_rope widens again and saves for backward (two per layer,
     # measured by dtc smoke), and RoPE computed from bf16 angles.
-    block_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, cast_forward_inputs=False)
+    block_mp = dataclasses.replace(mp, cast_forward_inputs=False)
     for block in model.layers.values():
         fully_shard(block, mp_policy=block_mp, **kwargs)
     fully_shard(model, mp_policy=mp, **kwargs)
