@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Iterable
 
 
 @lru_cache(maxsize=4096)
@@ -74,34 +73,41 @@ class GpuCounts:
 
 def grad_accum_for(global_batch: int, tolerance: float, dp: int, micro_batch: int) -> int | None:
     """grad_accum for (dp, micro_batch): exact, or the one closest to the batch within tolerance."""
-    per_step = dp * micro_batch
     if tolerance <= 0:
+        per_step = dp * micro_batch
         return global_batch // per_step if global_batch % per_step == 0 else None
-    lo = math.ceil(global_batch * (1 - tolerance) - 1e-9)
-    hi = math.floor(global_batch * (1 + tolerance) + 1e-9)
-    return _closest_grad_accum(global_batch, lo, hi, per_step)
+    got = grad_accums_for(global_batch, tolerance, dp, range(micro_batch, micro_batch + 1))
+    return got[0][1] if got else None
 
 
-def grad_accums_for(global_batch: int, tolerance: float, dp: int, micro_batches: Iterable[int]
-                    ) -> list[tuple[int, int]]:
+def grad_accums_for(global_batch: int, tolerance: float, dp: int, micro_batches: range) -> list[tuple[int, int]]:
     """(micro_batch, grad_accum_for(global_batch, tolerance, dp, micro_batch)) for each micro-batch that has
     one, with the tolerance's range computed once (the solver asks for hundreds per dp)."""
     if tolerance <= 0:
         return [(mb, ga) for mb in micro_batches if (ga := grad_accum_for(global_batch, 0.0, dp, mb)) is not None]
-    lo = math.ceil(global_batch * (1 - tolerance) - 1e-9)
-    hi = math.floor(global_batch * (1 + tolerance) + 1e-9)
-    return [(mb, ga) for mb in micro_batches if (ga := _closest_grad_accum(global_batch, lo, hi, dp * mb)) is not None]
-
-
-def _closest_grad_accum(global_batch: int, lo: int, hi: int, per_step: int) -> int | None:
-    """The grad_accum whose batch (x per_step) is in [lo, hi] and closest to global_batch (the smaller on a tie):
-    floor(global_batch / per_step) (at least 1) or one more."""
-    ga = global_batch // per_step or 1
-    b = ga * per_step
-    up = b + per_step
-    if lo <= b <= hi:
-        return ga + 1 if up <= hi and up - global_batch < abs(b - global_batch) else ga
-    return ga + 1 if lo <= up <= hi else None
+    lo, hi = batch_range(global_batch, tolerance)
+    g = global_batch
+    # the solver asks for a million (dp, micro_batch) rows. While dp x micro_batch (per_step) is at most
+    # g - lo + 1 and hi - g, both floor(g / per_step) and one more reach the range: the nearer wins, the floor on a
+    # tie (the loop below, in one expression)
+    easy = micro_batches[:len(range(micro_batches.start, min(g - lo + 1, hi - g) // dp + 1, micro_batches.step))]
+    out = [(mb, q + (r + r > p)) for mb in easy for p in (dp * mb,) for q, r in (divmod(g, p),)]
+    for mb in micro_batches[len(easy):]:
+        # the grad_accum whose batch is in [lo, hi] and closest to global_batch (the smaller on a tie):
+        # floor(global_batch / per_step) (at least 1) or one more
+        per_step = dp * mb
+        ga = g // per_step or 1
+        b = ga * per_step
+        up = b + per_step
+        if lo <= b <= hi:
+            if up <= hi and up - g < abs(b - g):
+                ga += 1
+        elif lo <= up <= hi:
+            ga += 1
+        else:
+            continue
+        out.append((mb, ga))
+    return out
 
 
 def batch_range(global_batch: int, tolerance: float) -> tuple[int, int]:

@@ -98,7 +98,7 @@ class Bounds:
         self._domain: dict[int, int] = {}
         self._straggler: dict[int, float] = {}
         self._states_setup: dict[tuple[int, bool], Setup] = {}
-        self._least: dict[int, tuple[tuple, tuple[Sharding, ...]]] = {}
+        self._least: dict[int, tuple[tuple, tuple[Sharding, ...], tuple[bool, ...]]] = {}  # _options_summary
         self._stages: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._distinct: dict[tuple[int, int], tuple[StageLayers, ...]] = {}
         self._sparams: dict[tuple, object] = {}
@@ -399,6 +399,10 @@ class Bounds:
         widest shard group. Within one such class the states only fall as dp_shard grows (each sharded part is
         divided by it: memory.params_after_sharding; test_model_states_fall_with_the_shard_group), so the
         minimum over ``options`` is the minimum over these, the same value."""
+        return self._options_summary(options)[1]
+
+    def _options_summary(self, options: tuple) -> tuple[tuple, tuple[Sharding, ...], tuple[bool, ...]]:
+        """(``options``, _least_states' shardings, the sequence-parallel settings among them), kept by identity."""
         got = self._least.get(id(options))
         if got is None or got[0] is not options:
             widest: dict[tuple[int, str, str], Sharding] = {}
@@ -407,8 +411,8 @@ class Bounds:
                 known = widest.get(cls)
                 if known is None or sh.dp_shard > known.dp_shard:
                     widest[cls] = sh
-            got = self._least[id(options)] = (options, tuple(widest.values()))
-        return got[1]
+            got = self._least[id(options)] = (options, tuple(widest.values()), tuple(sorted({o[0] for o in options})))
+        return got
 
     def _fixed(self, layout: Layout) -> float:
         return cm.fixed_bytes(layout)
@@ -418,7 +422,7 @@ class Bounds:
         """Bytes per GPU every (sequence parallel, sharding) option of this group needs at least.
 
         ``options`` must be a long-lived tuple (the search caches them): it is keyed by identity."""
-        sps = tuple(o[0] for o in options)
+        sps = self._options_summary(options)[2]
         return min(self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, None,
                                           lambda sl: self._min_states(shape, vpp, sl, options))
                    for sp in self._sp_least_memory(shape, sps, recompute))

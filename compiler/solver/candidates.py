@@ -31,6 +31,8 @@ compiler.rules about the values it offers (the same rules the spec's pins, the c
 """
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -113,7 +115,14 @@ class Space:
         self._gas: dict[int, tuple[int, ...]] = {}
         self._classes: dict[int, tuple[tuple[int, Sharding, int], ...]] = {}
         self._choice_classes: dict[int, tuple[tuple[int, Sharding], ...]] = {}
+        self._class_counts: dict[int, tuple[tuple[int, ...], tuple[Sharding, ...], tuple[int, ...]]] = {}
         assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
+        # whether batch_choices must ask the rules row by row: not while the batch rule is the only structural rule
+        # that reads (micro_batch, grad_accum), for batch_choices' rows meet it by construction (grad_accums_for
+        # keeps each in batch_range, the rule's own range; an exact batch divides into them): a million rows
+        # (16,384 GPUs with a batch tolerance) are then legal when dp alone breaks no rule
+        self._check_batch_rows = tuple(r.code for r in rules.rules_reading(
+            frozenset({"micro_batch", "grad_accum"}), F.STRUCTURAL_CODES)) != (rules.BATCH_NOT_DIVISIBLE,)
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
         self.facts = problem.facts
@@ -278,8 +287,11 @@ class Space:
             out = grad_accums_for(b, tol, dp, range(1, min(self.hi_batch // dp, MAX_MICRO_BATCH) + 1))
         if self.pins.micro_batch is not None:
             out = [c for c in out if c[0] == self.pins.micro_batch]
-        # legal(dp=dp, micro_batch=mb, grad_accum=ga) for every pair at once
-        result = tuple(rules.legal_rows(self.facts, F.STRUCTURAL_CODES, {"dp": dp}, ("micro_batch", "grad_accum"), out))
+        if self._check_batch_rows:  # legal(dp=dp, micro_batch=mb, grad_accum=ga) for every pair at once
+            out = rules.legal_rows(self.facts, F.STRUCTURAL_CODES, {"dp": dp}, ("micro_batch", "grad_accum"), out)
+        elif not self.legal(dp=dp):
+            out = []
+        result = tuple(out)
         self._batch[dp] = result
         return result
 
@@ -293,18 +305,47 @@ class Space:
     def sharding_classes(self, dp: int) -> tuple[tuple[int, Sharding, int], ...]:
         """sharding_choices(dp) by sharding_class: (the class's number, the first choice of the class, how many it
         stands for). A group's classes are found once per (zero stage, dp_shard > 1, replicate > 1): support_key_of
-        reads the degrees only as > 1 (tests/unit/solver/test_solver_frameworks.py holds it)."""
+        reads the degrees only as > 1 (tests/unit/solver/test_solver_frameworks.py holds it). So the classes of dp
+        are counted per such group key, not per choice: a dp of many divisors has hundreds of choices but a few
+        keys, and the search counts every dp of the space (tens of thousands on a large cluster)."""
         got = self._classes.get(dp)
         if got is None:
+            groups: dict[tuple, list] = {}  # group key -> [number of groups, the first group's choices]
+            for zero, d, choices in self.sharding_groups(dp):
+                key = (zero, d > 1, dp // d > 1, dp == 1)
+                seen = groups.get(key)
+                if seen is None:
+                    groups[key] = [1, choices]
+                else:
+                    seen[0] += 1
             first: dict[int, Sharding] = {}
             counts: dict[int, int] = {}
-            for cid, sh in self.choice_classes(dp):
-                if cid not in counts:
-                    first[cid], counts[cid] = sh, 1
-                else:
-                    counts[cid] += 1
+            for key, (n, choices) in groups.items():  # (in the order of each key's first group)
+                for cid, sh in zip(self._group_class_ids(dp, key, choices), choices):
+                    if cid not in counts:
+                        first[cid], counts[cid] = sh, n
+                    else:
+                        counts[cid] += n
             got = self._classes[dp] = tuple((c, first[c], counts[c]) for c in first)
         return got
+
+    def class_counts(self, dp: int) -> tuple[tuple[int, ...], tuple[Sharding, ...], tuple[int, ...]]:
+        """sharding_classes(dp) as three tuples: the class numbers, each one's first choice, how many it stands
+        for."""
+        got = self._class_counts.get(dp)
+        if got is None:
+            classes = self.sharding_classes(dp)
+            got = self._class_counts[dp] = (tuple(c[0] for c in classes), tuple(c[1] for c in classes),
+                                            tuple(c[2] for c in classes))
+        return got
+
+    def _group_class_ids(self, dp: int, key: tuple, choices: tuple[Sharding, ...]) -> tuple[int, ...]:
+        """The sharding_class number of each of a group's ``choices`` (the group's key fixes them)."""
+        ids = self._group_classes.get(key)
+        if ids is None:
+            ids = self._group_classes[key] = tuple(
+                self._class_ids.setdefault(self.sharding_class(dp, sh), len(self._class_ids)) for sh in choices)
+        return ids
 
     def choice_classes(self, dp: int) -> tuple[tuple[int, Sharding], ...]:
         """Each of sharding_choices(dp), in order, with its sharding_class's number."""
@@ -313,11 +354,7 @@ class Space:
             out: list[tuple[int, Sharding]] = []
             for zero, d, choices in self.sharding_groups(dp):
                 key = (zero, d > 1, dp // d > 1, dp == 1)  # (these fix the group's offload choices too)
-                ids = self._group_classes.get(key)
-                if ids is None:
-                    ids = self._group_classes[key] = tuple(
-                        self._class_ids.setdefault(self.sharding_class(dp, sh), len(self._class_ids)) for sh in choices)
-                out.extend(zip(ids, choices))
+                out.extend(zip(self._group_class_ids(dp, key, choices), choices))
             got = self._choice_classes[dp] = tuple(out)
         return got
 
@@ -334,7 +371,7 @@ class Space:
         got = self._extremes.get(dp)
         if got is None:
             batches = self.batch_choices(dp)
-            got = self._extremes[dp] = (max(batches)[0], max(mb * ga for mb, ga in batches))
+            got = self._extremes[dp] = (max(batches)[0], max(itertools.starmap(operator.mul, batches)))
         return got
 
     def recompute_choices(self) -> tuple[str, ...]:

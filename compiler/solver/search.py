@@ -43,6 +43,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -196,12 +197,15 @@ class _Search:
         self._support: dict[tuple, bool] = {}
         self._options: dict[tuple, tuple] = {}
         self._num_options: dict[tuple, int] = {}
+        self._class_weights: dict[tuple, tuple[int, ...]] = {}  # num_options: sp choices running each class
         self._class_support: dict[tuple, dict[int, bool]] = {}  # _class_verdicts: verdicts by sharding class number
         self._pipe_classes: dict[int, tuple] = {}
         self._thin: dict[tuple, bool] = {}  # choice_thin's verdicts
         self._floors: dict[tuple, float] = {}
         self._bad_batches: dict[tuple[int, int], int] = {}
         self._counts: dict[tuple, tuple[int, int, int]] = {}  # shape_counts
+        self._class_options: dict[tuple, dict[tuple[str, bool], int]] = {}  # shape_counts: num_options by class
+        self._queue0: tuple[tuple, ...] | None = None  # the heap _initial_queue built, before the first pop
         # shape -> its GPU-seconds per token bound (run): reads only the bounds, shared too
         self._shape_g: dict[Shape, float] = like._shape_g if like is not None else {}
         # shape_bubble's and _micro_batches' values: they read only the space, shared too
@@ -347,7 +351,17 @@ class _Search:
         if got is not None:
             return len(got)
         n = self._num_options.get(key)
-        if n is None:
+        if n is None and not self.calibrated:
+            # by class weights (how many sp choices run each class), kept per the dp's classes: the counts of a dp
+            # differ, its classes rarely (tens of thousands of dp on a large cluster, a few class sets)
+            cids, firsts, counts = self.space.class_counts(shape.dp)
+            wkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sps, cids)
+            weights = self._class_weights.get(wkey)
+            if weights is None:
+                weights = self._class_weights[wkey] = tuple(
+                    sum(self._class_runs(shape, sched, vpp, sp, cid, sh) for sp in sps) for cid, sh in zip(cids, firsts))
+            n = self._num_options[key] = sum(map(operator.mul, counts, weights))
+        elif n is None:
             n = 0
             classes = self.space.sharding_classes(shape.dp)
             for sp in sps:
@@ -362,6 +376,12 @@ class _Search:
                         n += count
             self._num_options[key] = n
         return n
+
+    def _class_runs(self, shape: Shape, sched: str, vpp: int, sp: bool, cid: int, sh: Sharding) -> bool:
+        """Whether every target runs sharding class ``cid`` (``sh``, one of its choices) with ``sp``."""
+        verdicts = self._class_verdicts(shape, sched, vpp, sp)
+        supported = verdicts.get(cid)
+        return self._ask_class(verdicts, cid, shape, sched, vpp, sp, sh) if supported is None else supported
 
     def _class_verdicts(self, shape: Shape, sched: str, vpp: int, sp: bool) -> dict[int, bool]:
         """Whether every target runs each sharding class asked so far (by Space.choice_classes' number), for the
@@ -403,6 +423,51 @@ class _Search:
         return got
 
     def run(self) -> None:
+        problem = self.problem
+        queue = self._initial_queue()
+        while queue:
+            entry = heapq.heappop(queue)
+            lb, _, _, shape, n, g, done = entry
+            if not done:
+                pricing = self._pricing[shape.option]
+                cost = pricing.cost_lb_from_gpu_s_per_token(g)
+                if problem.max_cost_usd is not None and cost > problem.max_cost_usd:
+                    self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
+                    continue
+                t = pricing.time_lb_from_gpu_s_per_token(g, shape.world)
+                if problem.deadline_s is not None and t > problem.deadline_s:
+                    self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
+                    continue
+            self.cost_floor = lb
+            threshold = self.threshold_for(shape)
+            if can_prune(lb, threshold):
+                self.num_pruned += n
+                continue
+            if self._refine(queue, entry, threshold):
+                if self.max_explored is None or self.has_options(shape):  # (a limit counts shapes with options)
+                    if self.num_explored == self.max_explored:
+                        self.stopped = True
+                        return
+                    self.num_explored += 1
+                self.explore(shape)
+
+    def _initial_queue(self) -> list[tuple]:
+        """A heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinements taken), one
+        entry per shape with layouts every target supports: a shape's key is first its GPU-seconds per token bound,
+        then stages_lb, then groups_lb (each a lower bound of every layout of the shape, the later ones tighter); a
+        shape whose refined key is above another shape's key goes back into the heap, so shapes are explored in the
+        order of their tightest bound and the best layouts are found (and the threshold falls) early. The key
+        popped is below every layout left (cost_floor).
+
+        The search for a well-calibrated alternative (``like`` the search for the pick, of the same problem but
+        top_k) starts from the pick's heap as it was before the first pop: it takes the pick's counts
+        (shape_counts), and a key reads neither top_k nor the thresholds (a 16K-GPU spec has 150,000 shapes). Its
+        own tally, which no report shows, then counts only what it pops."""
+        like = self._like
+        if self.calibrated and like is not None:
+            assert like._queue0 is not None, "the search for the pick runs first"
+            self.num_considered, self.largest_gpus = like.num_considered, like.largest_gpus
+            return list(like._queue0)
         problem, space, bounds = self.problem, self.space, self.bounds
         shape_space = space.shapes()
         for code, n in shape_space.rejected_shapes.items():
@@ -432,37 +497,10 @@ class _Search:
             lb = key_lb_from_gpu_s_per_token(problem, self._pricing[shape.option], g, shape.world) \
                 * self.shape_floor(shape)
             queue.append((lb, shape.num_parallel_dims, order, shape, supported, g, 0))
-        # a heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinements taken): a shape's
-        # key is first its GPU-seconds per token bound, then stages_lb, then groups_lb (each a lower bound of every
-        # layout of the shape, the later ones tighter); a shape whose refined key is above another shape's key goes
-        # back into the heap, so shapes are explored in the order of their tightest bound and the best layouts are
-        # found (and the threshold falls) early. The key popped is below every layout left (cost_floor).
         heapq.heapify(queue)
-        while queue:
-            entry = heapq.heappop(queue)
-            lb, _, _, shape, n, g, done = entry
-            if not done:
-                pricing = self._pricing[shape.option]
-                cost = pricing.cost_lb_from_gpu_s_per_token(g)
-                if problem.max_cost_usd is not None and cost > problem.max_cost_usd:
-                    self.tally.reject_by_bound(F.OVER_BUDGET, n, cost)
-                    continue
-                t = pricing.time_lb_from_gpu_s_per_token(g, shape.world)
-                if problem.deadline_s is not None and t > problem.deadline_s:
-                    self.tally.reject_by_bound(F.OVER_DEADLINE, n, t)
-                    continue
-            self.cost_floor = lb
-            threshold = self.threshold_for(shape)
-            if can_prune(lb, threshold):
-                self.num_pruned += n
-                continue
-            if self._refine(queue, entry, threshold):
-                if self.max_explored is None or self.has_options(shape):  # (a limit counts shapes with options)
-                    if self.num_explored == self.max_explored:
-                        self.stopped = True
-                        return
-                    self.num_explored += 1
-                self.explore(shape)
+        self._queue0 = tuple(queue)
+        return queue
+
 
     def has_options(self, shape: Shape) -> bool:
         """Whether some pipeline choice of ``shape`` has a (sequence parallel, sharding) option this search costs."""
@@ -487,11 +525,8 @@ class _Search:
         """(layouts of ``shape``, those every target supports, those of them interleaved 1F1B cannot batch), cached
         by what they depend on: the degrees as support_key_of reads them (> 1; the well-calibrated search's options
         also read the GPU and the scale), pp and dp whole, and the sequence-parallel choices. A large space repeats
-        each key for many tp x cp. The search for a well-calibrated alternative (``like`` the search for the pick)
-        takes the pick's counts: its own tally is never reported, and a shape whose every choice is thin has no
-        options when explored (counting the thin choices anew took longer than that search's exploring)."""
-        if self.calibrated and self._like is not None:
-            return self._like.shape_counts(shape)
+        each key for many tp x cp. (The search for a well-calibrated alternative takes the pick's heap and counts,
+        _initial_queue: a shape whose every choice is thin has no options when explored.)"""
         space = self.space
         sps = space.sp_choices(shape.tp, shape.cp)
         key: tuple = (shape.tp > 1, shape.cp > 1, shape.ep > 1, shape.pp, shape.dp, sps)
@@ -505,10 +540,17 @@ class _Search:
         if total:
             rc_n = len(space.recompute_choices())
             n_batches = len(space.batch_choices(shape.dp))
-            for (sched, interleaved), count in self.pipeline_classes(shape.pp):
-                n_opts = self.num_options(shape, sched, 2 if interleaved else 1)
+            # num_options of each pipeline class, kept per what it reads (_options_key: pp only as > 1)
+            opts_key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sps) + key[6:]
+            opts = self._class_options.get(opts_key)
+            if opts is None:
+                opts = self._class_options[opts_key] = {}
+            for pipe, count in self.pipeline_classes(shape.pp):  # pipe: (schedule, interleaved)
+                n_opts = opts.get(pipe)
+                if n_opts is None:
+                    n_opts = opts[pipe] = self.num_options(shape, pipe[0], 2 if pipe[1] else 1)
                 supported += count * n_opts * n_batches * rc_n
-                if interleaved:
+                if pipe[1]:
                     bad_interleave += count * n_opts * rc_n * self.bad_interleave_batches(shape.dp, shape.pp)
         got = self._counts[key] = (total, supported, bad_interleave)
         return got

@@ -8,7 +8,7 @@ import pytest
 from compiler.layout import Layout
 from compiler.problem import lower
 from compiler.solver import feasibility as F
-from compiler.arith import GpuCounts, divisors, grad_accum_for, grad_accums_for
+from compiler.arith import GpuCounts, batch_range, divisors, grad_accum_for, grad_accums_for
 from compiler.solver.candidates import Space, count_layouts, enumerate_layouts
 from compiler.spec.load import load_spec_text
 
@@ -45,9 +45,17 @@ def test_grad_accum_with_tolerance() -> None:
     assert grad_accum_for(1000, 0.0, 16, 1) is None
     assert grad_accum_for(1000, 0.05, 16, 1) == 62  # 992, closest to 1000 (1008 is as close: lower wins)
     assert grad_accum_for(1000, 0.001, 16, 1) is None
-    for batch, tol, dp in ((1000, 0.0, 8), (1000, 0.05, 16), (977, 0.3, 6), (10_000_000, 0.5, 5120)):
-        want = [(mb, grad_accum_for(batch, tol, dp, mb)) for mb in range(1, 300)]
-        assert grad_accums_for(batch, tol, dp, range(1, 300)) == [(m, g) for m, g in want if g is not None]
+    for batch, tol, dp in ((1000, 0.0, 8), (1000, 0.05, 16), (977, 0.3, 6), (10_000_000, 0.5, 5120), (50, 0.9, 7),
+                           (3, 2.0, 4)):
+        lo, hi = batch_range(batch, tol)
+        want = []
+        for mb in range(1, 300):  # by brute force: every grad_accum in range, the closest (the smaller on a tie)
+            reach = [ga for ga in range(1, hi // (dp * mb) + 1) if lo <= ga * dp * mb <= hi]
+            if reach:
+                want.append((mb, min(reach, key=lambda ga: (abs(ga * dp * mb - batch), ga))))
+        assert grad_accums_for(batch, tol, dp, range(1, 300)) == want, (batch, tol, dp)
+        assert [(mb, grad_accum_for(batch, tol, dp, mb)) for mb in range(1, 300)
+                if grad_accum_for(batch, tol, dp, mb) is not None] == want
 
 
 def test_enumeration_obeys_every_structural_rule() -> None:
