@@ -105,7 +105,7 @@ class Space:
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sharding: dict[int, tuple[tuple[int, int, tuple[Sharding, ...]], ...]] = {}  # sharding_groups
         self._sharding_flat: dict[int, tuple[Sharding, ...]] = {}
-        self._sharding_n: dict[int, int] = {}
+        self._sharding_n: dict[tuple, int] = {}  # by _sharding_signature
         self._offloads: dict[int, tuple[tuple[str, str], ...]] = {}
         self._offloaded: dict[tuple[int, int, bool], tuple[Sharding, ...]] = {}
         self._group_classes: dict[tuple, tuple[int, ...]] = {}
@@ -115,7 +115,7 @@ class Space:
         self._gas: dict[int, tuple[int, ...]] = {}
         self._classes: dict[int, tuple[tuple[int, Sharding, int], ...]] = {}
         self._choice_classes: dict[int, tuple[tuple[int, Sharding], ...]] = {}
-        self._class_counts: dict[int, tuple[tuple[int, ...], tuple[Sharding, ...], tuple[int, ...]]] = {}
+        self._class_counts: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # by _sharding_signature
         assert self._separable(), "a rule reads both the shard group and the offload knobs: see sharding_choices"
         # whether batch_choices must ask the rules row by row: not while the batch rule is the only structural rule
         # that reads (micro_batch, grad_accum), for batch_choices' rows meet it by construction (grad_accums_for
@@ -123,6 +123,8 @@ class Space:
         # (16,384 GPUs with a batch tolerance) are then legal when dp alone breaks no rule
         self._check_batch_rows = tuple(r.code for r in rules.rules_reading(
             frozenset({"micro_batch", "grad_accum"}), F.STRUCTURAL_CODES)) != (rules.BATCH_NOT_DIVISIBLE,)
+        self._shard_rows_by_divisors = self.pins.dp_shard is None and {r.code for r in rules.rules_reading(
+            frozenset({"dp_shard", "zero_stage"}), F.STRUCTURAL_CODES)} == {rules.DP_SHARD_INVALID, rules.OFFLOAD_INVALID}
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
         self.facts = problem.facts
@@ -268,9 +270,11 @@ class Space:
         return got
 
     def sharding_count(self, dp: int) -> int:
-        got = self._sharding_n.get(dp)
+        """len(sharding_choices(dp)), kept per _sharding_signature."""
+        sig = self._sharding_signature(dp)
+        got = self._sharding_n.get(sig)
         if got is None:
-            got = self._sharding_n[dp] = sum(len(choices) for _, _, choices in self.sharding_groups(dp))
+            got = self._sharding_n[sig] = sum(len(choices) for _, _, choices in self.sharding_groups(dp))
         return got
 
     def batch_choices(self, dp: int) -> tuple[tuple[int, int], ...]:
@@ -329,15 +333,26 @@ class Space:
             got = self._classes[dp] = tuple((c, first[c], counts[c]) for c in first)
         return got
 
-    def class_counts(self, dp: int) -> tuple[tuple[int, ...], tuple[Sharding, ...], tuple[int, ...]]:
-        """sharding_classes(dp) as three tuples: the class numbers, each one's first choice, how many it stands
-        for."""
-        got = self._class_counts.get(dp)
+    def class_counts(self, dp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """sharding_classes(dp) as two tuples, the class numbers and how many choices each stands for, kept per
+        _sharding_signature: the search counts every dp of the space (5,120 on 16,384 GPUs), a few signatures."""
+        sig = self._sharding_signature(dp)
+        got = self._class_counts.get(sig)
         if got is None:
             classes = self.sharding_classes(dp)
-            got = self._class_counts[dp] = (tuple(c[0] for c in classes), tuple(c[1] for c in classes),
-                                            tuple(c[2] for c in classes))
+            got = self._class_counts[sig] = (tuple(c[0] for c in classes), tuple(c[2] for c in classes))
         return got
+
+    def _sharding_signature(self, dp: int) -> tuple:
+        """What sharding_groups(dp)'s classes and their counts depend on. Its rows are (dp_shard, zero stage) for
+        each divisor dp_shard of dp (1 alone under ZeRO-0); a group's class and choices read dp_shard and the
+        replicate degree only as > 1, and dp only as == 1; so while no pin names a dp_shard and the rules that
+        read (dp_shard, zero_stage) are the shard rule (which those rows meet: they divide dp, and ZeRO-0 does
+        not shard) and the offload rule (which reads offloads, not asked with them), the counts follow the number
+        of divisors of dp and whether dp is 1. Otherwise dp itself."""
+        if not self._shard_rows_by_divisors:
+            return (dp,)
+        return (len(divisors(dp)), dp == 1)
 
     def _group_class_ids(self, dp: int, key: tuple, choices: tuple[Sharding, ...]) -> tuple[int, ...]:
         """The sharding_class number of each of a group's ``choices`` (the group's key fixes them)."""

@@ -354,12 +354,13 @@ class _Search:
         if n is None and not self.calibrated:
             # by class weights (how many sp choices run each class), kept per the dp's classes: the counts of a dp
             # differ, its classes rarely (tens of thousands of dp on a large cluster, a few class sets)
-            cids, firsts, counts = self.space.class_counts(shape.dp)
+            cids, counts = self.space.class_counts(shape.dp)
             wkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sps, cids)
             weights = self._class_weights.get(wkey)
             if weights is None:
                 weights = self._class_weights[wkey] = tuple(
-                    sum(self._class_runs(shape, sched, vpp, sp, cid, sh) for sp in sps) for cid, sh in zip(cids, firsts))
+                    sum(self._class_runs(shape, sched, vpp, sp, cid, sh) for sp in sps)
+                    for cid, sh, _ in self.space.sharding_classes(shape.dp))
             n = self._num_options[key] = sum(map(operator.mul, counts, weights))
         elif n is None:
             n = 0

@@ -179,3 +179,34 @@ def test_legal_rows_says_what_each_rows_own_question_says() -> None:
     assert 0 < len(rules.legal_rows(facts, codes, {"dp": 4}, ("micro_batch", "grad_accum"), batch_rows)) < len(batch_rows)
     with pytest.raises(TypeError):
         rules.legal_rows(facts, codes, {"dp": 4}, ("micro_batches",), [(1,)])
+
+
+@pytest.mark.parametrize("extra", ["", "layout: {zero_stage: 3}", "layout: {data_parallel_shard: 4}",
+                                   "layout: {offload_optimizer: cpu}"])
+def test_sharding_counts_kept_per_signature_equal_each_dps_own(extra: str) -> None:
+    """Space keeps a dp's sharding counts per (number of divisors, dp == 1) (the search counts every dp of a 16K-GPU
+    space): each dp's counts, from a Space that has seen many other dps, equal its own choices counted afresh."""
+    p = problem(extra, cluster="{gpu: h100-sxm, max_gpus: 512}", batch=4096, tol=0.5)
+    shared = Space(p)
+    for dp in range(1, 257):
+        shared.class_counts(dp), shared.sharding_count(dp)
+    for dp in range(1, 257):
+        choices = shared.choice_classes(dp)  # (this dp's own, listed: class numbers are the Space's)
+        cids = tuple(dict.fromkeys(cid for cid, _ in choices))
+        want = (cids, tuple(sum(1 for c, _ in choices if c == cid) for cid in cids))
+        assert shared.class_counts(dp) == want, dp
+        assert shared.sharding_count(dp) == len(shared.sharding_choices(dp)) == len(choices), dp
+
+
+def test_batch_rows_meet_the_batch_rule_by_construction() -> None:
+    """batch_choices asks no rule row by row while the batch rule is the only one that reads (micro_batch,
+    grad_accum): every row it lists is one the rules accept."""
+    from compiler import rules
+
+    for tol, batch in ((0.0, 4096), (0.3, 1000), (0.5, 10_000_000)):
+        space = Space(problem(cluster="{gpu: h100-sxm, max_gpus: 512}", batch=batch, tol=tol))
+        assert not space._check_batch_rows
+        for dp in (1, 2, 3, 8, 24, 64, 100, 512):
+            rows = space.batch_choices(dp)
+            assert rows == tuple(rules.legal_rows(space.facts, F.STRUCTURAL_CODES, {"dp": dp},
+                                                  ("micro_batch", "grad_accum"), rows)), (tol, dp)
