@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from compiler import rules
 from compiler.arith import GpuCounts, batch_range, divisors, grad_accums_for
@@ -48,10 +48,7 @@ from compiler.targets.support import support_key_of
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The parallel degrees that fix the world size, on one GPU type."""
-
+class _ShapeFields(NamedTuple):
     option: int  # index into problem.gpu_options
     gpu: str
     gpus_per_node: int
@@ -60,17 +57,24 @@ class Shape:
     cp: int
     dp: int
     ep: int
-    # derived once (the search asks them millions of times: shapes key its caches)
-    world: int = field(init=False, repr=False, compare=False)
-    _hash: int = field(init=False, repr=False, compare=False)
+    world: int  # tp x pp x cp x dp
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "world", self.tp * self.pp * self.cp * self.dp)
-        object.__setattr__(self, "_hash", hash((self.option, self.gpu, self.gpus_per_node, self.tp, self.pp, self.cp,
-                                                self.dp, self.ep)))
 
-    def __hash__(self) -> int:
-        return self._hash
+class Shape(_ShapeFields):
+    """The parallel degrees that fix the world size, on one GPU type: a tuple whose world is derived (the search
+    builds 150,000 of them for 16,384 GPUs, and they key its caches)."""
+
+    __slots__ = ()
+
+    def __new__(cls, option: int, gpu: str, gpus_per_node: int, tp: int, pp: int, cp: int, dp: int,
+                ep: int) -> "Shape":
+        return tuple.__new__(cls, (option, gpu, gpus_per_node, tp, pp, cp, dp, ep, tp * pp * cp * dp))
+
+    def __getnewargs__(self) -> tuple:  # (pickle: __new__ derives the world)
+        return tuple(self)[:8]
+
+    def _replace(self, **changes: object) -> "Shape":
+        raise TypeError("a Shape's world is derived: build a new Shape")
 
     @property
     def num_parallel_dims(self) -> int:
@@ -434,7 +438,7 @@ class Space:
                         for dp in dps:
                             for ep in self.ep_values(dp, cp):
                                 space.shapes.append(Shape(index, option.name, option.gpus_per_node,
-                                                          tp, pp, cp, dp, ep))
+                                                       tp, pp, cp, dp, ep))
         return space
 
     def _note_batch(self, space: ShapeSpace, failed: int, base: int) -> None:
