@@ -130,6 +130,7 @@ class Space:
         self._shard_rows_by_divisors = self.pins.dp_shard is None and {r.code for r in rules.rules_reading(
             frozenset({"dp_shard", "zero_stage"}), F.STRUCTURAL_CODES)} == {rules.DP_SHARD_INVALID, rules.OFFLOAD_INVALID}
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._recompute: tuple[str, ...] | None = None  # recompute_choices
         self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
         self.facts = problem.facts
 
@@ -381,7 +382,7 @@ class Space:
         """The grad_accum of each of batch_choices(dp), in order."""
         got = self._gas.get(dp)
         if got is None:
-            got = self._gas[dp] = tuple(ga for _, ga in self.batch_choices(dp))
+            got = self._gas[dp] = tuple(map(operator.itemgetter(1), self.batch_choices(dp)))
         return got
 
     def batch_extremes(self, dp: int) -> tuple[int, int]:
@@ -394,7 +395,10 @@ class Space:
         return got
 
     def recompute_choices(self) -> tuple[str, ...]:
-        return self._pin(list(RECOMPUTE_MODES), self.pins.recompute)
+        got = self._recompute
+        if got is None:
+            got = self._recompute = self._pin(list(RECOMPUTE_MODES), self.pins.recompute)
+        return got
 
     def sp_choices(self, tp: int, cp: int = 1) -> tuple[bool, ...]:
         got = self._sp.get((tp, cp))

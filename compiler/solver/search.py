@@ -420,7 +420,7 @@ class _Search:
         got = self._bad_batches.get(key)
         if got is None:
             gas = self.space.grad_accums(dp)
-            got = self._bad_batches[key] = len(gas) - list(map(pp.__rmod__, gas)).count(0)
+            got = self._bad_batches[key] = len(gas) - [ga % pp for ga in gas].count(0)
         return got
 
     def run(self) -> None:
