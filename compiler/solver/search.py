@@ -730,9 +730,16 @@ class _Search:
         heap: list[tuple[float, int, int, int, int, int]] = []
         order = 0
         limited = problem.max_cost_usd is not None or problem.deadline_s is not None
+        usable = bounds.usable_bytes(shape)
+        caps = {vpp: self._fit_caps(shape, vpp, names, rcs, usable) for vpp, names in scheds.items()}
 
         def push(vpp: int, mb: int, ga: int, r: int) -> None:
             nonlocal order
+            cap = caps[vpp]
+            while r < len(rcs) and mb > cap[r]:  # no group of the micro-batch fits with that recompute mode
+                r += 1
+            if r == len(rcs):
+                return
             step = bounds.group_step_lb(shape, scheds[vpp][0], vpp, mb, ga, rcs[r], sps)
             batch = mb * ga * shape.dp
             if limited and self._limits_broken(pricing, step, batch, shape.world):
@@ -746,7 +753,6 @@ class _Search:
                 if names[0] == "interleaved_1f1b" and ga % shape.pp:
                     continue
                 push(vpp, mb, ga, 0)
-        usable = bounds.usable_bytes(shape)
         while heap:
             key, _, vpp, mb, ga, r = heapq.heappop(heap)
             if can_prune(key, threshold):
@@ -757,6 +763,28 @@ class _Search:
             if r + 1 < len(rcs):
                 push(vpp, mb, ga, r + 1)
         return float("inf")
+
+    def _fit_caps(self, shape: Shape, vpp: int, names: list[str], rcs: tuple[str, ...], usable: float
+                  ) -> tuple[int, ...]:
+        """Per recompute mode of ``rcs``, the largest micro-batch of ``shape`` whose groups with this vpp (schedules
+        ``names``) may fit in ``usable`` bytes (0: none): by bisection on the family's memory bound with every
+        grad_accum's fewest in-flight micro-batches (Bounds.family_memory_lb), which grows with the micro-batch and
+        is below each group's own (group_memory_lb, what groups_lb asks of the groups it pops). A group above its
+        mode's cap is not pushed: on a 16K-GPU spec most of the micro-batches up to 256 do not fit."""
+        bounds = self.bounds
+        pipes = tuple((sched, self.options(shape, sched, vpp)) for sched in names)
+        every_ga = self._micro_batches(shape.dp, shape.pp if names[0] == "interleaved_1f1b" else 1)[2]
+        if not every_ga:
+            return (0,) * len(rcs)
+        family = bounds.family_memory(shape, vpp, pipes)
+        fewest = bounds.family_inflight(shape, vpp, pipes, every_ga)
+        mbs = self._micro_batches(shape.dp, 1)[0]  # largest first
+        caps = []
+        for rc in rcs:
+            i = bisect.bisect_left(mbs, True, key=lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor
+                                   <= usable)
+            caps.append(mbs[i] if i < len(mbs) else 0)
+        return tuple(caps)
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds

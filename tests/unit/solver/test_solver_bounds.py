@@ -418,3 +418,46 @@ def test_stage_time_per_token_falls_with_the_micro_batch(name: str) -> None:
                     assert all(b <= a * (1 + 1e-12) for a, b in zip(per_token, per_token[1:])), (kind, per_token)
                     checked += 1
     assert checked >= 24
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS_SPECS))
+def test_groups_bound_is_the_least_key_of_the_groups_that_may_fit(name: str) -> None:
+    """Without a threshold, groups_lb is exactly the least step-bound key over the shape's groups (vpp, micro-batch,
+    grad_accum, recompute) whose memory bound fits and whose bound keeps the budget and deadline: every group asked
+    here, where groups_lb leaves out, by a bisection on the family's memory bound, the micro-batches that cannot
+    fit."""
+    from compiler.solver.objective import key_lb_from_step
+    from compiler.solver.search import RECOMPUTE_MODES, _Search, _search_evaluate
+
+    problem = lower(load_spec_text(textwrap.dedent(GROUPS_SPECS[name]), f"{name}.yaml"))
+    search = _Search(problem, 0, _search_evaluate)
+    space, bounds = search.space, search.bounds
+    rng = random.Random(11)
+    shapes = [s for s in space.shapes().shapes if space.inner_count(s)]
+    finite = 0
+    for shape in rng.sample(shapes, min(25, len(shapes))):
+        pricing = search._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
+        usable = bounds.usable_bytes(shape)
+        scheds: dict[int, list[str]] = {}
+        for sched, vpp in space.pipeline_choices(shape.pp):
+            if search.num_options(shape, sched, vpp):
+                scheds.setdefault(vpp, []).append(sched)
+        want = float("inf")
+        for vpp, names in scheds.items():
+            for mb, ga in space.batch_choices(shape.dp):
+                if names[0] == "interleaved_1f1b" and ga % shape.pp:
+                    continue
+                for rc in rcs:
+                    step = bounds.group_step_lb(shape, names[0], vpp, mb, ga, rc, sps)
+                    if search._limits_broken(pricing, step, mb * ga * shape.dp, shape.world):
+                        continue
+                    if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, search.options(shape, sched, vpp))
+                           * search.memory_factor <= usable for sched in names):
+                        key = key_lb_from_step(problem, pricing, step, mb * ga * shape.dp, shape.world)
+                        want = min(want, key * search.shape_floor(shape))
+        got = _Search(problem, 0, _search_evaluate).groups_lb(shape)
+        assert got == pytest.approx(want, rel=1e-12) or got == want == float("inf"), (shape, got, want)
+        finite += want < float("inf")
+    assert finite >= 5, finite
