@@ -528,7 +528,7 @@ class FamilyMemory:
     """Bounds.family_memory_lb of one family: per candidate stage, its smallest model states over the options
     and its table of one micro-batch's activations."""
 
-    __slots__ = ("bounds", "shape", "vpp", "sched", "sps", "sp", "stages", "base", "frag")
+    __slots__ = ("bounds", "shape", "vpp", "sched", "sps", "sp", "stages", "base", "frag", "_least_sps")
 
     def __init__(self, bounds: Bounds, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]):
         self.bounds, self.shape, self.vpp, self.sched = bounds, shape, vpp, pipes[0][0]
@@ -538,16 +538,29 @@ class FamilyMemory:
                              bounds._pm_table(shape, not sp, sl), sl) for sl in bounds.distinct(shape.pp, vpp))
         self.base = bounds._shape_fixed(shape)
         self.frag = cm.fragmentation_factor()
+        self._least_sps: dict[str, tuple[bool, ...]] = {}  # recompute -> Bounds._sp_least_memory
 
     def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
-        """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same)."""
+        """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same; the
+        search's bisections ask this hundreds of thousands of times on a large cheapest spec)."""
         best = 0.0
-        sps = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
+        sps = self._least_sps.get(recompute)
+        if sps is None:
+            sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
         setups: dict[bool, Setup] = {}
+        key = (mb, recompute)
         for (states, table, other, sl), k in zip(self.stages, inflight):
-            pm = min(self._per_mb(table if sp == self.sp else other, sl, sp, mb, gas[0], recompute, setups)
-                     for sp in sps)
-            best = max(best, states + pm * k)
+            pm = float("inf")
+            for sp in sps:
+                t = table if sp == self.sp else other
+                got = t.get(key)
+                if got is None:
+                    got = self._per_mb(t, sl, sp, mb, gas[0], recompute, setups)
+                if got < pm:
+                    pm = got
+            v = states + pm * k
+            if v > best:
+                best = v
         return _mem_safe(self.frag * best + self.base)
 
     def _per_mb(self, table: dict, sl: StageLayers, sp: bool, mb: int, ga: int, recompute: str,
