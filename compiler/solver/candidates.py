@@ -131,6 +131,7 @@ class Space:
             frozenset({"dp_shard", "zero_stage"}), F.STRUCTURAL_CODES)} == {rules.DP_SHARD_INVALID, rules.OFFLOAD_INVALID}
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._recompute: tuple[str, ...] | None = None  # recompute_choices
+        self._dp_legal: dict[int, bool] = {}  # _dp_ok
         self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
         self.facts = problem.facts
 
@@ -298,7 +299,7 @@ class Space:
             out = [c for c in out if c[0] == self.pins.micro_batch]
         if self._check_batch_rows:  # legal(dp=dp, micro_batch=mb, grad_accum=ga) for every pair at once
             out = rules.legal_rows(self.facts, F.STRUCTURAL_CODES, {"dp": dp}, ("micro_batch", "grad_accum"), out)
-        elif not self.legal(dp=dp):
+        elif not self._dp_ok(dp):
             out = []
         result = tuple(out)
         self._batch[dp] = result
@@ -354,10 +355,18 @@ class Space:
         replicate degree only as > 1, and dp only as == 1; so while no pin names a dp_shard and the rules that
         read (dp_shard, zero_stage) are the shard rule (which those rows meet: they divide dp, and ZeRO-0 does
         not shard) and the offload rule (which reads offloads, not asked with them), the counts follow the number
-        of divisors of dp and whether dp is 1. Otherwise dp itself."""
+        of divisors of dp, whether dp is 1, and whether dp alone breaks a rule (then there are none). Otherwise dp
+        itself."""
         if not self._shard_rows_by_divisors:
             return (dp,)
-        return (len(divisors(dp)), dp == 1)
+        return (len(divisors(dp)), dp == 1, self._dp_ok(dp))
+
+    def _dp_ok(self, dp: int) -> bool:
+        """legal(dp=dp), kept."""
+        ok = self._dp_legal.get(dp)
+        if ok is None:
+            ok = self._dp_legal[dp] = self.legal(dp=dp)
+        return ok
 
     def _group_class_ids(self, dp: int, key: tuple, choices: tuple[Sharding, ...]) -> tuple[int, ...]:
         """The sharding_class number of each of a group's ``choices`` (the group's key fixes them)."""
