@@ -109,7 +109,6 @@ class Space:
         self._pipeline: dict[int, tuple[tuple[str, int], ...]] = {}
         self._sharding: dict[int, tuple[tuple[int, int, tuple[Sharding, ...]], ...]] = {}  # sharding_groups
         self._sharding_flat: dict[int, tuple[Sharding, ...]] = {}
-        self._sharding_n: dict[tuple, int] = {}  # by _sharding_signature
         self._offloads: dict[int, tuple[tuple[str, str], ...]] = {}
         self._offloaded: dict[tuple[int, int, bool], tuple[Sharding, ...]] = {}
         self._group_classes: dict[tuple, tuple[int, ...]] = {}
@@ -276,12 +275,8 @@ class Space:
         return got
 
     def sharding_count(self, dp: int) -> int:
-        """len(sharding_choices(dp)), kept per _sharding_signature."""
-        sig = self._sharding_signature(dp)
-        got = self._sharding_n.get(sig)
-        if got is None:
-            got = self._sharding_n[sig] = sum(len(choices) for _, _, choices in self.sharding_groups(dp))
-        return got
+        """len(sharding_choices(dp)): every choice is in one class."""
+        return sum(self.class_counts(dp)[1])
 
     def batch_choices(self, dp: int) -> tuple[tuple[int, int], ...]:
         """(micro_batch, grad_accum) pairs for ``dp``."""
@@ -322,7 +317,7 @@ class Space:
         if got is None:
             groups: dict[tuple, list] = {}  # group key -> [number of groups, the first group's choices]
             for zero, d, choices in self.sharding_groups(dp):
-                key = (zero, d > 1, dp // d > 1, dp == 1)
+                key = self._group_key(zero, d, dp)
                 seen = groups.get(key)
                 if seen is None:
                     groups[key] = [1, choices]
@@ -368,6 +363,12 @@ class Space:
             ok = self._dp_legal[dp] = self.legal(dp=dp)
         return ok
 
+    @staticmethod
+    def _group_key(zero: int, dp_shard: int, dp: int) -> tuple:
+        """What fixes the classes and offload choices of a sharding group: support_key_of reads the shard and
+        replicate degrees only as > 1, and the offload choices read dp_shard and dp only as == 1."""
+        return (zero, dp_shard > 1, dp // dp_shard > 1, dp == 1)
+
     def _group_class_ids(self, dp: int, key: tuple, choices: tuple[Sharding, ...]) -> tuple[int, ...]:
         """The sharding_class number of each of a group's ``choices`` (the group's key fixes them)."""
         ids = self._group_classes.get(key)
@@ -382,7 +383,7 @@ class Space:
         if got is None:
             out: list[tuple[int, Sharding]] = []
             for zero, d, choices in self.sharding_groups(dp):
-                key = (zero, d > 1, dp // d > 1, dp == 1)  # (these fix the group's offload choices too)
+                key = self._group_key(zero, d, dp)
                 out.extend(zip(self._group_class_ids(dp, key, choices), choices))
             got = self._choice_classes[dp] = tuple(out)
         return got

@@ -56,7 +56,7 @@ from compiler.layout import Layout
 from compiler.plan import as_in_plan, Candidate, ClosestMiss, Plan, SearchSummary, TargetEstimate, make_plan
 from compiler.problem import Problem
 from compiler.solver import feasibility as F
-from compiler.solver.bounds import Bounds, coarse_micro_batch
+from compiler.solver.bounds import Bounds, FamilyMemory, coarse_micro_batch
 from compiler.solver.candidates import RECOMPUTE_MODES, Sharding, Shape, Space
 from compiler.solver.explain import cheapest_tie_note, infeasible_error, plan_notes, why_lost
 from compiler.solver.objective import (CHEAPEST_TIE, Pricing, band_key, can_prune, in_tie_band,
@@ -502,7 +502,6 @@ class _Search:
         self._queue0 = tuple(queue)
         return queue
 
-
     def has_options(self, shape: Shape) -> bool:
         """Whether some pipeline choice of ``shape`` has a (sequence parallel, sharding) option this search costs."""
         return any(self.options(shape, sched, vpp) for sched, vpp in self.space.pipeline_choices(shape.pp))
@@ -642,8 +641,7 @@ class _Search:
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
                 # the bisection looks above the previous mode's start only (more recompute lowers memory; were it
                 # not so, the scan would merely start lower)
-                start = bisect.bisect_left(mbs, True, 0, end, key=lambda mb: family.lb(
-                    mb, every_ga, rc, fewest) * self.memory_factor <= usable)
+                start = self._first_fitting(family, mbs, every_ga, rc, fewest, usable, end)
                 end = start
                 cap = None
                 for mb in mbs[start:]:
@@ -779,12 +777,16 @@ class _Search:
         family = bounds.family_memory(shape, vpp, pipes)
         fewest = bounds.family_inflight(shape, vpp, pipes, every_ga)
         mbs = self._micro_batches(shape.dp, 1)[0]  # largest first
-        caps = []
-        for rc in rcs:
-            i = bisect.bisect_left(mbs, True, key=lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor
-                                   <= usable)
-            caps.append(mbs[i] if i < len(mbs) else 0)
-        return tuple(caps)
+        firsts = (self._first_fitting(family, mbs, every_ga, rc, fewest, usable, len(mbs)) for rc in rcs)
+        return tuple(mbs[i] if i < len(mbs) else 0 for i in firsts)
+
+    def _first_fitting(self, family: FamilyMemory, mbs: list[int], every_ga: tuple[int, ...], rc: str,
+                       fewest: tuple[float, ...], usable: float, end: int) -> int:
+        """The index in ``mbs`` (largest first) of the largest micro-batch among mbs[:end] whose family memory bound
+        with ``rc`` and the fewest in-flight micro-batches of ``every_ga`` fits in ``usable`` bytes (``end``: none
+        does), by bisection: that bound only grows with the micro-batch (one micro-batch's activations do)."""
+        return bisect.bisect_left(mbs, True, 0, end,
+                                  key=lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor <= usable)
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds
