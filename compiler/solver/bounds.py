@@ -563,6 +563,34 @@ class FamilyMemory:
                 best = v
         return _mem_safe(self.frag * best + self.base)
 
+    def linear_fit(self, room: float, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
+        """The largest micro-batch (a real number) at which ``lb`` would stay within ``room`` bytes were one
+        micro-batch's activations exactly proportional to the micro-batch (per stage: mb x its bytes at mb = 1):
+        a guess where ``lb``'s fit ends, which a caller checks with ``lb`` itself (the cost model's activations
+        are proportional in the cases measured, tests/unit/solver/test_solver_bounds.py, but nothing relies on
+        it). inf: no stage's activations grow."""
+        sps = self._least_sps.get(recompute)
+        if sps is None:
+            sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
+        setups: dict[bool, Setup] = {}
+        # lb <= room  <=>  frag x max over stages (states + pm x k) + base <= (room + 1) / (1 - 1e-9) (_mem_safe)
+        budget = ((room + 1.0) / (1 - 1e-9) - self.base) / self.frag
+        best = float("inf")
+        key = (1, recompute)
+        for (states, table, other, sl), k in zip(self.stages, inflight):
+            per_one = float("inf")
+            for sp in sps:
+                t = table if sp == self.sp else other
+                got = t.get(key)
+                if got is None:
+                    got = self._per_mb(t, sl, sp, 1, gas[0], recompute, setups)
+                per_one = min(per_one, got)
+            if states > budget:
+                return 0.0
+            if per_one * k > 0:
+                best = min(best, (budget - states) / (per_one * k))
+        return best
+
     def _per_mb(self, table: dict, sl: StageLayers, sp: bool, mb: int, ga: int, recompute: str,
                 setups: dict[bool, Setup]) -> float:
         pm = table.get((mb, recompute))

@@ -573,7 +573,8 @@ class _Search:
         largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
         bound breaks the budget or the deadline or that fits no micro-batch (memory is not asked for a vpp whose
         bound is above ``threshold`` without it, nor for a vpp whose model states alone do not fit: none of its
-        micro-batches does). A mode whose bound at the largest micro-batch is above ``threshold`` gives that bound
+        micro-batches does). The vpps are taken by that bound at the largest micro-batch, and a vpp or mode whose
+        bound there is not below the smallest found is passed over: it cannot lower the minimum. A mode whose bound at the largest micro-batch is above ``threshold`` gives that bound
         without asking memory: the value may then be below the exact minimum but is above ``threshold`` too, so a
         shape is pruned exactly when the exact minimum would prune it. A few stage times per shape, where
         groups_lb costs every group."""
@@ -603,10 +604,17 @@ class _Search:
 
         class_opts: dict[tuple[tuple[str, ...], bool], tuple] = {}  # the options read vpp only as > 1
         states_too_big: dict[tuple, bool] = {}  # by the vpp's stage compositions and options class
+        # each vpp's bound is at least its key at the largest micro-batch without recompute (``fastest``): the vpps
+        # are taken in that order, and once it reaches the smallest bound found the rest cannot lower it
+        by_fastest = []
         for vpp, pipes in by_vpp.items():
             bubble = self.shape_bubble(shape, tuple(pipes))
+            by_fastest.append((key_at(vpp, bubble, mb_cap, "none"), vpp, pipes, bubble))
+        by_fastest.sort(key=lambda x: x[:2])
+        for fastest, vpp, pipes, bubble in by_fastest:
+            if fastest >= best:
+                break
             # the memory is asked only when the best micro-batch without recompute could win
-            fastest = key_at(vpp, bubble, mb_cap, "none")
             if can_prune(fastest * floor, threshold):
                 best = min(best, fastest)
                 continue
@@ -629,13 +637,14 @@ class _Search:
             inflight: dict[int, tuple[float, ...]] = {}
             end = len(mbs)
             for rc in rcs:
-                if threshold < float("inf"):
-                    # the mode's bound at the largest micro-batch is its smallest: when it cannot win, no micro-batch
-                    # of the mode can, whatever fits
-                    key = key_at(vpp, bubble, mbs[0], rc)
-                    if can_prune(key * floor, threshold):
-                        best = min(best, key)
-                        continue
+                # the mode's bound at the largest micro-batch is its smallest: when it cannot win (nor lower the
+                # bound found), no micro-batch of the mode can, whatever fits
+                key = key_at(vpp, bubble, mbs[0], rc)
+                if key >= best:
+                    continue
+                if can_prune(key * floor, threshold):
+                    best = min(best, key)
+                    continue
                 # the largest micro-batch whose layouts may fit (time per token only falls with it); the scan starts
                 # at the largest one whose memory bound with every grad_accum's in-flight count may fit: that bound
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
@@ -784,9 +793,25 @@ class _Search:
                        fewest: tuple[float, ...], usable: float, end: int) -> int:
         """The index in ``mbs`` (largest first) of the largest micro-batch among mbs[:end] whose family memory bound
         with ``rc`` and the fewest in-flight micro-batches of ``every_ga`` fits in ``usable`` bytes (``end``: none
-        does), by bisection: that bound only grows with the micro-batch (one micro-batch's activations do)."""
-        return bisect.bisect_left(mbs, True, 0, end,
-                                  key=lambda mb: family.lb(mb, every_ga, rc, fewest) * self.memory_factor <= usable)
+        does), by bisection: that bound only grows with the micro-batch (one micro-batch's activations do). The
+        bisection is pivoted at FamilyMemory.linear_fit's guess (the activations are proportional to the
+        micro-batch in the cost model, so two checks there usually settle it); the checks, not the guess, decide."""
+        def fits(i: int) -> bool:
+            return family.lb(mbs[i], every_ga, rc, fewest) * self.memory_factor <= usable
+
+        lo, hi = 0, end  # the answer is in [lo, hi]: mbs[lo - 1] does not fit (lo > 0), mbs[hi] fits (hi < end)
+        if end:
+            guess = family.linear_fit(usable / self.memory_factor, every_ga, rc, fewest)
+            pivot = bisect.bisect_left(mbs, True, 0, end, key=lambda mb: mb <= guess)
+            if pivot < end and not fits(pivot):
+                lo = pivot + 1
+            else:
+                hi = pivot
+                if pivot > 0 and fits(pivot - 1):
+                    hi = pivot - 1
+                else:
+                    lo = pivot
+        return bisect.bisect_left(range(lo, hi), True, key=fits) + lo
 
     def explore(self, shape: Shape) -> None:
         problem, space, bounds = self.problem, self.space, self.bounds

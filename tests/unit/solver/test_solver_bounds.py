@@ -461,3 +461,92 @@ def test_groups_bound_is_the_least_key_of_the_groups_that_may_fit(name: str) -> 
         assert got == pytest.approx(want, rel=1e-12) or got == want == float("inf"), (shape, got, want)
         finite += want < float("inf")
     assert finite >= 5, finite
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_one_micro_batch_activations_are_proportional_to_it(name: str) -> None:
+    """One micro-batch's activations of a stage are its micro-batch x those at micro-batch 1, for every recompute
+    mode and sequence-parallel setting: what FamilyMemory.linear_fit assumes for its guess (the search's bisection
+    checks the guess with the bound itself, so this keeps the guess good, not the bound valid)."""
+    problem = _problem(name)
+    space = Space(problem)
+    bounds = Bounds(problem)
+    rng = random.Random(5)
+    checked = 0
+    for shape in rng.sample(space.shapes().shapes, 6):
+        for sp in space.sp_choices(shape.tp, shape.cp):
+            for rc in space.recompute_choices():
+                for sl in bounds.distinct(shape.pp, 1):
+                    def per_mb(mb: int) -> float:
+                        layout = bounds._probe(shape, pp=shape.pp, mb=mb, rc=rc, sp=sp)
+                        from compiler.costmodel import parts as cm
+                        return cm.stage_activation_bytes(bounds.setup(shape.option, layout), sl)
+                    one = per_mb(1)
+                    for mb in (2, 3, 7, 16):
+                        assert per_mb(mb) == pytest.approx(mb * one, rel=1e-12), (shape, sp, rc, sl, mb)
+                    checked += 1
+    assert checked >= 12
+
+
+def test_first_fitting_is_the_bisection_of_the_family_bound() -> None:
+    """_first_fitting (a bisection pivoted at FamilyMemory.linear_fit's guess) finds what a plain scan of the
+    family memory bound finds: the first micro-batch (largest first) whose bound fits, within every range."""
+    from compiler.solver.search import RECOMPUTE_MODES, _Search, _search_evaluate
+
+    inside = checked = 0
+    for name in sorted(GROUPS_SPECS):
+        problem = lower(load_spec_text(textwrap.dedent(GROUPS_SPECS[name]), f"{name}.yaml"))
+        search = _Search(problem, 0, _search_evaluate)
+        shapes = [s for s in search.space.shapes().shapes if search.space.inner_count(s)]
+        for shape in random.Random(13).sample(shapes, min(30, len(shapes))):
+            got = _check_first_fitting(search, shape, RECOMPUTE_MODES)
+            checked += got[0]
+            inside += got[1]
+    assert checked >= 100 and inside >= 10, (checked, inside)
+
+
+def _check_first_fitting(search, shape, modes: tuple[str, ...]) -> tuple[int, int]:
+    """(ranges checked, those whose answer is inside) for the first pipeline choice of ``shape`` with options."""
+    space, bounds = search.space, search.bounds
+    inside = checked = 0
+    usable = bounds.usable_bytes(shape)
+    for sched, vpp in space.pipeline_choices(shape.pp):
+        opts = search.options(shape, sched, vpp)
+        if not opts:
+            continue
+        every_ga = search._micro_batches(shape.dp, shape.pp if sched == "interleaved_1f1b" else 1)[2]
+        if not every_ga:
+            continue
+        pipes = ((sched, opts),)
+        family = bounds.family_memory(shape, vpp, pipes)
+        fewest = bounds.family_inflight(shape, vpp, pipes, every_ga)
+        mbs = search._micro_batches(shape.dp, 1)[0]
+        for rc in modes:
+            if rc not in space.recompute_choices():
+                continue
+            fits = [family.lb(mb, every_ga, rc, fewest) * search.memory_factor <= usable for mb in mbs]
+            for end in {len(mbs), len(mbs) // 2, 1}:
+                want = next((i for i in range(end) if fits[i]), end)
+                assert search._first_fitting(family, mbs, every_ga, rc, fewest, usable, end) == want, \
+                    (shape, sched, vpp, rc, end)
+                # the guess only pivots the bisection: a wrong one finds the same
+                for guess in (0.0, 0.5, float("inf"), *(mbs[i] * f for i in range(0, len(mbs), 3) for f in (1, 1.5))):
+                    assert search._first_fitting(_Guessing(family, guess), mbs, every_ga, rc, fewest, usable,
+                                                 end) == want, (shape, sched, vpp, rc, end, guess)
+                inside += 0 < want < end
+                checked += 1
+        break
+    return checked, inside
+
+
+class _Guessing:
+    """A family memory bound whose linear_fit guess is ``guess``."""
+
+    def __init__(self, family, guess: float):
+        self.family, self.guess = family, guess
+
+    def lb(self, *args):
+        return self.family.lb(*args)
+
+    def linear_fit(self, *args) -> float:
+        return self.guess
