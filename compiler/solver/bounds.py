@@ -209,10 +209,18 @@ class Bounds:
         tests/unit/solver/test_solver_bounds.py), so the largest stage's does too; a group's step is at least
         (makespan units) x that stage's time, and a step of m micro-batches holds m x mb x seq / cp tokens per
         pipeline: times the smallest (makespan units / m) of the schedules with ``vpp`` it bounds the layouts."""
+        return self.stage_per_token_busy_lb(shape, vpp, sps, mb_cap, recompute) * self.straggler_stretch(shape.world)
+
+    def stage_per_token_busy_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
+                                mb_cap: int = _HUGE_MB, recompute: str = "none") -> float:
+        """stage_gpu_s_per_token_lb before the straggler wait: it reads dp only through mb_cap."""
         worst = self.group_worst_fb(shape, vpp, mb_cap, recompute, sps)
-        straggler = self._straggler_per_s(shape.world)
         tokens = mb_cap * self.problem.seq_len // shape.cp
-        return SAFETY * worst * shape.pp * shape.tp / tokens * (1.0 + straggler)
+        return SAFETY * worst * shape.pp * shape.tp / tokens
+
+    def straggler_stretch(self, world: int) -> float:
+        """1 + the straggler wait per second of busy time of a step on ``world`` GPUs."""
+        return 1.0 + self._straggler_per_s(world)
 
     def step_overhead_per_token_lb(self, shape: Shape, max_batch: int) -> float:
         """GPU-seconds per token of the fixed time every step adds (sync_lb), over the shape's largest batch

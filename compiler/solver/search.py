@@ -173,6 +173,12 @@ class _Search:
         # shape -> the largest stages_lb value found for it (a lower bound whatever the threshold was; kept by the
         # searches over every option): shared too
         self._stages: dict[Shape, float] = like._stages if like is not None else {}
+        # shape -> its vpps by their key at the largest micro-batch (_vpp_fastest; not shared: which vpps have
+        # options differs in the well-calibrated search)
+        self._fastest: dict[Shape, list] = {}
+        self._vpp_busy: dict[tuple, tuple[float, ...]] = {}
+        self._class_order: dict[int, tuple[tuple[tuple[str, bool], int], ...]] = {}
+        self._pipes_by_vpp: dict[tuple, tuple[tuple[int, tuple[tuple[str, int], ...]], ...]] = {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -455,10 +461,11 @@ class _Search:
     def _initial_queue(self) -> list[tuple]:
         """A heap of (key, parallel dims, order, shape, layouts, GPU-s per token bound, refinements taken), one
         entry per shape with layouts every target supports: a shape's key is first its GPU-seconds per token bound,
-        then stages_lb, then groups_lb (each a lower bound of every layout of the shape, the later ones tighter); a
-        shape whose refined key is above another shape's key goes back into the heap, so shapes are explored in the
-        order of their tightest bound and the best layouts are found (and the threshold falls) early. The key
-        popped is below every layout left (cost_floor).
+        then fastest_lb, stages_lb and groups_lb (each a lower bound of every layout of the shape, the later ones
+        tighter and dearer: fastest_lb asks no memory, so a shape that stage times alone put behind others waits
+        for a threshold before its memory is asked); a shape whose refined key is above another shape's key goes
+        back into the heap, so shapes are explored in the order of their tightest bound and the best layouts are
+        found (and the threshold falls) early. The key popped is below every layout left (cost_floor).
 
         The search for a well-calibrated alternative (``like`` the search for the pick, of the same problem but
         top_k) starts from the pick's heap as it was before the first pop: it takes the pick's counts
@@ -508,11 +515,11 @@ class _Search:
 
     def _refine(self, queue: list, entry: tuple, threshold: float) -> bool:
         """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the refinements it
-        has taken (stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted as pruned, and
-        one whose tighter bound is above the smallest key left goes back into the heap with it."""
+        has taken (fastest_lb, stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted
+        as pruned, and one whose tighter bound is above the smallest key left goes back into the heap with it."""
         shape, n, done = entry[3], entry[4], entry[6]
-        for step in range(done, 2):
-            tighter = (self.shape_stages_lb if step == 0 else self.groups_lb)(shape, threshold)
+        for step in range(done, 3):
+            tighter = (self.fastest_lb, self.shape_stages_lb, self.groups_lb)[step](shape, threshold)
             if can_prune(tighter, threshold):
                 self.num_pruned += n
                 return False
@@ -573,24 +580,16 @@ class _Search:
         largest micro-batch whose layouts may fit in memory (Bounds.family_memory_lb), leaving out a mode whose
         bound breaks the budget or the deadline or that fits no micro-batch (memory is not asked for a vpp whose
         bound is above ``threshold`` without it, nor for a vpp whose model states alone do not fit: none of its
-        micro-batches does). The vpps are taken by that bound at the largest micro-batch, and a vpp or mode whose
-        bound there is not below the smallest found is passed over: it cannot lower the minimum. A mode whose bound at the largest micro-batch is above ``threshold`` gives that bound
-        without asking memory: the value may then be below the exact minimum but is above ``threshold`` too, so a
-        shape is pruned exactly when the exact minimum would prune it. A few stage times per shape, where
-        groups_lb costs every group."""
+        micro-batches does). The vpps are taken by that bound at the largest micro-batch (_vpp_fastest), and a vpp
+        or mode whose bound there is not below the smallest found is passed over: it cannot lower the minimum. A
+        mode whose bound at the largest micro-batch is above ``threshold`` gives that bound without asking memory:
+        the value may then be below the exact minimum but is above ``threshold`` too, so a shape is pruned exactly
+        when the exact minimum would prune it. A few stage times per shape, where groups_lb costs every group."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
         mb_cap, most = space.batch_extremes(shape.dp)
         overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
-        by_vpp: dict[int, list[tuple[str, int]]] = {}
-        has_options: dict[tuple[str, bool], int] = {}  # options read vpp only as > 1
-        for sched, vpp in space.pipeline_choices(shape.pp):
-            n = has_options.get((sched, vpp > 1))
-            if n is None:
-                n = has_options[(sched, vpp > 1)] = self.num_options(shape, sched, vpp)
-            if n:
-                by_vpp.setdefault(vpp, []).append((sched, vpp))
         rcs = tuple(rc for rc in RECOMPUTE_MODES if rc in space.recompute_choices())
         mbs = self._micro_batches(shape.dp, 1)[0]
         usable = bounds.usable_bytes(shape)
@@ -606,12 +605,7 @@ class _Search:
         states_too_big: dict[tuple, bool] = {}  # by the vpp's stage compositions and options class
         # each vpp's bound is at least its key at the largest micro-batch without recompute (``fastest``): the vpps
         # are taken in that order, and once it reaches the smallest bound found the rest cannot lower it
-        by_fastest = []
-        for vpp, pipes in by_vpp.items():
-            bubble = self.shape_bubble(shape, tuple(pipes))
-            by_fastest.append((key_at(vpp, bubble, mb_cap, "none"), vpp, pipes, bubble))
-        by_fastest.sort(key=lambda x: x[:2])
-        for fastest, vpp, pipes, bubble in by_fastest:
+        for fastest, vpp, pipes, bubble in self._vpp_fastest(shape):
             if fastest >= best:
                 break
             # the memory is asked only when the best micro-batch without recompute could win
@@ -676,6 +670,72 @@ class _Search:
                 if cap == mb_cap:
                     break  # more recompute only adds time at the same micro-batch
         return best * floor
+
+    def fastest_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
+        """The first refinement of a shape's key: the least over its vpps of stages_lb's bound at the largest
+        micro-batch without recompute (the bottleneck stage and the vpp's own bubble, memory not asked), band
+        floor included; a vpp whose schedule cannot batch (interleaved 1F1B without a grad_accum that is a
+        multiple of pp) has no layouts. stages_lb takes each vpp from there (its value is never below this)."""
+        best = float("inf")
+        for fastest, vpp, pipes, _ in self._vpp_fastest(shape):
+            if self._micro_batches(shape.dp, shape.pp if pipes[0][0] == "interleaved_1f1b" else 1)[2]:
+                best = fastest
+                break
+        return best * self.shape_floor(shape)
+
+    def _vpp_fastest(self, shape: Shape) -> list[tuple[float, int, tuple[tuple[str, int], ...], float]]:
+        """(key at the largest micro-batch without recompute, vpp, its pipeline choices with options, its bubble)
+        for each vpp of ``shape``, smallest key first: kept for the shape between fastest_lb and stages_lb."""
+        got = self._fastest.get(shape)
+        if got is not None:
+            return got
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        sps = space.sp_choices(shape.tp, shape.cp)
+        mb_cap, most = space.batch_extremes(shape.dp)
+        overhead = bounds.step_overhead_per_token_lb(shape, most * shape.dp)
+        # the pipeline classes (schedule, interleaved) with options: options read vpp only as > 1
+        ok = tuple(pipe for pipe, vpp in self._pipeline_class_order(shape.pp) if self.num_options(shape, pipe[0], vpp))
+        vpps = self._vpp_pipes(shape.pp, ok)
+        mb = coarse_micro_batch(mb_cap)
+        bkey = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, sps, mb, ok)  # (not dp: shared)
+        busy = self._vpp_busy.get(bkey)
+        if busy is None:
+            busy = self._vpp_busy[bkey] = tuple(bounds.stage_per_token_busy_lb(shape, vpp, sps, mb, "none")
+                                                for vpp, _ in vpps)
+        stretch = bounds.straggler_stretch(shape.world)
+        got = []
+        for (vpp, pipes), b in zip(vpps, busy):
+            bubble = self.shape_bubble(shape, pipes)
+            g = b * stretch * bubble + overhead  # Bounds.stage_gpu_s_per_token_lb x bubble + overhead
+            got.append((key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world), vpp, pipes, bubble))
+        got.sort(key=lambda x: x[:2])
+        self._fastest[shape] = got
+        return got
+
+    def _pipeline_class_order(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
+        """The pipeline classes (schedule, interleaved) of pp in the order of their first choice, each with that
+        choice's vpp (the order in which their options are first asked: the first unsupported one is the example)."""
+        got = self._class_order.get(pp)
+        if got is None:
+            seen: dict[tuple[str, bool], int] = {}
+            for sched, vpp in self.space.pipeline_choices(pp):
+                seen.setdefault((sched, vpp > 1), vpp)
+            got = self._class_order[pp] = tuple(seen.items())
+        return got
+
+    def _vpp_pipes(self, pp: int, ok: tuple[tuple[str, bool], ...]
+                   ) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+        """(vpp, its pipeline choices) for each vpp of pp with a choice in the classes ``ok``."""
+        key = (pp, ok)
+        got = self._pipes_by_vpp.get(key)
+        if got is None:
+            by_vpp: dict[int, list[tuple[str, int]]] = {}
+            for sched, vpp in self.space.pipeline_choices(pp):
+                if (sched, vpp > 1) in ok:
+                    by_vpp.setdefault(vpp, []).append((sched, vpp))
+            got = self._pipes_by_vpp[key] = tuple((vpp, tuple(pipes)) for vpp, pipes in by_vpp.items())
+        return got
 
     def shape_bubble(self, shape: Shape, pipes: tuple[tuple[str, int], ...] | None = None) -> float:
         """Bounds.shape_bubble_factor of ``shape`` over ``pipes`` (None: every pipeline choice of its pp), kept per

@@ -383,6 +383,8 @@ def test_groups_bound_below_every_feasible_layout(name: str) -> None:
     for shape in rng.sample(shapes, min(20, len(shapes))):
         lb = search.groups_lb(shape)
         stages = search.stages_lb(shape)  # no threshold: memory asked for every vpp
+        fastest = search.fastest_lb(shape)  # the refinement before stages_lb: never above it
+        assert fastest <= stages * (1 + 1e-12), (shape, fastest, stages)
         layouts = list(space.layouts_of(shape))
         for layout in rng.sample(layouts, min(60, len(layouts))):
             if layout.schedule == "interleaved_1f1b" and layout.grad_accum % layout.pp:
@@ -395,6 +397,7 @@ def test_groups_bound_below_every_feasible_layout(name: str) -> None:
                 continue
             key = objective_key(problem, est)
             assert lb <= key * (1 + 1e-9) and stages <= key * (1 + 1e-9), (layout.tag, lb, stages, key)
+            assert fastest <= key * (1 + 1e-9), (layout.tag, fastest, key)
             checked += 1
     assert checked >= 10 and infeasible >= 3, (checked, infeasible)
 
