@@ -527,9 +527,38 @@ class Bounds:
                          sh: Sharding) -> float:
         """Bytes per GPU of the layout (shape, schedule, vpp, micro-batch, grad_accum, recompute, sequence parallel,
         sharding) at least (_stages_memory_lb with its sharding's model states), without building the layout
-        unless an activation total is not cached: the search asks every option of a group."""
-        return self._stages_memory_lb(shape, sched, vpp, mb, ga, recompute, sp, sh,
-                                      lambda sl: self._model_states(shape, vpp, sl, sh))
+        unless an activation total is not cached."""
+        return self.options_memory_lb(shape, sched, vpp, mb, ga, recompute, ((sp, sh),))[0]
+
+    def options_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str,
+                          options: Iterable[tuple[bool, Sharding]]) -> list[float]:
+        """option_memory_lb of each (sequence parallel, sharding) of ``options`` (the options of one group: the
+        search asks them all), each stage's activations looked up once per sequence-parallel setting: they do not
+        read the sharding (_activations' cache has no sharding in its key). The same sums as _stages_memory_lb."""
+        frag = cm.fragmentation_factor()
+        fixed = self._shape_fixed(shape)
+        stages = self.distinct(shape.pp, vpp)
+        acts: dict[bool, list[float]] = {}
+        out = []
+        for sp, sh in options:
+            act = acts.get(sp)
+            if act is None:
+                made: list[Setup] = []
+
+                def make_setup(sp: bool = sp, sh: Sharding = sh, made: list[Setup] = made) -> Setup:
+                    if not made:
+                        probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute,
+                                            sp=sp, sh=sh)
+                        made.append(self.setup(shape.option, probe))
+                    return made[0]
+
+                act = acts[sp] = [self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
+                                  for sl in stages]
+            best = 0.0
+            for sl, a in zip(stages, act):
+                best = max(best, frag * (self._model_states(shape, vpp, sl, sh) + a))
+            out.append(_mem_safe(best + fixed))
+        return out
 
 
 class FamilyMemory:

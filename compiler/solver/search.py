@@ -763,20 +763,24 @@ class _Search:
         return got
 
     def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
-        """The smallest objective key (band floor included) a layout of ``shape`` can have, from its groups'
-        step-time bounds, leaving out the groups that cannot hold a feasible layout: a group whose step bound
-        breaks the budget or the deadline, or whose memory bound (the smallest memory over its sequence-parallel
-        and sharding choices) exceeds usable HBM. A shape none of whose groups can win is skipped without
-        costing every group.
+        """The smallest objective key (band floor included) a layout of ``shape`` can have by the bounds explore
+        prunes with: over its groups (vpp, micro-batch, grad_accum, recompute) whose step bound keeps the budget
+        and the deadline and whose memory bound (the smallest memory over its sequence-parallel and sharding
+        choices) fits in usable HBM, the least layout bound (_layouts_key: each option's own memory bound and its
+        sharding's ZeRO traffic, gradient reduce and optimizer step) of the options that fit. A shape none of
+        whose layouts can win is skipped without exploring it: for a large model on few GPUs per replica, ZeRO-3
+        is often the only sharding that fits, and its parameter gathers at a small micro-batch put every layout
+        far above the group's step bound.
 
         The groups are taken best bound first (a heap): recompute only adds time (its bound is checked in
-        tests/unit/solver/test_solver_bounds.py), so a group is first tried without recompute and, when that
-        does not fit, with the next recompute mode, whose memory is smaller. GPipe and 1F1B have equal step
-        bounds but not equal memory: such a group fits when either schedule's does (GPipe, which keeps every
-        micro-batch's activations, is asked last). The search stops at the
-        first group that fits, or once the smallest key left is above ``threshold`` (the shape is pruned
-        either way). The value is kept per shape for a later call (a search sharing this one's caches): an
-        exact minimum is final, a stop above a threshold still bounds the minimum from below."""
+        tests/unit/solver/test_solver_bounds.py), so a group is first tried without recompute, then with the next
+        recompute mode, whose memory is smaller (other options may fit, with less ZeRO traffic). GPipe and 1F1B
+        have equal step bounds but not equal memory: such a group fits when either schedule's does (GPipe, which
+        keeps every micro-batch's activations, is asked last). A group that fits goes back into the heap with its
+        layouts' key; the search stops when such a key is the least left (the exact minimum), or once the least
+        key left is above ``threshold`` (the shape is pruned). The value is kept per shape for a later call (a
+        search sharing this one's caches): an exact minimum is final, a stop above a threshold still bounds the
+        minimum from below."""
         known = self._groups.get(shape)
         if known is not None and (known[1] or can_prune(known[0], threshold)):
             return known[0]
@@ -794,7 +798,7 @@ class _Search:
         for sched, vpp in space.pipeline_choices(shape.pp):
             if self.num_options(shape, sched, vpp):
                 scheds.setdefault(vpp, []).append(sched)
-        heap: list[tuple[float, int, int, int, int, int]] = []
+        heap: list[tuple[float, int, int, int, int, int, bool]] = []
         order = 0
         limited = problem.max_cost_usd is not None or problem.deadline_s is not None
         usable = bounds.usable_bytes(shape)
@@ -812,7 +816,7 @@ class _Search:
             if limited and self._limits_broken(pricing, step, batch, shape.world):
                 return  # with more recompute too: its step bound is larger
             key = key_lb_from_step(problem, pricing, step, batch, shape.world) * floor
-            heapq.heappush(heap, (key, order, vpp, mb, ga, r))
+            heapq.heappush(heap, (key, order, vpp, mb, ga, r, False))
             order += 1
 
         for vpp, names in scheds.items():
@@ -821,15 +825,46 @@ class _Search:
                     continue
                 push(vpp, mb, ga, 0)
         while heap:
-            key, _, vpp, mb, ga, r = heapq.heappop(heap)
-            if can_prune(key, threshold):
+            key, _, vpp, mb, ga, r, exact = heapq.heappop(heap)
+            if can_prune(key, threshold) or exact:
                 return key
             if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rcs[r], self.options(shape, sched, vpp))
                    * self.memory_factor <= usable for sched in sorted(scheds[vpp], key=lambda x: x == "gpipe")):
-                return key
+                # the group's own layouts: its key becomes theirs (at least its step bound's)
+                layouts = self._layouts_key(shape, scheds[vpp], vpp, mb, ga, rcs[r], usable)
+                if layouts < float("inf"):
+                    heapq.heappush(heap, (layouts, order, vpp, mb, ga, r, True))
+                    order += 1
+            # more recompute: a larger step bound, but other options may fit (their ZeRO traffic can be smaller)
             if r + 1 < len(rcs):
                 push(vpp, mb, ga, r + 1)
         return float("inf")
+
+    def _layouts_key(self, shape: Shape, names: list[str], vpp: int, mb: int, ga: int, rc: str, usable: float
+                     ) -> float:
+        """The least key (band floor included) of the layouts of one group (vpp, micro-batch, grad_accum, recompute;
+        schedules ``names``) that explore would cost: each option's memory bound fits and its step bound
+        (Bounds.layout_step_lb: the sharding's ZeRO traffic, gradient reduce and optimizer step) keeps the budget and
+        the deadline. inf: none. The options' step bounds are what explore prunes by; a group whose best option must
+        gather ZeRO-3 parameters at a small micro-batch (a large model on few GPUs per replica) is far above its
+        group step bound."""
+        problem, space, bounds = self.problem, self.space, self.bounds
+        pricing = self._pricing[shape.option]
+        batch = mb * ga * shape.dp
+        best = float("inf")
+        for sched in names:
+            opts = self.options(shape, sched, vpp)
+            for (sp, sh), mem in zip(opts, bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts)):
+                if mem * self.memory_factor > usable:
+                    continue
+                def make(sh: Sharding = sh, sp: bool = sp, sched: str = sched) -> Layout:
+                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+                step = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh,
+                                             bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)), make)
+                if self._limits_broken(pricing, step, batch, shape.world):
+                    continue
+                best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
+        return best * self.shape_floor(shape)
 
     def _fit_caps(self, shape: Shape, vpp: int, names: list[str], rcs: tuple[str, ...], usable: float
                   ) -> tuple[int, ...]:
@@ -917,10 +952,11 @@ class _Search:
             # take it at its best (on where allowed), a layout without it has its own, slower stages
             by_sharding: dict[tuple[Sharding, bool], float] = {}
             own_fbs = {sp: bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)) for sp in sps}  # (cached)
+            mems = bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts)
             for i, (sp, sh) in enumerate(opts):
                 # the layout's memory bound first: in most groups most options cannot fit (ZeRO-0/1 of a large
                 # model), and the bound needs no Layout
-                mem = bounds.option_memory_lb(shape, sched, vpp, mb, ga, rc, sp, sh) * self.memory_factor
+                mem = mems[i] * self.memory_factor
                 def make(sh: Sharding = sh, sp: bool = sp) -> Layout:
                     return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
                 if mem > usable:

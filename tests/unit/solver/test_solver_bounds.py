@@ -131,6 +131,10 @@ def test_bounds_below_the_cost_model(name: str) -> None:
         assert bounds.option_memory_lb(shape, sched, vpp, mb, ga, rc, sp, sh) <= total, layout.tag
         opts = tuple((s, x) for s in sps for x in space.sharding_choices(shape.dp))
         assert bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, opts) <= total, layout.tag
+        # a group's options at once (activations looked up once per sp) = each option alone, in a fresh Bounds
+        alone = Bounds(problem)
+        assert bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts) == [
+            alone.option_memory_lb(shape, sched, vpp, mb, ga, rc, s, x) for s, x in opts], layout.tag
         # the family of (vpp, micro-batch, recompute), over its schedules and grad_accums (the search's stages_lb)
         pipes = tuple((s, opts) for s, v in space.pipeline_choices(shape.pp) if v == vpp)
         assert bounds.family_memory_lb(shape, vpp, pipes, mb, (ga,), rc) <= total, layout.tag
@@ -424,11 +428,12 @@ def test_stage_time_per_token_falls_with_the_micro_batch(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(GROUPS_SPECS))
-def test_groups_bound_is_the_least_key_of_the_groups_that_may_fit(name: str) -> None:
-    """Without a threshold, groups_lb is exactly the least step-bound key over the shape's groups (vpp, micro-batch,
-    grad_accum, recompute) whose memory bound fits and whose bound keeps the budget and deadline: every group asked
-    here, where groups_lb leaves out, by a bisection on the family's memory bound, the micro-batches that cannot
-    fit."""
+def test_groups_bound_is_the_least_key_of_the_layouts_that_may_fit(name: str) -> None:
+    """Without a threshold, groups_lb is exactly the least layout-bound key (Bounds.layout_step_lb, what explore
+    prunes by) over the options whose memory bound fits, of the shape's groups (vpp, micro-batch, grad_accum,
+    recompute) whose group memory bound fits and whose step bound keeps the budget and deadline: every group and
+    option asked here, where groups_lb takes the groups best first, leaves out by a bisection on the family's memory
+    bound the micro-batches that cannot fit, and asks a group's options only when its own key is the least left."""
     from compiler.solver.objective import key_lb_from_step
     from compiler.solver.search import RECOMPUTE_MODES, _Search, _search_evaluate
 
@@ -456,10 +461,21 @@ def test_groups_bound_is_the_least_key_of_the_groups_that_may_fit(name: str) -> 
                     step = bounds.group_step_lb(shape, names[0], vpp, mb, ga, rc, sps)
                     if search._limits_broken(pricing, step, mb * ga * shape.dp, shape.world):
                         continue
-                    if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, search.options(shape, sched, vpp))
-                           * search.memory_factor <= usable for sched in names):
-                        key = key_lb_from_step(problem, pricing, step, mb * ga * shape.dp, shape.world)
-                        want = min(want, key * search.shape_floor(shape))
+                    if not any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rc, search.options(shape, sched, vpp))
+                               * search.memory_factor <= usable for sched in names):
+                        continue
+                    for sched in names:
+                        for sp, sh in search.options(shape, sched, vpp):
+                            if bounds.option_memory_lb(shape, sched, vpp, mb, ga, rc, sp, sh) * search.memory_factor \
+                                    > usable:
+                                continue
+                            layout_step = bounds.layout_step_lb(
+                                shape, sched, vpp, mb, ga, sh, bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)),
+                                lambda: space.layout(shape, sched, vpp, sh, mb, ga, rc, sp))
+                            if search._limits_broken(pricing, layout_step, mb * ga * shape.dp, shape.world):
+                                continue
+                            key = key_lb_from_step(problem, pricing, layout_step, mb * ga * shape.dp, shape.world)
+                            want = min(want, key * search.shape_floor(shape))
         got = _Search(problem, 0, _search_evaluate).groups_lb(shape)
         assert got == pytest.approx(want, rel=1e-12) or got == want == float("inf"), (shape, got, want)
         finite += want < float("inf")
