@@ -494,8 +494,7 @@ class Bounds:
         recompute mode: the largest candidate stage's smallest model states over the options, plus the fixed bytes.
         The states read a stage's layers, not vpp (_stage_params): vpps with the same compositions() have the same
         value (a caller may keep it by them)."""
-        states = max(self._family_states(shape, vpp, sl, pipes) for sl in self.distinct(shape.pp, vpp))
-        return _mem_safe(cm.fragmentation_factor() * states + self._shape_fixed(shape))
+        return self.family_memory(shape, vpp, pipes).states_lb()
 
     def _family_states(self, shape: Shape, vpp: int, sl: StageLayers, pipes: tuple[tuple[str, tuple], ...]) -> float:
         """Stage ``sl``'s smallest model states over the options of every schedule of the family."""
@@ -576,6 +575,10 @@ class FamilyMemory:
         self.base = bounds._shape_fixed(shape)
         self.frag = cm.fragmentation_factor()
         self._least_sps: dict[str, tuple[bool, ...]] = {}  # recompute -> Bounds._sp_least_memory
+
+    def states_lb(self) -> float:
+        """Bounds.family_states_lb: the largest stage's smallest model states, with the fixed bytes."""
+        return _mem_safe(self.frag * max(stage[0] for stage in self.stages) + self.base)
 
     def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
         """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same; the

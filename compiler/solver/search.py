@@ -176,9 +176,12 @@ class _Search:
         # shape -> its vpps by their key at the largest micro-batch (_vpp_fastest; not shared: which vpps have
         # options differs in the well-calibrated search)
         self._fastest: dict[Shape, list] = {}
-        self._vpp_busy: dict[tuple, tuple[float, ...]] = {}
-        self._class_order: dict[int, tuple[tuple[tuple[str, bool], int], ...]] = {}
-        self._pipes_by_vpp: dict[tuple, tuple[tuple[int, tuple[tuple[str, int], ...]], ...]] = {}
+        # (keyed by the pipeline classes with options, so shared)
+        self._vpp_busy: dict[tuple, tuple[float, ...]] = like._vpp_busy if like is not None else {}
+        self._class_order: dict[int, tuple[tuple[tuple[str, bool], int], ...]] = \
+            like._class_order if like is not None else {}
+        self._pipes_by_vpp: dict[tuple, tuple[tuple[int, tuple[tuple[str, int], ...]], ...]] = \
+            like._pipes_by_vpp if like is not None else {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -626,8 +629,7 @@ class _Search:
             _, gas_ok, every_ga = self._micro_batches(shape.dp, shape.pp if pipes[0][0] == "interleaved_1f1b" else 1)
             if not every_ga:
                 continue
-            family = bounds.family_memory(shape, vpp, with_opts)
-            fewest = bounds.family_inflight(shape, vpp, with_opts, every_ga)
+            family = fewest = None  # (asked once a mode needs them)
             inflight: dict[int, tuple[float, ...]] = {}
             end = len(mbs)
             for rc in rcs:
@@ -644,6 +646,9 @@ class _Search:
                 # only grows with the micro-batch (one micro-batch's activations do) and is below each one's own;
                 # the bisection looks above the previous mode's start only (more recompute lowers memory; were it
                 # not so, the scan would merely start lower)
+                if family is None or fewest is None:
+                    family = bounds.family_memory(shape, vpp, with_opts)
+                    fewest = bounds.family_inflight(shape, vpp, with_opts, every_ga)
                 start = self._first_fitting(family, mbs, every_ga, rc, fewest, usable, end)
                 end = start
                 cap = None
