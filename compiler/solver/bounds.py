@@ -564,7 +564,7 @@ class FamilyMemory:
     """Bounds.family_memory_lb of one family: per candidate stage, its smallest model states over the options
     and its table of one micro-batch's activations."""
 
-    __slots__ = ("bounds", "shape", "vpp", "sched", "sps", "sp", "stages", "base", "frag", "_least_sps")
+    __slots__ = ("bounds", "shape", "vpp", "sched", "sps", "sp", "stages", "base", "frag", "_least_sps", "_pms")
 
     def __init__(self, bounds: Bounds, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]):
         self.bounds, self.shape, self.vpp, self.sched = bounds, shape, vpp, pipes[0][0]
@@ -575,6 +575,7 @@ class FamilyMemory:
         self.base = bounds._shape_fixed(shape)
         self.frag = cm.fragmentation_factor()
         self._least_sps: dict[str, tuple[bool, ...]] = {}  # recompute -> Bounds._sp_least_memory
+        self._pms: dict[tuple[int, str], tuple[float, ...]] = {}  # (mb, recompute) -> _least_pms
 
     def states_lb(self) -> float:
         """Bounds.family_states_lb: the largest stage's smallest model states, with the fixed bytes."""
@@ -583,21 +584,11 @@ class FamilyMemory:
     def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
         """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same; the
         search's bisections ask this hundreds of thousands of times on a large cheapest spec)."""
+        pms = self._pms.get((mb, recompute))
+        if pms is None:
+            pms = self._least_pms(mb, recompute, gas[0])
         best = 0.0
-        sps = self._least_sps.get(recompute)
-        if sps is None:
-            sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
-        setups: dict[bool, Setup] = {}
-        key = (mb, recompute)
-        for (states, table, other, sl), k in zip(self.stages, inflight):
-            pm = float("inf")
-            for sp in sps:
-                t = table if sp == self.sp else other
-                got = t.get(key)
-                if got is None:
-                    got = self._per_mb(t, sl, sp, mb, gas[0], recompute, setups)
-                if got < pm:
-                    pm = got
+        for (states, _, _, _), pm, k in zip(self.stages, pms, inflight):
             v = states + pm * k
             if v > best:
                 best = v
@@ -609,27 +600,40 @@ class FamilyMemory:
         a guess where ``lb``'s fit ends, which a caller checks with ``lb`` itself (the cost model's activations
         are proportional in the cases measured, tests/unit/solver/test_solver_bounds.py, but nothing relies on
         it). inf: no stage's activations grow."""
-        sps = self._least_sps.get(recompute)
-        if sps is None:
-            sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
-        setups: dict[bool, Setup] = {}
+        pms = self._pms.get((1, recompute))
+        if pms is None:
+            pms = self._least_pms(1, recompute, gas[0])
         # lb <= room  <=>  frag x max over stages (states + pm x k) + base <= (room + 1) / (1 - 1e-9) (_mem_safe)
         budget = ((room + 1.0) / (1 - 1e-9) - self.base) / self.frag
         best = float("inf")
-        key = (1, recompute)
-        for (states, table, other, sl), k in zip(self.stages, inflight):
-            per_one = float("inf")
-            for sp in sps:
-                t = table if sp == self.sp else other
-                got = t.get(key)
-                if got is None:
-                    got = self._per_mb(t, sl, sp, 1, gas[0], recompute, setups)
-                per_one = min(per_one, got)
+        for (states, _, _, _), per_one, k in zip(self.stages, pms, inflight):
             if states > budget:
                 return 0.0
             if per_one * k > 0:
                 best = min(best, (budget - states) / (per_one * k))
         return best
+
+    def _least_pms(self, mb: int, recompute: str, ga: int) -> tuple[float, ...]:
+        """Per stage, one micro-batch's activations at the least over the sequence-parallel settings that may hold
+        the fewest (Bounds._sp_least_memory), kept per (micro-batch, recompute)."""
+        sps = self._least_sps.get(recompute)
+        if sps is None:
+            sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
+        setups: dict[bool, Setup] = {}
+        key = (mb, recompute)
+        out = []
+        for _, table, other, sl in self.stages:
+            pm = float("inf")
+            for sp in sps:
+                t = table if sp == self.sp else other
+                got = t.get(key)
+                if got is None:
+                    got = self._per_mb(t, sl, sp, mb, ga, recompute, setups)
+                if got < pm:
+                    pm = got
+            out.append(pm)
+        got_all = self._pms[key] = tuple(out)
+        return got_all
 
     def _per_mb(self, table: dict, sl: StageLayers, sp: bool, mb: int, ga: int, recompute: str,
                 setups: dict[bool, Setup]) -> float:
