@@ -465,8 +465,11 @@ class Bounds:
 
     def family_memory(self, shape: Shape, vpp: int, pipes: tuple[tuple[str, tuple], ...]) -> "FamilyMemory":
         """family_memory_lb of one family (shape, vpp, schedules), its per-family parts looked up once: the search
-        asks it for many micro-batches, grad_accums and recompute modes."""
-        key = (shape, vpp, tuple(id(opts) for _, opts in pipes))
+        asks it for many micro-batches, grad_accums and recompute modes. Kept per the vpp's stage compositions, not
+        the vpp: the model states read a stage's layers, and one micro-batch's activations neither the vpp nor the
+        schedule (the _pm_table caches have neither in their keys); the in-flight counts, which read both, are
+        the caller's (family_inflight). The vpps of a pp whose splits put the same layers on each GPU share one."""
+        key = (shape, self.compositions(shape.pp, vpp), tuple(id(opts) for _, opts in pipes))
         got = self._family_memory.get(key)
         if got is None:
             got = self._family_memory[key] = FamilyMemory(self, shape, vpp, pipes)
