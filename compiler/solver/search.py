@@ -182,6 +182,7 @@ class _Search:
             like._class_order if like is not None else {}
         self._pipes_by_vpp: dict[tuple, tuple[tuple[int, tuple[tuple[str, int], ...]], ...]] = \
             like._pipes_by_vpp if like is not None else {}
+        self._vpp_bubbles: dict[tuple, tuple[float, ...]] = like._vpp_bubbles if like is not None else {}
         self.top: list[_Entry] = []  # sorted, at most k + 1
         # 'cheapest': every feasible layout whose cost ties with the cheapest so far (objective.ranked), sorted
         # by band_key; it only shrinks as the cheapest falls
@@ -708,10 +709,13 @@ class _Search:
         if busy is None:
             busy = self._vpp_busy[bkey] = tuple(bounds.stage_per_token_busy_lb(shape, vpp, sps, mb, "none")
                                                 for vpp, _ in vpps)
+        wkey = (shape.pp, shape.dp, ok)  # (the bubbles read pp, dp and the pipeline choices)
+        bubbles = self._vpp_bubbles.get(wkey)
+        if bubbles is None:
+            bubbles = self._vpp_bubbles[wkey] = tuple(self.shape_bubble(shape, pipes) for _, pipes in vpps)
         stretch = bounds.straggler_stretch(shape.world)
         got = []
-        for (vpp, pipes), b in zip(vpps, busy):
-            bubble = self.shape_bubble(shape, pipes)
+        for (vpp, pipes), b, bubble in zip(vpps, busy, bubbles):
             g = b * stretch * bubble + overhead  # Bounds.stage_gpu_s_per_token_lb x bubble + overhead
             got.append((key_lb_from_gpu_s_per_token(problem, pricing, g, shape.world), vpp, pipes, bubble))
         got.sort(key=lambda x: x[:2])
