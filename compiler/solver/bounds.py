@@ -197,8 +197,7 @@ class Bounds:
             f, b = self.stage_fb(shape, whole, mb_cap, sp, "none")
             tokens = mb_cap * self.problem.seq_len // shape.cp
             got = self._per_token[key] = (f + b) * shape.tp / tokens
-        straggler = self._straggler_per_s(shape.world)
-        return SAFETY * got * (1.0 + straggler)
+        return SAFETY * got * self.straggler_stretch(shape.world)
 
     def stage_gpu_s_per_token_lb(self, shape: Shape, vpp: int, sps: Iterable[bool] = (False, True),
                                  mb_cap: int = _HUGE_MB, recompute: str = "none") -> float:
@@ -438,10 +437,15 @@ class Bounds:
     def _stages_memory_lb(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
                           sh: Sharding | None, states_of) -> float:
         """The largest candidate stage's (model states (``states_of(stage)``) + activations in flight) x (1 +
-        fragmentation), + the fixed bytes (which read the degrees only). The probe layout (sharding ``sh``, None:
+        fragmentation), + the fixed bytes (which read the degrees only)."""
+        stages = self.distinct(shape.pp, vpp)
+        acts = self._stage_activations(shape, sched, vpp, mb, ga, recompute, sp, sh)
+        return self._memory_sum(shape, stages, [states_of(sl) for sl in stages], acts)
+
+    def _stage_activations(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
+                           sh: Sharding | None) -> list[float]:
+        """Each candidate stage's activations in flight (_activations). The probe layout (sharding ``sh``, None:
         none) and its setup are built only when an activation total is not cached."""
-        frag = cm.fragmentation_factor()
-        best = 0.0
         made: list[Setup] = []
 
         def make_setup() -> Setup:
@@ -450,9 +454,16 @@ class Bounds:
                 made.append(self.setup(shape.option, probe))
             return made[0]
 
-        for sl in self.distinct(shape.pp, vpp):
-            act = self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
-            best = max(best, frag * (states_of(sl) + act))
+        return [self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
+                for sl in self.distinct(shape.pp, vpp)]
+
+    def _memory_sum(self, shape: Shape, stages: tuple[StageLayers, ...], states: list[float],
+                    acts: list[float]) -> float:
+        """The largest stage's (model states + activations) x (1 + fragmentation), + the fixed bytes."""
+        frag = cm.fragmentation_factor()
+        best = 0.0
+        for st, act in zip(states, acts):
+            best = max(best, frag * (st + act))
         return _mem_safe(best + self._shape_fixed(shape))
 
     def _pm_table(self, shape: Shape, sp: bool, sl: StageLayers) -> dict[tuple[int, str], float]:
@@ -536,30 +547,15 @@ class Bounds:
                           options: Iterable[tuple[bool, Sharding]]) -> list[float]:
         """option_memory_lb of each (sequence parallel, sharding) of ``options`` (the options of one group: the
         search asks them all), each stage's activations looked up once per sequence-parallel setting: they do not
-        read the sharding (_activations' cache has no sharding in its key). The same sums as _stages_memory_lb."""
-        frag = cm.fragmentation_factor()
-        fixed = self._shape_fixed(shape)
+        read the sharding (_activations' cache has no sharding in its key)."""
         stages = self.distinct(shape.pp, vpp)
         acts: dict[bool, list[float]] = {}
         out = []
         for sp, sh in options:
             act = acts.get(sp)
             if act is None:
-                made: list[Setup] = []
-
-                def make_setup(sp: bool = sp, sh: Sharding = sh, made: list[Setup] = made) -> Setup:
-                    if not made:
-                        probe = self._probe(shape, pp=shape.pp, vpp=vpp, sched=sched, mb=mb, ga=ga, rc=recompute,
-                                            sp=sp, sh=sh)
-                        made.append(self.setup(shape.option, probe))
-                    return made[0]
-
-                act = acts[sp] = [self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
-                                  for sl in stages]
-            best = 0.0
-            for sl, a in zip(stages, act):
-                best = max(best, frag * (self._model_states(shape, vpp, sl, sh) + a))
-            out.append(_mem_safe(best + fixed))
+                act = acts[sp] = self._stage_activations(shape, sched, vpp, mb, ga, recompute, sp, sh)
+            out.append(self._memory_sum(shape, stages, [self._model_states(shape, vpp, sl, sh) for sl in stages], act))
         return out
 
 
@@ -587,9 +583,7 @@ class FamilyMemory:
     def lb(self, mb: int, gas: tuple[int, ...], recompute: str, inflight: tuple[float, ...]) -> float:
         """``inflight``: Bounds.family_inflight of ``gas`` (the caller asks many micro-batches with the same; the
         search's bisections ask this hundreds of thousands of times on a large cheapest spec)."""
-        pms = self._pms.get((mb, recompute))
-        if pms is None:
-            pms = self._least_pms(mb, recompute, gas[0])
+        pms = self._least_pms(mb, recompute, gas[0])
         best = 0.0
         for (states, _, _, _), pm, k in zip(self.stages, pms, inflight):
             v = states + pm * k
@@ -603,9 +597,7 @@ class FamilyMemory:
         a guess where ``lb``'s fit ends, which a caller checks with ``lb`` itself (the cost model's activations
         are proportional in the cases measured, tests/unit/solver/test_solver_bounds.py, but nothing relies on
         it). inf: no stage's activations grow."""
-        pms = self._pms.get((1, recompute))
-        if pms is None:
-            pms = self._least_pms(1, recompute, gas[0])
+        pms = self._least_pms(1, recompute, gas[0])
         # lb <= room  <=>  frag x max over stages (states + pm x k) + base <= (room + 1) / (1 - 1e-9) (_mem_safe)
         budget = ((room + 1.0) / (1 - 1e-9) - self.base) / self.frag
         best = float("inf")
@@ -619,11 +611,14 @@ class FamilyMemory:
     def _least_pms(self, mb: int, recompute: str, ga: int) -> tuple[float, ...]:
         """Per stage, one micro-batch's activations at the least over the sequence-parallel settings that may hold
         the fewest (Bounds._sp_least_memory), kept per (micro-batch, recompute)."""
+        key = (mb, recompute)
+        got_all = self._pms.get(key)
+        if got_all is not None:
+            return got_all
         sps = self._least_sps.get(recompute)
         if sps is None:
             sps = self._least_sps[recompute] = self.bounds._sp_least_memory(self.shape, self.sps, recompute)
         setups: dict[bool, Setup] = {}
-        key = (mb, recompute)
         out = []
         for _, table, other, sl in self.stages:
             pm = float("inf")

@@ -45,7 +45,7 @@ import heapq
 import math
 import operator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from compiler import units
 from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
@@ -857,23 +857,35 @@ class _Search:
         the deadline. inf: none. The options' step bounds are what explore prunes by; a group whose best option must
         gather ZeRO-3 parameters at a small micro-batch (a large model on few GPUs per replica) is far above its
         group step bound."""
-        problem, space, bounds = self.problem, self.space, self.bounds
+        problem = self.problem
         pricing = self._pricing[shape.option]
         batch = mb * ga * shape.dp
         best = float("inf")
         for sched in names:
-            opts = self.options(shape, sched, vpp)
-            for (sp, sh), mem in zip(opts, bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts)):
-                if mem * self.memory_factor > usable:
-                    continue
-                def make(sh: Sharding = sh, sp: bool = sp, sched: str = sched) -> Layout:
-                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-                step = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh,
-                                             bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)), make)
-                if self._limits_broken(pricing, step, batch, shape.world):
+            for *_, step, _ in self._option_bounds(shape, sched, vpp, mb, ga, rc, self.options(shape, sched, vpp),
+                                                   usable):
+                if step is None or self._limits_broken(pricing, step, batch, shape.world):
                     continue
                 best = min(best, key_lb_from_step(problem, pricing, step, batch, shape.world))
         return best * self.shape_floor(shape)
+
+    def _option_bounds(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, rc: str, opts: tuple,
+                       usable: float) -> Iterator[tuple[bool, Sharding, float, float | None, Callable[[], Layout]]]:
+        """Per option of a group, in order: (sequence parallel, sharding, its memory bound with the search's
+        margin, its step bound (Bounds.layout_step_lb, with the stages of its own sequence parallelism) or None
+        when the memory bound exceeds ``usable``, a maker of the layout). The bounds explore prunes by and
+        groups_lb prices a group with: the memory bound first, as in most groups most options cannot fit
+        (ZeRO-0/1 of a large model) and it needs no Layout."""
+        space, bounds = self.space, self.bounds
+        for (sp, sh), mem in zip(opts, bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts)):
+            mem *= self.memory_factor
+
+            def make(sh: Sharding = sh, sp: bool = sp) -> Layout:
+                return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
+
+            step = None if mem > usable else bounds.layout_step_lb(
+                shape, sched, vpp, mb, ga, sh, bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)), make)
+            yield sp, sh, mem, step, make
 
     def _fit_caps(self, shape: Shape, vpp: int, names: list[str], rcs: tuple[str, ...], usable: float
                   ) -> tuple[int, ...]:
@@ -957,24 +969,11 @@ class _Search:
                                                usable, n)
                 continue
             cands = []
-            # the bound reads the sharding and, through the stages' times, sequence parallelism: the group's fbs
-            # take it at its best (on where allowed), a layout without it has its own, slower stages
-            by_sharding: dict[tuple[Sharding, bool], float] = {}
-            own_fbs = {sp: bounds.group_stage_fb(shape, vpp, mb, rc, (sp,)) for sp in sps}  # (cached)
-            mems = bounds.options_memory_lb(shape, sched, vpp, mb, ga, rc, opts)
-            for i, (sp, sh) in enumerate(opts):
-                # the layout's memory bound first: in most groups most options cannot fit (ZeRO-0/1 of a large
-                # model), and the bound needs no Layout
-                mem = mems[i] * self.memory_factor
-                def make(sh: Sharding = sh, sp: bool = sp) -> Layout:
-                    return space.layout(shape, sched, vpp, sh, mb, ga, rc, sp)
-                if mem > usable:
+            for i, (sp, sh, mem, step_lb, make) in enumerate(self._option_bounds(shape, sched, vpp, mb, ga, rc, opts,
+                                                                                  usable)):
+                if step_lb is None:
                     self.tally.reject_memory_bound(make, mem, usable, 1)
                     continue
-                step_lb = by_sharding.get((sh, sp))
-                if step_lb is None:
-                    step_lb = by_sharding[(sh, sp)] = bounds.layout_step_lb(shape, sched, vpp, mb, ga, sh,
-                                                                             own_fbs[sp], make)
                 cands.append((step_lb, i, sp, sh))
             cands.sort(key=lambda c: c[:2])
             for i, (layout_step, _, sp, sh) in enumerate(cands):

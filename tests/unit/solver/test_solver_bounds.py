@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from compiler.costmodel import parts as cm
 from compiler.costmodel.evaluation import evaluate
 from compiler.costmodel.pp_schedule import makespan_units
 from compiler.estimate import Estimate
@@ -498,7 +499,6 @@ def test_one_micro_batch_activations_are_proportional_to_it(name: str) -> None:
                 for sl in bounds.distinct(shape.pp, 1):
                     def per_mb(mb: int) -> float:
                         layout = bounds._probe(shape, pp=shape.pp, mb=mb, rc=rc, sp=sp)
-                        from compiler.costmodel import parts as cm
                         return cm.stage_activation_bytes(bounds.setup(shape.option, layout), sl)
                     one = per_mb(1)
                     for mb in (2, 3, 7, 16):
