@@ -47,6 +47,30 @@ def test_band_is_the_widened_10th_to_90th_percentile_of_the_regime() -> None:
     assert band.high < 1.5
 
 
+def test_a_regime_is_never_surer_than_its_family_spread() -> None:
+    """A regime whose runs agree closely (two sources, +-1%) in a family that scatters widely (+-30%): the band is
+    centred on the regime's median and its ends lie at least the family's 10th/90th percentile distances from the
+    family's median away, widened by sqrt(1 + 1/n) -- a new cluster is another source, and a few sources in one
+    regime understate how sources differ. With the regime's own spread only, the band would be +-1%."""
+    tight = [0.10 + 0.002 * i for i in range(-5, 5)]  # median 0.10, +-1%
+    other = [0.10 + d for d in (-0.3, -0.25, -0.2, -0.15, 0.15, 0.2, 0.25, 0.3)] * 2  # same family, no PP
+    table = BandTable(residuals(tight) + residuals(other, pp=False))
+    family = tight + other
+    band = table.band_of(REGIME)
+    assert band.calibrated and band.runs == 10
+    med, widen = percentile(tight, 0.5), math.sqrt(1 + 1 / len(tight))
+    fam_med = percentile(family, 0.5)
+    assert band.low == pytest.approx(math.exp(min(0.0, med + (percentile(family, 0.1) - fam_med) * widen)))
+    assert band.high == pytest.approx(math.exp(med + (percentile(family, 0.9) - fam_med) * widen))
+    # p80 (the solver ranks by it) keeps its rule: the regime's own, floored by the family's 80th percentile
+    assert band.p80 == pytest.approx(math.exp(max(widened(tight, 0.8), percentile(family, 0.8))))
+    assert math.log(band.high) - med > 5 * (max(tight) - med)  # far wider than the regime's own runs
+    # a regime that scatters more than its family keeps its own spread (the first test's case)
+    wide = [-0.4, -0.2, 0.0, 0.2, 0.4] * 2
+    own = BandTable(residuals(wide) + residuals([0.0, 0.01] * 5, pp=False)).band_of(REGIME)
+    assert own.high == pytest.approx(math.exp(widened(wide, 0.9)))
+
+
 def test_band_always_contains_the_point_estimate() -> None:
     table = BandTable(residuals([0.3, 0.35, 0.4, 0.45, 0.5, 0.3, 0.35, 0.4, 0.45, 0.5]))
     band = table.band_of(REGIME)
