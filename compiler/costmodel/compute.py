@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from compiler.costmodel.activations import attention_widths
 from compiler.costmodel.context import GEMM_INPUT_BYTES, QUANTISED_GEMM_DTYPES, Setup
@@ -136,18 +136,27 @@ def gemm_kind(setup: Setup, dtype: str) -> str:
 
 
 def sustained_rate_ratio(part: GpuSpec, reference: GpuSpec, dtype: str, reference_dtype: str | None = None,
-                         *, dvfs_exponent: float, headroom: float = 1.0) -> float:
+                         *, dvfs_exponent: float, headroom: float = 1.0,
+                         measured: Mapping[str, float] | None = None) -> float:
     """A power-bound tensor-core kernel's sustained rate on ``part`` over its measured rate on ``reference``.
 
-    Parts of one generation run the same tensor cores; under sustained load their clock is set by the board power
-    (physics.yaml power.dvfs_exponent: rate ~ power^(1/3)), never above what their datasheet peak allows (fewer SMs, a
-    lower boost clock): min(peak ratio x headroom, (TDP ratio)^exponent). ``headroom``: how far below a tensor-core-
-    bound rate the reference kernel ran (the class's largest GEMM fraction over this kernel's, 1 for the kernel that
-    sets it): a kernel the tensor cores do not bound (NVFP4 at 0.38 of the B300's FP4 peak) is held back by what the
-    parts share (SMs, clocks, memory), not by a part's smaller FP4 peak. Across generations (a borrowed table) or
-    without TDPs (custom GPUs): the peak ratio."""
+    Parts of one generation run the same tensor cores; what differs under sustained load is the clock their power and
+    SMs allow. Where a kernel benchmark measured both parts' best large 16-bit GEMM (``measured``, physics.yaml
+    gemm.measured_tflops), the ratio of those figures, for every dtype, unless this dtype's datasheet peak ratio
+    (relative to 16-bit's, x ``headroom``) is smaller still. Otherwise the board power sets the clock (physics.yaml
+    power.dvfs_exponent: rate ~ power^(1/3)), never above what their datasheet peak allows (fewer SMs, a lower boost
+    clock): min(peak ratio x headroom, (TDP ratio)^exponent). ``headroom``: how far below a tensor-core-bound rate the
+    reference kernel ran (the class's largest GEMM fraction over this kernel's, 1 for the kernel that sets it): a
+    kernel the tensor cores do not bound (NVFP4 at 0.38 of the B300's FP4 peak) is held back by what the parts share
+    (SMs, clocks, memory), not by a part's smaller FP4 peak. Across generations (a borrowed table) or without TDPs
+    (custom GPUs): the peak ratio."""
     peak = part.peak_flops_for(dtype) / reference.peak_flops_for(reference_dtype or dtype)
-    if part.generation != reference.generation or not part.tdp_w or not reference.tdp_w:
+    if part.generation != reference.generation:
+        return peak
+    if measured and part.name in measured and reference.name in measured:
+        sixteen_bit = part.peak_flops_for("bf16") / reference.peak_flops_for("bf16")
+        return measured[part.name] / measured[reference.name] * min(1.0, peak / sixteen_bit * headroom)
+    if not part.tdp_w or not reference.tdp_w:
         return peak
     return min(peak * headroom, (part.tdp_w / reference.tdp_w) ** dvfs_exponent)
 
@@ -163,7 +172,8 @@ def _gemm_peak(setup: Setup, dtype: str, fraction: float) -> float:
     ref = load_catalog().gpus[reference]
     headroom = max(physics.gemm_fraction[setup.kernel_class].values()) / fraction
     return ref.peak_flops_for(dtype) * sustained_rate_ratio(setup.gpu.spec, ref, dtype,
-                                                            dvfs_exponent=physics.dvfs_exponent, headroom=headroom)
+                                                            dvfs_exponent=physics.dvfs_exponent, headroom=headroom,
+                                                            measured=physics.gemm_measured_tflops)
 
 
 def gemm_rate(setup: Setup, dtype: str) -> float:
@@ -313,8 +323,9 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
 
     ref = load_catalog().gpus.get(reference)
     dt = "fp32" if setup.recipe.name == "fp32" else "bf16"
-    scale = 1.0 / sustained_rate_ratio(setup.gpu.spec, ref, dt, "bf16", dvfs_exponent=setup.eff.physics.dvfs_exponent) \
-        if ref is not None else 1.0
+    physics = setup.eff.physics
+    scale = 1.0 / sustained_rate_ratio(setup.gpu.spec, ref, dt, "bf16", dvfs_exponent=physics.dvfs_exponent,
+                                       measured=physics.gemm_measured_tflops) if ref is not None else 1.0
     scale /= setup.eff.fit("compute_scale") * setup.power_factor * setup.eff.profile_scale("attention_scale")
     seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
     scale /= long_sequence_attention_factor(seq, setup.eff.profile_scale("long_sequence_attention_scale"))

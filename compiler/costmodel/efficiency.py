@@ -138,6 +138,7 @@ class AttentionTable:
 class Physics:
     gemm_fraction: Mapping[str, Mapping[str, float]]  # kernel class -> kind -> fraction
     gemm_reference: Mapping[str, str]  # kernel class -> the catalog GPU its fractions were measured on (if one)
+    gemm_measured_tflops: Mapping[str, float]  # catalog GPU -> its best measured large 16-bit GEMM, TFLOP/s
     grouped_gemm_fraction: float
     gemm_launch_s: float
     quantize_bytes_per_element: Mapping[str, float]
@@ -270,8 +271,8 @@ def _curve(raw: Any, what: str) -> AttentionCurve:
 def parse_physics(data: dict) -> Physics:
     data = _keys(data, ("schema_version", "gemm", "attention", "memory_bound", "power", "comm", "overlap", "host",
                         "allowances"), "top level")
-    gemm = _keys(data["gemm"], ("fraction", "reference", "grouped_fraction", "launch_s", "quantize_bytes_per_element",
-                                "sources"), "gemm")
+    gemm = _keys(data["gemm"], ("fraction", "reference", "measured_tflops", "grouped_fraction", "launch_s",
+                                "quantize_bytes_per_element", "sources"), "gemm")
     if not isinstance(gemm["reference"], dict) or not set(gemm["reference"]) <= set(gemm["fraction"]):
         raise ValueError(f"{_file(PHYSICS_FILE)}: gemm.reference must map kernel classes of gemm.fraction to GPUs")
     att = _keys(data["attention"], ("tables", "kernels", "borrow", "sources"), "attention")
@@ -303,6 +304,7 @@ def parse_physics(data: dict) -> Physics:
     return Physics(
         gemm_fraction=MappingProxyType({k: _floats(v, f"gemm.fraction.{k}") for k, v in gemm["fraction"].items()}),
         gemm_reference=MappingProxyType({str(k): str(v) for k, v in gemm["reference"].items()}),
+        gemm_measured_tflops=_floats(gemm["measured_tflops"], "gemm.measured_tflops"),
         grouped_gemm_fraction=float(gemm["grouped_fraction"]),
         gemm_launch_s=float(gemm["launch_s"]),
         quantize_bytes_per_element=_floats(gemm["quantize_bytes_per_element"], "gemm.quantize_bytes_per_element"),

@@ -74,7 +74,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 478
+  --save-interval 476
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -228,10 +228,38 @@ def test_eager_elementwise_time_counts_the_eager_extra_tensors_once(problem_fact
         setup.eff.fit("memory_bound_traffic") * ratio * fused / setup.hbm_rate())
 
 
+def test_a_gemm_benchmark_carries_by_the_parts_measured_gemm_rates():
+    """physics.yaml gemm.measured_tflops: where a kernel benchmark measured both parts' best 16-bit GEMM, a rate
+    measured on one carries to the other by their ratio, for every dtype (GB300 2174 over B300 1769: 1.23x, above
+    both the power rule's 1.08x and the datasheet peaks' 1.11x), unless the dtype's own peak ratio is smaller still;
+    a part without a figure falls back to the power rule."""
+
+    from compiler.catalog import load_catalog
+    from compiler.costmodel.compute import sustained_rate_ratio
+    from compiler.costmodel.efficiency import load_efficiency
+
+    gpus, measured = load_catalog().gpus, load_efficiency().physics.gemm_measured_tflops
+    b300, gb300 = gpus["b300"], gpus["gb300"]
+    assert measured["gb300"] == 2174 and measured["b300"] == 1769
+    for dtype in ("bf16", "fp8", "fp4"):
+        assert sustained_rate_ratio(gb300, b300, dtype, dvfs_exponent=1 / 3, measured=measured,
+                                    headroom=1.78) == pytest.approx(2174 / 1769)
+    assert sustained_rate_ratio(gpus["b200"], b300, "fp4", dvfs_exponent=1 / 3, measured=measured,
+                                headroom=0.67 / 0.377) == pytest.approx(1745 / 1769)  # 9 PF x 1.78 headroom: not binding
+    # a dtype whose tensor cores are relatively fewer on the part (no headroom): its peak ratio binds
+    assert sustained_rate_ratio(gpus["b200"], b300, "fp4", dvfs_exponent=1 / 3, measured=measured) \
+        == pytest.approx(1745 / 1769 * (9 / 13.5))
+    # attention tables carry the same way (the Blackwell Ultra table was measured on a GB300)
+    assert sustained_rate_ratio(b300, gb300, "bf16", dvfs_exponent=1 / 3, measured=measured) == pytest.approx(1769 / 2174)
+    # a part without a measured figure: the power rule
+    assert sustained_rate_ratio(gb300, b300, "bf16", dvfs_exponent=1 / 3,
+                                measured={"b300": 1769}) == pytest.approx((1400 / 1100) ** (1 / 3))
+
+
 def test_a_gemm_benchmark_carries_to_another_part_of_its_generation_by_board_power():
-    """physics.yaml gemm.reference: the Blackwell fractions were measured on a B300 (1,100 W); a part of the same
-    generation sustains that rate x (its TDP / 1,100 W)^(1/3), never more than its datasheet peak allows; a table
-    borrowed across generations (or a part without a TDP) scales by the peak ratio."""
+    """Without measured GEMM rates (physics.yaml power): the Blackwell fractions were measured on a B300 (1,100 W);
+    a part of the same generation sustains that rate x (its TDP / 1,100 W)^(1/3), never more than its datasheet peak
+    allows; a table borrowed across generations (or a part without a TDP) scales by the peak ratio."""
     from dataclasses import replace
 
     from compiler.catalog import load_catalog
@@ -269,14 +297,15 @@ def test_nvfp4_gemms_are_not_capped_by_a_smaller_fp4_peak(problem_factory, layou
             dtype = setup.recipe.gemm_dtype
             rates[gpu, precision] = gemm_rate(setup, dtype) / setup.eff.fit("compute_scale")
     assert rates["b300", "nvfp4"] == pytest.approx(0.377 * b300.peak_flops_for("fp4"))
-    assert rates["gb200", "nvfp4"] / rates["b300", "nvfp4"] == pytest.approx((1200 / 1100) ** 0.333, rel=1e-3)
+    assert rates["gb200", "nvfp4"] / rates["b300", "nvfp4"] == pytest.approx(1822 / 1769, rel=1e-3)  # measured GEMMs
     assert rates["b300", "nvfp4"] / rates["b300", "fp8"] == pytest.approx(0.377 * 13.5 / (0.595 * 4.5), rel=1e-3)
     for gpu in ("gb200", "gb300"):
         assert rates[gpu, "nvfp4"] > 1.7 * rates[gpu, "fp8"]
 
 
 def test_gb300_gemms_outrun_gb200s_at_the_same_datasheet_peak(problem_factory, layout_factory):
-    """GB200 and GB300 print the same dense FP8 peak; the GB300's 1,400 W against 1,200 W sustains a faster clock."""
+    """GB200 and GB300 print the same dense 16-bit peak; measured, the GB300's best cuBLAS GEMM (2174 TFLOP/s at
+    1,400 W) is 1.19x the GB200's (1822 at 1,200 W)."""
     from compiler.costmodel.compute import gemm_rate
 
     p = problem_factory("llama3-8b", num_gpus=8, gbs=64, tokens="100B")
@@ -285,9 +314,7 @@ def test_gb300_gemms_outrun_gb200s_at_the_same_datasheet_peak(problem_factory, l
     for name in ("gb200", "gb300", "b300"):
         gpu = replace_gpu(p.gpu_options[0], name)
         rates[name] = gemm_rate(make_setup(p, lay, gpu), "bf16")
-    from compiler.costmodel.efficiency import load_efficiency
-
-    assert rates["gb300"] / rates["gb200"] == pytest.approx((1400 / 1200) ** load_efficiency().physics.dvfs_exponent)
+    assert rates["gb300"] / rates["gb200"] == pytest.approx(2174 / 1822)
     assert rates["b300"] < rates["gb200"] < rates["gb300"]
 
 
