@@ -242,8 +242,9 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
 
 
 def find_gpu(catalog: Catalog, name: str) -> GpuSpec:
-    """The catalog entry of a CSV gpu_type such as 'H100-SXM-80GB' or 'GB200 (NVL72)'."""
-    base = normalize_name(re.sub(r"\(.*?\)", "", name))
+    """The catalog entry of a CSV gpu_type such as 'H100-SXM-80GB', 'GB200 (NVL72)' or 'NVIDIA H100 80GB HBM3' (the
+    device name torch reports: a vendor or brand word in front is not part of the part's name)."""
+    base = re.sub(r"^(?:(?:nvidia|amd|tesla|instinct)-+)+", "", normalize_name(re.sub(r"\(.*?\)", "", name)))
     parts = [p for p in base.split("-") if p]
     tries = [base, f"{parts[0]}-{parts[-1]}" if len(parts) > 1 else base]
     tries += ["-".join(parts[:i]) for i in range(len(parts), 0, -1)]
