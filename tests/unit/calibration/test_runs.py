@@ -145,7 +145,8 @@ def test_gpus_of_the_calibration_set(gpu, name):
 
 @pytest.mark.parametrize("gpu,name", [("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
                                       ("NVIDIA H100 NVL", "h100-nvl"), ("AMD Instinct MI300X", "mi300x"),
-                                      ("NVIDIA GB200 (NVL72)", "gb200"), ("Nvidia H800", "h800")])
+                                      ("NVIDIA GB200 (NVL72)", "gb200"), ("Nvidia H800", "h800"),
+                                      ("NVIDIA A800-SXM4-80GB", "a800-80gb")])
 def test_a_vendor_word_in_front_of_the_gpu_name_is_read_past(gpu, name):
     """torch.cuda.get_device_name() says 'NVIDIA H100 80GB HBM3': torch-native benchmarks' rows name GPUs so."""
     assert R.find_gpu(R.load_catalog(), gpu).name == name
