@@ -28,9 +28,9 @@ The rule (the numbers below are its only parameters; benchmarks/accuracy.py chec
   runs say where the model errs in that regime (the median); how far a new cluster scatters about it
   is never taken as narrower than the family's spread, because a few sources' runs in one regime
   understate how sources differ: with the level's own spread only, 65% of the calibrated rows fell
-  inside their leave-one-source-out band (benchmarks/accuracy.py), 80% with the family's as the
+  inside their leave-one-source-out band (benchmarks/accuracy.py), 82% with the family's as the
   floor. ``p80`` is the 80th percentile of the level's residuals widened the same way (not floored by
-  the family's spread: already 89% of the calibrated rows' leave-one-source-out errors lie at or below
+  the family's spread: already 91% of the calibrated rows' leave-one-source-out errors lie at or below
   it, and the solver ranks by it), but never below the 80th percentile of every residual of the
   framework family (the calibration set's own spread for that family), and the upper end never below
   ``p80``: a regime
