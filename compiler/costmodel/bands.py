@@ -43,7 +43,7 @@ The rule (the numbers below are its only parameters; benchmarks/accuracy.py chec
   set itself (``calibrate_widening``): the smallest, in steps of 0.05 from 1, at which 80% of the runs
   whose leave-one-source-out band is uncalibrated fall inside it (each run's band made from the other
   sources' residuals, as ``coverage`` does). A regime nobody measured errs more than the model does on
-  the whole set, and by how much is measured, not assumed (a flat doubling held 97% of those runs).
+  the whole set, and by how much is measured, not assumed (a flat doubling held 96% of those runs).
   The other runs' coverage, and held-out runs, are the checks it does not choose.
 * **Thin.** Uncalibrated, or fewer than ``THIN_RUNS`` runs behind the band: PLAN.md says so and
   names the best layout with a well-calibrated band.
