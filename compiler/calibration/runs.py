@@ -361,7 +361,7 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
     gbs = _int(row, "global_batch_size")
     if not gbs:
         raise Skip("global batch not given")
-    if mbs < 1 or gbs < 1 or dp < 1:
+    if mbs < 1 or gbs < 1:  # (dp is at least 1: the degrees multiply to num_gpus)
         raise Skip("layout degree below 1")
     ga = _int(row, "grad_accum") or max(1, round(gbs / (mbs * dp)))
     if mbs * ga * dp != gbs:

@@ -294,8 +294,7 @@ def residual_band(errors: Sequence[float], *, p80_floor: float = 0.0,
     def q(p: float) -> float:
         return med + (percentile(errors, p) - med) * widen
 
-    own_low, own_high = spread_of(errors)
-    low, high = med + min(own_low, spread[0]) * widen, med + max(own_high, spread[1]) * widen
+    low, high = min(q(Q_LOW), med + spread[0] * widen), max(q(Q_HIGH), med + spread[1] * widen)
     p80 = max(p80_floor, q(0.8))
     return math.exp(min(0.0, low)), math.exp(p80), math.exp(max(p80, high))
 

@@ -440,7 +440,7 @@ class Bounds:
         fragmentation), + the fixed bytes (which read the degrees only)."""
         stages = self.distinct(shape.pp, vpp)
         acts = self._stage_activations(shape, sched, vpp, mb, ga, recompute, sp, sh)
-        return self._memory_sum(shape, stages, [states_of(sl) for sl in stages], acts)
+        return self._memory_sum(shape, [states_of(sl) for sl in stages], acts)
 
     def _stage_activations(self, shape: Shape, sched: str, vpp: int, mb: int, ga: int, recompute: str, sp: bool,
                            sh: Sharding | None) -> list[float]:
@@ -457,8 +457,7 @@ class Bounds:
         return [self._activations(shape, None, sl, sched, vpp, mb, ga, recompute, sp, make_setup)
                 for sl in self.distinct(shape.pp, vpp)]
 
-    def _memory_sum(self, shape: Shape, stages: tuple[StageLayers, ...], states: list[float],
-                    acts: list[float]) -> float:
+    def _memory_sum(self, shape: Shape, states: list[float], acts: list[float]) -> float:
         """The largest stage's (model states + activations) x (1 + fragmentation), + the fixed bytes."""
         frag = cm.fragmentation_factor()
         best = 0.0
@@ -555,7 +554,7 @@ class Bounds:
             act = acts.get(sp)
             if act is None:
                 act = acts[sp] = self._stage_activations(shape, sched, vpp, mb, ga, recompute, sp, sh)
-            out.append(self._memory_sum(shape, stages, [self._model_states(shape, vpp, sl, sh) for sl in stages], act))
+            out.append(self._memory_sum(shape, [self._model_states(shape, vpp, sl, sh) for sl in stages], act))
         return out
 
 

@@ -201,7 +201,7 @@ def test_a_row_the_model_cannot_read_is_skipped_with_its_reason_not_a_traceback(
     import accuracy
 
     rows = [r for r in R.read_rows(CSV) if r["source_id"] == "narayanan2021"][:6]
-    bad = {**rows[0], field: value, "pp": rows[0]["pp"] if field != "pp" else value}
+    bad = {**rows[0], field: value}
     if field == "vp":
         bad.update(pp="4", num_gpus=str(4 * int(rows[0]["tp"])), global_batch_size="64", grad_accum="")
     path = tmp_path / "odd.csv"
