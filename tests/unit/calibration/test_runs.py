@@ -152,6 +152,38 @@ def test_a_vendor_word_in_front_of_the_gpu_name_is_read_past(gpu, name):
     assert R.find_gpu(R.load_catalog(), gpu).name == name
 
 
+@pytest.mark.parametrize("gpu,name", [
+    ("GH200", "gh200"), ("NVIDIA GH200 96GB HBM3", "gh200"), ("GH200 (Alps)", "gh200"), ("GH200 96GB", "gh200"),
+    ("gh200_96gb", "gh200"), ("GH200 Superchip", "gh200"), ("NVIDIA GH200 Grace Hopper Superchip", "gh200"),
+    ("Grace Hopper", "gh200"),
+    # the device names torch reports: the 96GB HBM3 part is named after its LPDDR5X (480GB on Lambda, 120GB on Alps)
+    ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA GH200 120GB", "gh200"),
+    # the HBM3e part is its own entry, never read as the 96GB one
+    ("NVIDIA GH200 144G HBM3e", "gh200-144gb"), ("GH200 144GB", "gh200-144gb"), ("GH200 (144GB HBM3e)", "gh200-144gb"),
+    ("MI325X", "mi325x"), ("AMD Instinct MI325X", "mi325x"), ("AMD Instinct MI325X 256GB HBM3e", "mi325x"),
+    ("AMD MI325X", "mi325x"), ("MI325X (8x)", "mi325x")])
+def test_gh200_and_mi325x_rows_find_their_entry(gpu, name):
+    """Published runs on Grace Hopper (CSCS Alps, JUPITER) and MI325X were skipped as 'gpu not in catalog'."""
+    assert R.find_gpu(R.load_catalog(), gpu).name == name
+
+
+def test_gh200_and_mi325x_are_their_siblings_compute_on_their_own_systems():
+    catalog = R.load_catalog()
+    gh200, h100, mi325x, mi300x = (catalog.find_gpu(n) for n in ("GH200-96GB", "H100", "Instinct-MI325X", "MI300X"))
+    assert (gh200.name, mi325x.name) == ("gh200", "mi325x")
+    # the same tensor cores: the datasheets print the H100 SXM's and the MI300X's peaks
+    assert gh200.peak_flops == h100.peak_flops and gh200.generation == "hopper" and gh200.kernel_class == ""
+    assert mi325x.peak_flops == mi300x.peak_flops and mi325x.generation == "cdna3"
+    # what differs: memory, the quad-GH200 node (NVLink mesh, one 200Gb/s NIC and a 450GB/s C2C host link per GPU)
+    assert (gh200.hbm_bytes, catalog.gpus["gh200-144gb"].hbm_bytes, mi325x.hbm_bytes) == (96 * 2**30, 144 * 2**30,
+                                                                                          256 * 2**30)
+    assert (gh200.default_gpus_per_node, gh200.nvlink_domain_gpus) == (4, 4)
+    assert gh200.inter_node_bandwidth_bytes_per_s == pytest.approx(25e9)
+    assert gh200.pcie_bandwidth_bytes_per_s == pytest.approx(450e9)
+    assert gh200.host_memory_bytes == 4 * 120 * 2**30
+    assert (gh200.tdp_w, mi325x.tdp_w) == (700.0, 1000.0)
+
+
 def test_every_calibration_row_parses_or_is_skipped_with_a_reason():
     rows = R.read_rows(CSV)
     parsed = skipped = 0
