@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Accuracy of the cost model against published training runs: generalisation, not fit.
 
-    python benchmarks/accuracy.py [CSV] [--json] [--refit] [--profile FILE]
+    python benchmarks/accuracy.py [CSV] [--json] [--refit] [--profile FILE] [--unsourced]
 
 CSV: any file with the columns of benchmarks/data/published_runs_dev.csv (default: that file,
 the vendored calibration set). Each row is parsed by compiler/calibration/runs.py into the
@@ -34,7 +34,9 @@ and ends with the LOSO figure:
 ``--json`` prints every row's in-sample and LOSO prediction with its regime features and its 80% band
 (``predicted_low``, ``predicted_high``: tokens/s per GPU about the LOSO prediction).
 ``--profile FILE`` costs every row with a cluster profile's constants (`dtc calibrate`), both
-columns alike: a profile has no leave-one-source-out refits.
+columns alike: a profile has no leave-one-source-out refits. ``--unsourced`` also predicts the rows of
+architectures whose distinctive kernel no benchmark describes (runs.py UNSOURCED_ARCHITECTURES: gpt-oss's
+sink attention), which the fit and the default figures leave out.
 """
 from __future__ import annotations
 
@@ -187,9 +189,10 @@ def stats(errors: list[float]) -> dict[str, float]:
             "p90_abs_error": percentile(absolute, 0.9), "median_error": percentile(errors, 0.5)}
 
 
-def run(csv_path: str | Path = CALIBRATION_CSV, *, refit: bool = False, efficiency: Efficiency | None = None) -> Report:
+def run(csv_path: str | Path = CALIBRATION_CSV, *, refit: bool = False, efficiency: Efficiency | None = None,
+        unsourced: bool = False) -> Report:
     eff = efficiency or load_efficiency()
-    runs, skipped = load_runs(csv_path)
+    runs, skipped = load_runs(csv_path, unsourced=unsourced)
     loso_from = "committed"
     if refit:
         calibration = runs if Path(csv_path).resolve() == CALIBRATION_CSV.resolve() else load_runs(CALIBRATION_CSV)[0]
@@ -288,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit", action="store_true",
                         help="refit the constants and the leave-one-source-out refits now (minutes) instead of "
                              "reading them from compiler/data/efficiency.yaml")
+    parser.add_argument("--unsourced", action="store_true",
+                        help="also predict the rows of architectures whose distinctive kernel has no benchmark "
+                             "(compiler/calibration/runs.py UNSOURCED_ARCHITECTURES: gpt-oss); never fitted")
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="cost with this cluster profile's constants (written by dtc calibrate)")
     args = parser.parse_args(argv)
@@ -308,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --profile and --refit exclude each other", file=sys.stderr)
             return 2
         efficiency = profile.efficiency(load_efficiency())
-    report = run(args.csv, refit=args.refit, efficiency=efficiency)
+    report = run(args.csv, refit=args.refit, efficiency=efficiency, unsourced=args.unsourced)
     if args.profile is not None:
         report.loso_from = f"profile {args.profile}"
     if args.json:

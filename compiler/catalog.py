@@ -363,8 +363,8 @@ def _int_record(ctx: _Ctx, cls, raw: Any, what: str) -> dict:
     return {k: _int(ctx, v, f"{what}.{k}") for k, v in raw.items()}
 
 
-_SHAPE_CHOICES = {"mlp": ("swiglu", "gelu"), "norm": ("rmsnorm", "layernorm"), "position": ("rope", "learned")}
-_SHAPE_BOOLS = ("tied_embeddings", "attention_bias", "linear_bias")
+_SHAPE_CHOICES = {"mlp": ("swiglu", "gelu", "quick_geglu"), "norm": ("rmsnorm", "layernorm"), "position": ("rope", "learned")}
+_SHAPE_BOOLS = ("tied_embeddings", "attention_bias", "linear_bias", "attention_sinks")
 _SHAPE_POSITIVE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
 
 
@@ -388,6 +388,8 @@ def _parse_shape(ctx: _Ctx, raw: Any) -> ModelShape:
         raise ctx.error("shape.num_attention_heads must be a multiple of shape.num_kv_heads")
     if shape.position == "learned" and shape.max_position_embeddings <= 0:
         raise ctx.error("learned positions need shape.max_position_embeddings > 0")
+    if shape.full_attention_every and not shape.window_size:
+        raise ctx.error("shape.full_attention_every needs shape.window_size > 0")
     if shape.moe is not None:
         m = shape.moe
         if not (1 <= m.top_k <= m.num_experts) or m.layer_freq < 1 or m.first_dense_layers >= shape.num_layers:
@@ -416,7 +418,8 @@ def _parse_hyper(ctx: _Ctx, raw: Any, shape: ModelShape) -> ModelHyperparameters
                                                                        "rope_scaling.original_max_position_embeddings", 1)}
         for key in names:
             if key in sc and key not in kw:
-                kw[key] = _float(ctx, sc[key], f"rope_scaling.{key}")
+                kw[key] = _bool(ctx, sc[key], f"rope_scaling.{key}") if key == "round_correction_range" \
+                    else _float(ctx, sc[key], f"rope_scaling.{key}")
         scaling = RopeScaling(**kw)
     sources_raw = _check_keys(ctx, raw["sources"], ("rope_theta", "rope_scaling", "norm_eps", "init_std"),
                               ("norm_eps", "init_std"), "hyperparameters.sources")

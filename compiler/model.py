@@ -9,10 +9,13 @@ architectures in the catalog and are tested against the published totals.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-MlpKind = Literal["swiglu", "gelu"]
+MlpKind = Literal["swiglu", "gelu", "quick_geglu"]
+# gated MLPs (gate and up projections, then down: three matrices): SwiGLU (Llama) and gpt-oss's quick-GEGLU
+# (x * sigmoid(1.702 x) on the gate, +1 on the linear half, both clamped at 7; Megatron's --quick-geglu)
+GATED_MLPS = ("swiglu", "quick_geglu")
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned"]
 
@@ -62,6 +65,29 @@ class ModelShape:
     moe: MoEShape | None = None
     mla: MLAShape | None = None
     extra_params: int = 0  # published parts outside the decoder stack (e.g. DeepSeek-V3 MTP module)
+    # sliding-window attention (Megatron's --window-size W,0 and --window-attn-skip-freq): a windowed layer's query
+    # attends to itself and the W keys before it; 0: every layer attends to the whole causal context
+    # (plan.json leaves these three out at their defaults: plans of other models keep their bytes)
+    window_size: int = field(default=0, metadata={"omit_if_default": True})
+    # every n-th layer (1-based) attends fully, the others are windowed; 0: none
+    full_attention_every: int = field(default=0, metadata={"omit_if_default": True})
+    # a learnable softmax offset per head (gpt-oss; Megatron --softmax-type learnable)
+    attention_sinks: bool = field(default=False, metadata={"omit_if_default": True})
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp in GATED_MLPS
+
+    def is_window_layer(self, index: int) -> bool:
+        """0-based ``index``: does that decoder layer attend through the sliding window? (Megatron's
+        is_layer_window_attention: with skip frequency n, 1-based layer numbers divisible by n attend fully.)"""
+        if not self.window_size:
+            return False
+        return not self.full_attention_every or (index + 1) % self.full_attention_every != 0
+
+    @property
+    def num_window_layers(self) -> int:
+        return sum(self.is_window_layer(i) for i in range(self.num_layers))
 
     @property
     def kv_channels(self) -> int:
@@ -109,6 +135,9 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # yarn: the correction range's ends rounded to whole dimensions (DeepSeek-V3's reference code, Megatron's
+    # default) or not (gpt-oss: its reference RotaryEmbedding does not round; Hugging Face's truncate: false)
+    round_correction_range: bool = field(default=True, metadata={"omit_if_default": True})
 
 
 @dataclass(frozen=True)
@@ -222,12 +251,14 @@ def _attention_params(s: ModelShape) -> int:
         params += q_out + 2 * kv_out
     if s.linear_bias:
         params += h  # output projection bias
+    if s.attention_sinks:
+        params += s.num_attention_heads  # one learnable softmax offset per head
     return params
 
 
 def _mlp_params(s: ModelShape, ffn: int) -> int:
     h = s.hidden_size
-    if s.mlp == "swiglu":
+    if s.gated_mlp:
         params = 3 * h * ffn
         if s.linear_bias:
             params += 2 * ffn + h

@@ -262,12 +262,15 @@ _PLAIN = (str, int, float, bool, type(None))  # what _to_data returns as it is (
 
 
 @functools.cache
-def _data_fields(cls: Any) -> tuple[tuple[str, bool], ...] | None:
-    """(name, omitted when None) of each field of the dataclass ``cls``; None when ``cls`` is not a dataclass.
-    A plan holds thousands of pipeline events: the fields are looked up once per class."""
+def _data_fields(cls: Any) -> tuple[tuple[str, bool, Any], ...] | None:
+    """(name, omitted when at its default, the default) of each field of the dataclass ``cls``; None when ``cls``
+    is not a dataclass. A field marked omit_if_none (its default None) or omit_if_default (a field added after
+    plans were written: plans that do not use it keep their bytes) is left out at its default. A plan holds
+    thousands of pipeline events: the fields are looked up once per class."""
     if not dataclasses.is_dataclass(cls):
         return None
-    return tuple((f.name, bool(f.metadata.get("omit_if_none"))) for f in dataclasses.fields(cls))
+    return tuple((f.name, bool(f.metadata.get("omit_if_none") or f.metadata.get("omit_if_default")), f.default)
+                 for f in dataclasses.fields(cls))
 
 
 def _to_data(obj: Any) -> Any:
@@ -276,8 +279,12 @@ def _to_data(obj: Any) -> Any:
         return obj
     fields = _data_fields(cls)
     if fields is not None:
-        return {name: _to_data(value) for name, omit in fields
-                if not ((value := getattr(obj, name)) is None and omit)}
+        out = {}
+        for name, omit, default in fields:
+            value = getattr(obj, name)
+            if not (omit and value == default):
+                out[name] = _to_data(value)
+        return out
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if isinstance(obj, Mapping):

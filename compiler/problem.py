@@ -338,6 +338,10 @@ def _check_shape(s: ModelShape, src: SourceMap, diags: list[Diagnostic]) -> None
     if s.position == "learned" and not s.max_position_embeddings:
         diags.append(src.diagnostic(("model", "position"), "learned positions need max_position_embeddings, got none",
                                     "add max_position_embeddings: 2048"))
+    if s.full_attention_every and not s.window_size:
+        diags.append(src.diagnostic(("model", "full_attention_every"),
+                                    f"full_attention_every needs a sliding window, got window_size {s.window_size}",
+                                    "add window_size: 128 (the window in tokens), or remove full_attention_every"))
     if s.moe is not None and s.moe.first_dense_layers >= s.num_layers:
         diags.append(src.diagnostic(("model", "moe", "first_dense_layers"),
                                     f"first_dense_layers must be less than num_layers ({s.num_layers}), got {s.moe.first_dense_layers}",

@@ -49,6 +49,7 @@ PP_SPLIT_INVALID = "pp_split_invalid"
 SCHEDULE_INVALID = "schedule_invalid"
 MICROBATCHES_NOT_DIVISIBLE = "microbatches_not_divisible"
 CP_NOT_DIVISOR = "cp_not_divisor"
+CP_UNSUPPORTED = "cp_unsupported"
 EP_INVALID = "ep_invalid"
 SP_INVALID = "sp_invalid"
 DP_SHARD_INVALID = "dp_shard_invalid"
@@ -73,6 +74,7 @@ CODES: Mapping[str, str] = {
     SCHEDULE_INVALID: "virtual stages need pp > 1 and the interleaved 1F1B schedule, which needs them",
     MICROBATCHES_NOT_DIVISIBLE: "interleaved 1F1B needs the micro-batch count to be a multiple of pp",
     CP_NOT_DIVISOR: "2 x cp must divide the sequence length (causal load balancing)",
+    CP_UNSUPPORTED: "context parallelism cannot run the model's attention (learnable softmax sinks)",
     EP_INVALID: "ep needs an MoE model and must divide the experts and dp x cp (it is carved out of them)",
     SP_INVALID: "sequence parallel needs tp > 1 and tp x cp dividing the sequence length",
     DP_SHARD_INVALID: "dp_shard must divide dp, and ZeRO stage 0 does not shard",
@@ -349,6 +351,16 @@ def _cp(f: Facts, k: Knobs) -> "Rejection | None":
                   "2 x cp divides the sequence length", cp=k.cp, seq_len=f.seq_len)
 
 
+def _cp_attention(f: Facts, k: Knobs) -> "Rejection | None":
+    if k.cp is None or k.cp == 1 or not f.shape.attention_sinks:
+        return None
+    # Transformer Engine's p2p context parallelism (Megatron's default --cp-comm-type) rejects softmax_type
+    # learnable, and its helpers dropped the offset (NVIDIA/TransformerEngine issue 2541, fix open in pull 3551)
+    return reject(CP_UNSUPPORTED, "cp", f"context_parallel cannot run attention with learnable sinks, got cp={k.cp}",
+                  "use context_parallel: 1: Transformer Engine's ring (p2p) context parallelism does not run "
+                  "learnable softmax sinks (TransformerEngine issue 2541)", cp=k.cp)
+
+
 def _ep(f: Facts, k: Knobs) -> "Rejection | None":
     if k.ep is None or k.ep == 1:
         return None
@@ -446,6 +458,7 @@ RULES: tuple[Rule, ...] = (
     Rule(SCHEDULE_INVALID, ("vpp", "schedule", "pp"), _schedule),
     Rule(MICROBATCHES_NOT_DIVISIBLE, ("schedule", "pp", "grad_accum"), _microbatches),
     Rule(CP_NOT_DIVISOR, ("cp",), _cp),
+    Rule(CP_UNSUPPORTED, ("cp",), _cp_attention),
     Rule(EP_INVALID, ("ep", "dp", "cp"), _ep),
     Rule(SP_INVALID, ("sequence_parallel", "tp", "cp"), _sp),
     Rule(DP_SHARD_INVALID, ("dp_shard", "zero_stage", "dp"), _dp_shard),
@@ -459,7 +472,7 @@ RULES: tuple[Rule, ...] = (
 # GPU count, the batch, tensor parallel across nodes and the frameworks' support are the search's and
 # the commands' business (benchmarks cost published layouts outside any spec's range).
 COSTED_CODES: tuple[str, ...] = (PRECISION_UNSUPPORTED, TP_NOT_DIVISOR, PP_SPLIT_INVALID, SCHEDULE_INVALID,
-                                 MICROBATCHES_NOT_DIVISIBLE, CP_NOT_DIVISOR, EP_INVALID, SP_INVALID, DP_SHARD_INVALID,
+                                 MICROBATCHES_NOT_DIVISIBLE, CP_NOT_DIVISOR, CP_UNSUPPORTED, EP_INVALID, SP_INVALID, DP_SHARD_INVALID,
                                  OFFLOAD_INVALID)
 
 

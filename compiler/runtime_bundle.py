@@ -61,6 +61,12 @@ def model_unsupported(shape: ModelShape, hyper: ModelHyperparameters | None = No
                 "parallelism; use the megatron target)")
     if shape.mla is not None:
         return "multi-head latent attention (use the megatron target)"
+    if shape.window_size:
+        return "sliding-window attention (use the megatron target)"
+    if shape.attention_sinks:
+        return "attention sinks (use the megatron target)"
+    if shape.mlp not in ("swiglu", "gelu"):
+        return f"the {shape.mlp} MLP (the runtime builds swiglu and gelu; use the megatron target)"
     scaling = hyper.rope_scaling if hyper is not None else None
     if scaling is not None and scaling.kind != "llama3":
         return f"{scaling.kind} rope scaling (the runtime implements Llama 3.1's)"

@@ -444,6 +444,42 @@ def test_tp2_ep2_moe_runs_its_experts_whole_on_cpu(tmp_path):
     assert any("model states not judged" in n and "etp=1" in n for n in t.notes)
 
 
+GPT_OSS_SPEC = """
+name: {name}
+model:
+  preset: gpt-oss-20b
+training:
+  tokens: 1B
+  sequence_length: 1024
+  global_batch: 8
+  precision: bf16
+cluster:
+  gpu: b200
+  num_gpus: 8
+targets: [megatron]
+"""
+
+
+@pytest.mark.slow
+def test_gpt_oss_attention_and_activation_run(tmp_path):
+    """gpt-oss's parts really run in Megatron on CPU: alternating sliding-window layers (--window-size,
+    --window-attn-skip-freq), a learnable softmax sink per head (--softmax-type learnable), the clamped quick-GEGLU
+    with its +1 offset, biases and non-MLA YaRN, with two expert-parallel ranks."""
+    from compiler.artifacts import write_artifacts
+    from compiler.render.all_targets import render
+    from plan_fixtures import layout_for, plan_for, problem_for
+
+    problem = problem_for(GPT_OSS_SPEC.format(name="mg-gpt-oss"))
+    plan = plan_for(problem, layout_for(problem, ep=2, dp_shard=8, zero_stage=1, micro_batch=1))
+    folder = tmp_path / "mg-gpt-oss"
+    write_artifacts(render(plan, targets=plan.targets), folder)
+    t = _run(folder, tmp_path / "work")
+    _passed(t, ranks=2)
+    for flag in ("--window-size 16,0", "--window-attn-skip-freq 2", "--softmax-type learnable", "--quick-geglu",
+                 "--activation-func-clamp-value 7.0", "--position-embedding-type yarn"):
+        assert flag in t.command, flag
+
+
 GPT_SPEC = """
 name: {name}
 model:

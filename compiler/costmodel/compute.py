@@ -76,10 +76,28 @@ def layer_gemm_params_per_token(shape: ModelShape, pc: ParamCount) -> float:
     return gemm_params_per_token(shape, pc) - shape.vocab_size * shape.hidden_size
 
 
+def window_keys_per_query(window: int, seq_len: float) -> float:
+    """Keys a query attends to on average in a causal sliding-window layer: itself and the ``window`` before it,
+    fewer for the first ``window`` positions of a sequence; s/2 (the causal convention) once the window spans the
+    sequence."""
+    if window + 1 >= seq_len / 2.0:
+        return min(seq_len / 2.0, window + 1.0)
+    return window + 1.0 - window * (window + 1.0) / (2.0 * seq_len)
+
+
+def mean_keys_per_query(shape: ModelShape, seq_len: float) -> float:
+    """Keys per query averaged over the decoder layers: s/2 for causal attention, the window's for windowed layers
+    (ModelShape.is_window_layer)."""
+    n_window = shape.num_window_layers
+    full = seq_len / 2.0
+    return full + n_window * (window_keys_per_query(shape.window_size, seq_len) - full) / shape.num_layers
+
+
 def attention_core_flops_per_token_forward(shape: ModelShape, seq_len: int) -> float:
-    """QK^T and AV over s/2 keys on average (causal), all layers, forward only."""
+    """QK^T and AV over s/2 keys on average (causal; a sliding window's keys in windowed layers), all layers,
+    forward only."""
     w = attention_widths(shape)
-    return shape.num_layers * 2.0 * w.heads * (w.qk_head_dim + w.v_head_dim) * seq_len / 2.0
+    return shape.num_layers * 2.0 * w.heads * (w.qk_head_dim + w.v_head_dim) * mean_keys_per_query(shape, seq_len)
 
 
 def model_flops_per_token(shape: ModelShape, pc: ParamCount, seq_len: int) -> float:
@@ -220,7 +238,7 @@ def attention_gemms(setup: Setup, tokens: float) -> list[Gemm]:
 
 def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str, grouped: bool = False) -> list[Gemm]:
     shape, tp, dt = setup.shape, setup.layout.tp, setup.recipe.gemm_dtype
-    up = 2 if shape.mlp == "swiglu" else 1
+    up = 2 if shape.gated_mlp else 1
     h = shape.hidden_size
     return [Gemm(f"{name}_fc1", tokens, up * ffn / tp, h, count, dt, grouped),
             Gemm(f"{name}_fc2", tokens, h, ffn / tp, count, dt, grouped)]
@@ -273,11 +291,12 @@ def quantize_time_s(setup: Setup, gemms: list[Gemm]) -> tuple[float, float]:
 # --- attention core and memory-bound work --------------------------------------------------------------
 
 
-def attention_core_flops_forward_per_layer(setup: Setup) -> float:
-    """One layer, one micro-batch, one GPU: local queries x (heads / tp) x s/2 keys (causal)."""
+def attention_core_flops_forward_per_layer(setup: Setup, keys_per_query: float | None = None) -> float:
+    """One layer, one micro-batch, one GPU: local queries x (heads / tp) x s/2 keys (causal), or
+    ``keys_per_query``."""
     w = attention_widths(setup.shape)
-    return (2.0 * setup.tokens_per_microbatch * (w.heads / setup.layout.tp) * (w.qk_head_dim + w.v_head_dim)
-            * setup.seq_len / 2.0)
+    keys = setup.seq_len / 2.0 if keys_per_query is None else keys_per_query
+    return 2.0 * setup.tokens_per_microbatch * (w.heads / setup.layout.tp) * (w.qk_head_dim + w.v_head_dim) * keys
 
 
 def attention_variant(setup: Setup) -> str:
@@ -328,13 +347,27 @@ def _attention_core_time_s(setup: Setup) -> tuple[float, float]:
                                        measured=physics.gemm_measured_tflops) if ref is not None else 1.0
     scale /= setup.eff.fit("compute_scale") * setup.power_factor * setup.eff.profile_scale("attention_scale")
     seq = setup.seq_len / setup.layout.cp  # each CP rank's kernels see its chunk of queries and keys
-    scale /= long_sequence_attention_factor(seq, setup.eff.profile_scale("long_sequence_attention_scale"))
-    flops = attention_core_flops_forward_per_layer(setup)
-    total = flops * curve.seconds_per_forward_flop(seq) * scale
-    if curve.fwd:
-        fwd = flops / (curve._at(curve.fwd, seq) * 1e12) * scale
-        return fwd, total - fwd
-    return total / 3.5, total * 2.5 / 3.5
+
+    def timed(flops: float, seq: float) -> tuple[float, float]:
+        scaled = scale / long_sequence_attention_factor(seq, setup.eff.profile_scale("long_sequence_attention_scale"))
+        total = flops * curve.seconds_per_forward_flop(seq) * scaled
+        if curve.fwd:
+            fwd = flops / (curve._at(curve.fwd, seq) * 1e12) * scaled
+            return fwd, total - fwd
+        return total / 3.5, total * 2.5 / 3.5
+
+    full = timed(attention_core_flops_forward_per_layer(setup), seq)
+    shape = setup.shape
+    n_window = shape.num_window_layers
+    if not n_window:
+        return full
+    # a windowed layer's kernel (FlashAttention's window_size, cuDNN's sliding window) runs each query block over
+    # the key blocks its window reaches: as much work per query, and as many partly masked blocks, as causal
+    # attention over a sequence twice the window, so its rate is the curve's there; the layers' mean is costed
+    keys = window_keys_per_query(shape.window_size, setup.seq_len)
+    window = timed(attention_core_flops_forward_per_layer(setup, keys), min(seq, 2.0 * keys))
+    share = n_window / shape.num_layers
+    return full[0] + share * (window[0] - full[0]), full[1] + share * (window[1] - full[1])
 
 
 def long_sequence_attention_factor(seq: float, scale_at_32k: float) -> float:
@@ -356,7 +389,7 @@ def elementwise_bytes_per_token(setup: Setup, moe_layer: bool, eager: bool) -> f
     out = 2 * shape.hidden_size * (norm + table["residual"][k])
     if shape.position == "rope":
         out += (w.q_width + w.k_width) * table["rope"][k]
-    act = table["swiglu" if shape.mlp == "swiglu" else "gelu"][k]
+    act = table["swiglu" if shape.gated_mlp else "gelu"][k]
     if moe_layer and shape.moe is not None:
         m = shape.moe
         ffn = m.top_k * m.expert_ffn_hidden_size + m.num_shared_experts * m.shared_ffn
@@ -476,7 +509,7 @@ def skipped_mm_share(setup: Setup, moe_layer: bool) -> float:
     w = attention_widths(shape)
     h = shape.hidden_size
     f = shape.ffn_hidden_size if not (moe_layer and shape.moe) else shape.moe.top_k * shape.moe.expert_ffn_hidden_size
-    up = 2 if shape.mlp == "swiglu" else 1
+    up = 2 if shape.gated_mlp else 1
     total = h * (w.q_width + w.k_width + w.v_width) + w.out_width * h + (up + 1) * h * f
     skipped = h * w.k_width + w.out_width * h + (h * f if up == 2 else 0)
     return skipped / total

@@ -57,6 +57,23 @@ def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
             "first forward, gradients reduce-scattered over all dp x cp ranks every micro-batch.",)
 
 
+def attention_kind_assumption(setup: Setup) -> tuple[str, ...]:
+    """How sliding-window layers and attention sinks are costed, and that no kernel benchmark backs it."""
+    shape = setup.shape
+    if not (shape.window_size or shape.attention_sinks):
+        return ()
+    what = []
+    if shape.window_size:
+        what.append(f"{shape.num_window_layers} of {shape.num_layers} layers attend through a {shape.window_size}-token "
+                    "window, costed at the attention curve's rate for causal attention over twice the window and "
+                    "counted in the model FLOPs with the window's keys")
+    if shape.attention_sinks:
+        what.append("the learnable sink per head is costed as plain attention")
+    return ("Attention: " + "; ".join(what) + ". No kernel benchmark of windowed or sink attention backs this, and "
+            "Megatron-Bridge's published gpt-oss-120b runs measure well below such predictions (README, known limits; "
+            "benchmarks/accuracy.py --unsourced): expect a slower run.",)
+
+
 def host_memory_assumption(setup: Setup, memory: MemoryBreakdown) -> tuple[str, ...]:
     """What the host-memory check of CPU offload covers, or that it was not made."""
     if not memory.cpu_bytes_per_node:
@@ -413,7 +430,8 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + host_memory_assumption(setup, memory)
+        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + attention_kind_assumption(setup)
+        + host_memory_assumption(setup, memory)
         + (precision_assumption(setup),
                                    f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
                                    f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "

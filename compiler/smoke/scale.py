@@ -280,7 +280,10 @@ def reduce_shape(shape: ModelShape, *, tp: int, num_chunks: int) -> ModelShape:
         vocab_size=SMOKE_VOCAB, head_dim=head_dim, mlp=shape.mlp, norm=shape.norm, position=shape.position,
         max_position_embeddings=SMOKE_SEQ_LEN if shape.position == "learned" else 0,
         tied_embeddings=shape.tied_embeddings, attention_bias=shape.attention_bias, linear_bias=shape.linear_bias,
-        moe=moe, mla=mla, extra_params=0)
+        moe=moe, mla=mla, extra_params=0,
+        # a window the short smoke sequence does not span, so windowed layers really mask
+        window_size=min(shape.window_size, SMOKE_SEQ_LEN // 4) if shape.window_size else 0,
+        full_attention_every=min(shape.full_attention_every, 2), attention_sinks=shape.attention_sinks)
 
 
 def built_shape(shape: ModelShape, target: str) -> ModelShape:
@@ -306,6 +309,9 @@ def _shape_changes(plan_shape: ModelShape, small: ModelShape) -> list[Change]:
         out.append(Change("num_experts", plan_shape.moe.num_experts, small.moe.num_experts,
                           "MoE kept with fewer experts; note: the built-in reference models run the MoE "
                           "layers as dense MLPs"))
+    if plan_shape.window_size and small.window_size != plan_shape.window_size:
+        out.append(Change("window_size", plan_shape.window_size, small.window_size,
+                          f"a window shorter than the {SMOKE_SEQ_LEN}-token smoke sequence, so it masks"))
     if plan_shape.mla is not None:
         out.append(Change("attention", "MLA", "MLA (small ranks)", "the built-in reference models run MLA "
                                                                   "layers as GQA attention"))

@@ -206,13 +206,23 @@ class ModelSpec(_Strict):
     num_kv_heads: PosInt | None = Field(None, description="Key/value heads (GQA); default: num_attention_heads (MHA).")
     head_dim: PosInt | None = Field(None, description="Per-head width; default hidden_size / num_attention_heads.")
     vocab_size: PosInt | None = Field(None, description="Vocabulary size.")
-    mlp: Literal["swiglu", "gelu"] | None = Field(None, description="MLP type: swiglu (3 matrices) or gelu (2).")
+    mlp: Literal["swiglu", "gelu", "quick_geglu"] | None = Field(
+        None, description="MLP type: swiglu (3 matrices), gelu (2), or quick_geglu (3: gpt-oss's gated "
+                          "x*sigmoid(1.702x), clamped at 7, +1 on the linear half).")
     norm: Literal["rmsnorm", "layernorm"] | None = Field(None, description="Normalisation layer.")
     position: Literal["rope", "learned"] | None = Field(None, description="Position embedding type.")
     max_position_embeddings: PosInt | None = Field(None, description="Learned position table size (learned positions only).")
     tied_embeddings: bool | None = Field(None, description="Share the input embedding and output layer weights.")
     attention_bias: bool | None = Field(None, description="Biases on the q/k/v projections (Qwen).")
     linear_bias: bool | None = Field(None, description="Biases on every linear layer (GPT-2/3 style).")
+    window_size: Annotated[int, Field(ge=0, le=1 << 24)] | None = Field(
+        None, description="Sliding-window attention: a windowed layer's query sees itself and this many keys "
+                          "before it (gpt-oss: 128); 0: full causal attention everywhere.")
+    full_attention_every: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = Field(
+        None, description="With window_size: every n-th layer attends fully, the rest through the window "
+                          "(gpt-oss: 2, alternating); 0: every layer is windowed.")
+    attention_sinks: bool | None = Field(
+        None, description="A learnable softmax offset per attention head (gpt-oss's attention sinks).")
     moe: MoESpec | None = Field(None, description="Mixture-of-experts settings; absent for a dense model.")
     init: str | None = Field(
         None, pattern=PATH_RE,

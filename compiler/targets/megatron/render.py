@@ -204,11 +204,16 @@ def _model(plan: Plan) -> list[list[str]]:
             out.append(_f("--kv-channels", s.kv_channels))
     out.append(_f("--seq-length", seq))
     out.append(_f("--max-position-embeddings", max(seq, s.max_position_embeddings)))
-    out.append(_f("--position-embedding-type", "rope" if s.position == "rope" else "learned_absolute"))
+    out.append(_f("--position-embedding-type", _position_type(plan)))
     out.append(_f("--normalization", "RMSNorm" if s.norm == "rmsnorm" else "LayerNorm"))
     out += _hyperparameters(plan)
     if s.mlp == "swiglu":
         out.append(["--swiglu"])
+    elif s.mlp == "quick_geglu":
+        # gpt-oss's gated activation (Megatron-Bridge GPTOSSProvider: quick_gelu, glu_linear_offset 1.0,
+        # activation_func_clamp_value 7.0; openai/gpt-oss's swiglu: alpha 1.702, limit 7.0, (up + 1))
+        out += [["--quick-geglu"], _f("--glu-linear-offset", 1.0), _f("--activation-func-clamp-value", 7.0)]
+    out += _attention_kind(s)
     if not s.tied_embeddings:
         out.append(["--untie-embeddings-and-output-weights"])
     if not s.linear_bias:
@@ -223,6 +228,26 @@ def _model(plan: Plan) -> list[list[str]]:
     return out
 
 
+def _position_type(plan: Plan) -> str:
+    s, scaling = _shape(plan), plan.model.hyperparameters.rope_scaling
+    if s.position != "rope":
+        return "learned_absolute"
+    return "yarn" if s.mla is None and scaling is not None and scaling.kind == "yarn" else "rope"
+
+
+def _attention_kind(s: ModelShape) -> list[list[str]]:
+    """Sliding-window layers (Megatron's is_layer_window_attention: 1-based layer numbers divisible by the skip
+    frequency attend fully) and attention sinks (a learnable softmax offset per head)."""
+    out = []
+    if s.window_size:
+        out.append(_f("--window-size", f"{s.window_size},0"))
+        if s.full_attention_every:
+            out.append(_f("--window-attn-skip-freq", s.full_attention_every))
+    if s.attention_sinks:
+        out.append(_f("--softmax-type", "learnable"))
+    return out
+
+
 def _hyperparameters(plan: Plan) -> list[list[str]]:
     """The catalog's rope base and scaling, norm epsilon and init std (plan.model.hyperparameters, each
     with its source in compiler/data/models.yaml); Megatron's defaults (10000, 1e-5, 0.02) are right
@@ -234,6 +259,16 @@ def _hyperparameters(plan: Plan) -> list[list[str]]:
         if h.rope_scaling is not None and h.rope_scaling.kind == "llama3":
             # Megatron's apply_rope_scaling: Llama 3.1's low/high frequency factors 1 and 4, original 8192
             out += [["--use-rope-scaling"], _f("--rope-scaling-factor", h.rope_scaling.factor)]
+        elif h.rope_scaling is not None and h.rope_scaling.kind == "yarn":
+            # a non-MLA YaRN model (gpt-oss): training/argument_utils.py _apply_yarn_config_from_args maps these;
+            # the mscale defaults (1, 0) give YaRN's 0.1 ln(factor) + 1 attention factor, as openai/gpt-oss's
+            # RotaryEmbedding applies it
+            sc = h.rope_scaling
+            out += [_f("--rotary-scaling-factor", sc.factor),
+                    _f("--yarn-original-max-position-embeddings", sc.original_max_position_embeddings),
+                    _f("--yarn-beta-fast", sc.beta_fast), _f("--yarn-beta-slow", sc.beta_slow)]
+            if not sc.round_correction_range:
+                out.append(["--no-yarn-correction-range-round-to-int"])
     return out
 
 

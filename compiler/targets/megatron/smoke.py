@@ -180,6 +180,9 @@ def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
         "--lr-warmup-iters": 1, "--lr-decay-iters": setup.steps, "--log-interval": 1,
         # model.init's converted checkpoint is of the full model, which the smoke scales down
         "--pretrained-checkpoint": None,
+        # a window shorter than the smoke's sequence, so the windowed layers really mask (scale.smoke_shape)
+        "--window-size": f"{s.window_size},0" if s.window_size else None,
+        "--window-attn-skip-freq": s.full_attention_every or None,
     }
     for flag in SPLIT_FLAGS:
         values[flag] = None
