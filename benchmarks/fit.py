@@ -16,7 +16,9 @@ compiler.costmodel.efficiency.FIT_PARAMETERS on every modellable run
   regime features (framework, GPU generation, precision / fp8 recipe, PP/VPP, CP, EP,
   FSDP/ZeRO-3, offload, scale, sequence length), from which error bands are derived, and the
   widening of an uncalibrated band at which 80% of the runs whose leave-one-source-out band is
-  uncalibrated fall inside it (compiler/costmodel/bands.py calibrate_widening).
+  uncalibrated fall inside it (compiler/costmodel/bands.py calibrate_widening); and the same residuals of
+  the runs of architectures kept out of the fit (``unsourced_rows``: compiler/calibration/runs.py
+  UNSOURCED_ARCHITECTURES), which give the bands of plans of such models and nothing else.
 
 ``--check`` writes nothing and exits 1 if either file differs from what it would write.
 The output is deterministic: the same inputs give the same bytes. It takes minutes (every run
@@ -77,17 +79,25 @@ def build(progress=None) -> tuple[str, str]:
     base = prior_efficiency()
     result = fit_with_loso(runs, base=base, progress=progress)
     eff = base.with_fitted(result.fitted)
-    rows, ins, loso = [], [], []
-    for r in sorted(runs, key=lambda r: (int(r.row_id) if r.row_id.isdigit() else 0, r.row_id)):
-        e_in = predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
-        e_lo = predict(r, base.with_fitted(result.loso[r.source_id])).tokens_per_s_per_gpu \
-            / r.measured_tokens_per_s_per_gpu - 1.0
-        ins.append(e_in)
-        loso.append(e_lo)
-        rows.append({"row_id": r.row_id, "measured_tokens_per_s_per_gpu": _r4(r.measured_tokens_per_s_per_gpu),
-                     "error_in_sample": _r4(e_in), "error_loso": _r4(e_lo),
-                     "log_error_loso": _r4(math.log1p(e_lo)), "layout": r.layout.describe(),
-                     "model": r.model, "features": r.features})
+    def residual_rows(of: list) -> tuple[list[dict], list[float], list[float]]:
+        out, ins, loso = [], [], []
+        for r in sorted(of, key=lambda r: (int(r.row_id) if r.row_id.isdigit() else 0, r.row_id)):
+            e_in = predict(r, eff).tokens_per_s_per_gpu / r.measured_tokens_per_s_per_gpu - 1.0
+            e_lo = predict(r, base.with_fitted(result.loso.get(r.source_id, result.fitted))).tokens_per_s_per_gpu \
+                / r.measured_tokens_per_s_per_gpu - 1.0
+            ins.append(e_in)
+            loso.append(e_lo)
+            out.append({"row_id": r.row_id, "measured_tokens_per_s_per_gpu": _r4(r.measured_tokens_per_s_per_gpu),
+                        "error_in_sample": _r4(e_in), "error_loso": _r4(e_lo),
+                        "log_error_loso": _r4(math.log1p(e_lo)), "layout": r.layout.describe(),
+                        "model": r.model, "features": r.features})
+        return out, ins, loso
+
+    rows, ins, loso = residual_rows(runs)
+    # the runs of architectures kept out of the fit (runs.py UNSOURCED_ARCHITECTURES): their residuals give the
+    # bands of plans of such models (compiler/costmodel/bands.py table_for), never the fit or the other bands
+    ids = {r.row_id for r in runs}
+    unsourced = residual_rows([r for r in load_runs(CSV, unsourced=True)[0] if r.row_id not in ids])[0]
 
     def summary(errors: list[float]) -> dict[str, float]:
         a = [abs(e) for e in errors]
@@ -126,7 +136,7 @@ def build(progress=None) -> tuple[str, str]:
     yaml.dump(doc, buf)
     residuals = {"schema_version": 1, "generated_by": "python benchmarks/fit.py", **digests,
                  "error": "predicted tokens/s per GPU / measured - 1", "rows": rows,
-                 "uncalibrated_widening": calibrate_widening(rows)}
+                 "uncalibrated_widening": calibrate_widening(rows), "unsourced_rows": unsourced}
     return header + buf.getvalue(), json.dumps(residuals, indent=1, sort_keys=True) + "\n"
 
 

@@ -125,7 +125,9 @@ class ErrorBand:
         if self.profile is not None:
             return (f"from the leave-one-out errors of the {self.runs} runs{few} of the cluster profile "
                     f"'{self.profile}'")
-        if not self.calibrated:
+        if not self.calibrated and self.runs:  # runs of one kind kept out of the fit (bands.unsourced_table)
+            text = f"uncalibrated: a wide band from {self.regime}"
+        elif not self.calibrated:
             text = f"uncalibrated: no published runs near this regime ({self.regime}), a wide default band"
         else:
             text = f"from {self.runs} similar published runs{few} ({self.regime})"

@@ -1,6 +1,6 @@
 """Error bands: how far measured step times fall from the cost model's, in the layout's regime (issue #12).
 
-    band_for(framework=..., gpu_generation=..., precision=..., fp8_recipe=..., layout=...) -> ErrorBand
+    band_for(framework=..., gpu_generation=..., precision=..., fp8_recipe=..., layout=..., shape=...) -> ErrorBand
 
 A band is read from the cost model's leave-one-source-out (LOSO) residuals of the published runs
 (compiler/data/residuals.json, written by benchmarks/fit.py): each run predicted with the constants
@@ -47,6 +47,13 @@ The rule (the numbers below are its only parameters; benchmarks/accuracy.py chec
   The other runs' coverage, and held-out runs, are the checks it does not choose.
 * **Thin.** Uncalibrated, or fewer than ``THIN_RUNS`` runs behind the band: PLAN.md says so and
   names the best layout with a well-calibrated band.
+* **Attention no kernel benchmark describes** (sliding windows, learnable sinks: ``unsourced_attention``).
+  The calibration set's residuals say nothing of how wrong the model is for such a model; the published
+  runs of that kind, kept out of the fit (residuals.json ``unsourced_rows``, each predicted with the
+  constants fitted without its source), do. Its estimates take their bands from those runs alone, by the
+  same rule (``table_for``); from one source they give an uncalibrated band, widened from their own
+  errors, that says how many runs it comes from (gpt-oss-120b's 31 Megatron-Bridge runs: the step time
+  1.0-2.0x the prediction).
 
 A calibrated cluster (``cluster.profile``, written by ``dtc calibrate``): the profile's own
 leave-one-out residuals (each of its runs predicted with the profile refitted without it:
@@ -81,6 +88,7 @@ from compiler.costmodel.context import fp8_recipe_of
 from compiler.costmodel.frameworks import profile_of
 from compiler.estimate import ErrorBand
 from compiler.layout import Layout
+from compiler.model import ModelShape
 from compiler.problem import GpuOption, Problem
 from compiler.profile_ref import ProfileRef
 from compiler.stats import percentile
@@ -198,9 +206,12 @@ class BandTable:
     """The bands of every regime, from a set of residuals (the committed ones, or a synthetic set in tests,
     or all but one source's for leave-one-source-out coverage)."""
 
-    def __init__(self, residuals: Iterable[Residual], *, widening: float | None = None):
-        """``widening``: of an uncalibrated band (module docstring); None: the committed one."""
+    def __init__(self, residuals: Iterable[Residual], *, widening: float | None = None, label: str | None = None):
+        """``widening``: of an uncalibrated band (module docstring); None: the committed one. ``label``: what the
+        residuals are, when they are not the calibration set's (an uncalibrated band then counts them and says
+        so: unsourced_table)."""
         self.residuals = tuple(residuals)
+        self.label = label
         widening = committed_widening() if widening is None else widening
         if not self.residuals:
             raise ValueError("a band table needs at least one residual")
@@ -221,10 +232,10 @@ class BandTable:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], *, exclude_source: str | None = None,
-                  widening: float | None = None) -> "BandTable":
+                  widening: float | None = None, label: str | None = None) -> "BandTable":
         """From residuals.json rows (``log_error_loso`` and ``features``), leaving ``exclude_source`` out."""
         return cls((Residual(float(r["log_error_loso"]), str(r["features"]["source"]), regime_of(r["features"]))
-                    for r in rows if r["features"]["source"] != exclude_source), widening=widening)
+                    for r in rows if r["features"]["source"] != exclude_source), widening=widening, label=label)
 
     def _level_index(self, n: int) -> tuple[list[int], dict[tuple, list[Residual]]]:
         """The residuals of LEVELS[n] by the regime fields it compares (in the table's order), built once."""
@@ -250,6 +261,12 @@ class BandTable:
                                  regime=describe_regime(key, level), calibrated=True,
                                  thin=len(match) < THIN_RUNS, memory_high=1.0 + MEMORY_MARGIN)
         lo, p80, hi = self._wide
+        if self.label is not None:  # the table's own runs, too few sources for a calibrated band
+            return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=len(self.residuals),
+                             sources=len({r.source for r in self.residuals}),
+                             regime=f"{self.label}, for {describe_regime(key, LEVELS[0])}", calibrated=False,
+                             thin=True,
+                             memory_high=1.0 + MEMORY_MARGIN)
         return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=0,
                          sources=0, regime=describe_regime(key, LEVELS[0]), calibrated=False, thin=True,
                          memory_high=1.0 + MEMORY_MARGIN)
@@ -269,6 +286,34 @@ def committed_widening() -> float:
 def default_table() -> BandTable:
     """The bands of the committed residuals (compiler/data/residuals.json), read once."""
     return BandTable.from_rows(_committed_residuals()["rows"])
+
+
+def unsourced_attention(shape: ModelShape) -> bool:
+    """Whether the model's attention is of a kind no kernel benchmark describes (sliding windows, learnable sinks:
+    compiler/calibration/runs.py UNSOURCED_ARCHITECTURES keeps its published runs out of the fit)."""
+    return bool(shape.window_size or shape.attention_sinks)
+
+
+@functools.lru_cache(maxsize=1)
+def unsourced_table() -> BandTable | None:
+    """The bands of the published runs kept out of the fit (residuals.json ``unsourced_rows``); None: none."""
+    rows = _committed_residuals().get("unsourced_rows") or []
+    if not rows:
+        return None
+    sources = len({r["features"]["source"] for r in rows})
+    return BandTable.from_rows(rows, label=f"the {len(rows)} published runs of its attention kind (gpt-oss; "
+                                           f"{sources} source{'s' if sources != 1 else ''}; kept out of the fit)")
+
+
+def table_for(shape: ModelShape) -> BandTable:
+    """The residuals a model's estimates take their bands from: its own kind's runs where the model's attention
+    has no kernel source (unsourced_attention: the calibration set's runs say nothing of how wrong the model is
+    there; those runs do), else the calibration set's."""
+    if unsourced_attention(shape):
+        table = unsourced_table()
+        if table is not None:
+            return table
+    return default_table()
 
 
 @functools.lru_cache(maxsize=1)
@@ -326,10 +371,10 @@ def with_profile(band: ErrorBand, profile: ProfileRef | None) -> ErrorBand:
 
 
 def band_for(*, framework: str, gpu_generation: str, precision: str, fp8_recipe: str, layout: Layout,
-             profile: ProfileRef | None = None) -> ErrorBand:
-    """The 80% band of a layout costed for ``framework`` (a cost profile's name) on a GPU generation, with the
-    constants of ``profile`` when the spec uses one (``with_profile``)."""
-    return with_profile(default_table().band(regime_of(regime_features(
+             shape: ModelShape, profile: ProfileRef | None = None) -> ErrorBand:
+    """The 80% band of a layout of ``shape`` costed for ``framework`` (a cost profile's name) on a GPU generation
+    (table_for), with the constants of ``profile`` when the spec uses one (``with_profile``)."""
+    return with_profile(table_for(shape).band(regime_of(regime_features(
         framework=framework, gpu_generation=gpu_generation, precision=precision, fp8_recipe=fp8_recipe,
         layout=layout))), profile)
 
@@ -339,7 +384,8 @@ def layout_band(problem: Problem, layout: Layout, target: str, gpu: GpuOption) -
     solver's bounds multiply by it)."""
     framework = profile_of(target)
     return band_for(framework=framework.name, gpu_generation=gpu.spec.kernel_family, precision=problem.precision,
-                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout, profile=problem.profile)
+                    fp8_recipe=fp8_recipe_of(problem, framework, gpu), layout=layout, shape=problem.shape,
+                    profile=problem.profile)
 
 
 def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp: int, cp: int, ep: int,
@@ -353,6 +399,7 @@ def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp:
     if own is not None:  # every layout costed with this profile carries its band
         return own.time_factor(confidence)
     out = math.inf
+    table = table_for(problem.shape)
     for target in targets:
         framework = profile_of(target)
         base = {"framework": framework.name, "gpu_generation": gpu.spec.kernel_family,
@@ -362,7 +409,7 @@ def shape_floor(problem: Problem, gpu: GpuOption, targets: Sequence[str], *, pp:
         for vpp in ((False, True) if pp > 1 else (False,)):
             for zero3 in (False, True):
                 for offload in (False, True):
-                    band = default_table().band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
+                    band = table.band_of({**base, "vpp": vpp, "zero3_fsdp": zero3, "offload": offload})
                     out = min(out, band.time_factor(confidence))
     return out
 

@@ -433,9 +433,10 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + attention_kind_assumption(setup)
         + host_memory_assumption(setup, memory)
         + (precision_assumption(setup),
-                                   f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, "
-                                   f"attention kernel: {setup.framework.attention}); GPU {setup.gpu.name} "
-                                   f"({setup.kernel_class} kernels); bottleneck stage {step.bottleneck_stage}.",),
+           f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, attention kernel: "
+           f"{setup.framework.attention}); GPU {setup.gpu.name} ({setup.kernel_class} kernels); bottleneck stage "
+           f"{step.bottleneck_stage}.",),
         band=band_for(framework=setup.framework.name, gpu_generation=setup.gpu.spec.kernel_family,
-                      precision=problem.precision, fp8_recipe=setup.quant_recipe, layout=lay, profile=problem.profile),
+                      precision=problem.precision, fp8_recipe=setup.quant_recipe, layout=lay, shape=problem.shape,
+                      profile=problem.profile),
     )

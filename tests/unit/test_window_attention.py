@@ -198,3 +198,17 @@ targets: [megatron]
     assert (problem.shape.window_size, problem.shape.full_attention_every, problem.shape.num_window_layers) == (256, 4, 6)
     assert problem.shape.attention_sinks and problem.shape.gated_mlp
     assert isinstance(problem.shape, ModelShape)
+
+
+def test_a_gpt_oss_plan_takes_its_band_from_the_gpt_oss_runs():
+    """Its runs were kept out of the fit: the calibration set's bands would claim a certainty the gpt-oss runs
+    contradict (they measure a median 0.68x the predicted throughput), so its band comes from them."""
+    from compiler.costmodel.bands import default_table, table_for, unsourced_table
+
+    band = _estimate(preset="gpt-oss-120b").band
+    assert band is not None and not band.calibrated and band.runs == 31 and band.sources == 1
+    assert band.low == 1.0 and band.high > 1.5 and band.p80 > 1.4
+    assert "31 published runs of its attention kind" in band.describe()
+    assert table_for(GPT_OSS) is unsourced_table()
+    assert table_for(dataclasses.replace(GPT_OSS, window_size=0, full_attention_every=0,
+                                         attention_sinks=False)) is default_table()

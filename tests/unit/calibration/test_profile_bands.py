@@ -18,12 +18,15 @@ from compiler.calibration.runs import load_runs
 from compiler.costmodel.bands import PROFILE_MIN_RUNS, band_for, profile_band, with_profile
 from compiler.costmodel.efficiency import load_efficiency
 from compiler.layout import Layout
+from compiler.model import ModelShape
 from compiler.profile_ref import ProfileRef
 
 ROOT = Path(__file__).resolve().parents[3]
 CSV = ROOT / "benchmarks" / "data" / "published_runs_dev.csv"
 LAYOUT = Layout(gpu="h100-sxm", gpus_per_node=8, tp=1, pp=1, cp=1, ep=1, dp_replicate=1, dp_shard=16, zero_stage=3,
                 micro_batch=2, grad_accum=32)
+SHAPE = ModelShape(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_kv_heads=8,
+                   vocab_size=128256)
 
 
 def ref(errors: list[float], name: str = "ours") -> ProfileRef:
@@ -32,13 +35,14 @@ def ref(errors: list[float], name: str = "ours") -> ProfileRef:
 
 
 def published() -> object:
-    return band_for(framework="fsdp", gpu_generation="hopper", precision="bf16", fp8_recipe="", layout=LAYOUT)
+    return band_for(framework="fsdp", gpu_generation="hopper", precision="bf16", fp8_recipe="", layout=LAYOUT,
+                    shape=SHAPE)
 
 
 def test_profile_band_from_its_own_leave_one_out_residuals():
     errors = [(-1) ** i * 0.005 * (i % 5) for i in range(12)]  # a cluster the profile predicts within 2%
     band = band_for(framework="fsdp", gpu_generation="hopper", precision="bf16", fp8_recipe="", layout=LAYOUT,
-                    profile=ref(errors))
+                    shape=SHAPE, profile=ref(errors))
     glob = published()
     assert band.profile == "ours" and band.runs == 12 and band.calibrated and band.profile_fallback is None
     assert band.high / band.low < glob.high / glob.low  # narrower than the published runs' band
