@@ -214,9 +214,14 @@ def mlp_kind(row: dict) -> MlpKind:
 def shape_of(row: dict, catalog: Catalog) -> ModelShape:
     layers, hidden, heads = _int(row, "num_layers"), _int(row, "hidden_size"), _int(row, "num_attention_heads")
     vocab = _int(row, "vocab_size")
-    if not (layers and hidden and heads and vocab):
-        raise Skip("architecture not given")
     preset = catalog.find_model(row.get("model", ""))
+    if not (layers and hidden and heads and vocab):
+        # a vendor table often names the model and gives no architecture: the catalog's preset of that name,
+        # unless a dimension the row does give contradicts it
+        given = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "vocab_size": vocab}
+        if preset is not None and all(v is None or v == getattr(preset.shape, k) for k, v in given.items()):
+            return preset.shape
+        raise Skip("architecture not given")
     if preset is not None and (preset.shape.num_layers, preset.shape.hidden_size) == (layers, hidden):
         return preset.shape  # the catalog knows details the CSV lacks (MLA, dense first layers)
     model = _text(row, "model")
@@ -516,9 +521,15 @@ def parse_row(row: dict, catalog: Catalog | None = None, *, unsourced: bool = Fa
         raise Skip("not a pretraining run (SFT/LoRA)")
     if (row.get("value_kind") or "measured").strip() not in ("measured", ""):
         raise Skip("not a measurement")
+    if "DOUBT:" in (row.get("notes") or ""):
+        # the curator could not read the source's figures unambiguously and says which reading was guessed
+        raise Skip("the row's own notes doubt its reading")
     for marker, reason in (UNMODELLED_ARCHITECTURES | ({} if unsourced else UNSOURCED_ARCHITECTURES)).items():
         if marker in _text(row, "model"):
             raise Skip(reason)
+    if re.search(r"\bmuon\b", _text(row, "notes", "zero_fsdp")):
+        # Newton-Schulz orthogonalisation every step and one momentum state: dtc costs Adam, AdamW and SGD
+        raise Skip("optimizer not modelled (Muon)")
     spec = find_gpu(catalog, row.get("gpu_type", ""))
     shape = shape_of(row, catalog)
     measured, how = measured_tokens_per_s_per_gpu(row, shape)

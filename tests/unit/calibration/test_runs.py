@@ -335,3 +335,27 @@ def test_nvfp4_on_a_gpu_without_fp4_tensor_cores_is_skipped():
         R.parse_row(row(precision="NVFP4", gpu_type="H100-SXM-80GB"))
     run = R.parse_row(row(precision="NVFP4", gpu_type="GB300 (NVL72)", gpus_per_node="4"))
     assert run.problem.precision == "nvfp4"
+
+
+def test_a_row_naming_a_catalog_model_without_its_architecture_takes_the_preset():
+    """Vendor tables often give the model's name and the layout only (the Mixtral-8x22B row gives no vocabulary):
+    the catalog's preset of that name is the architecture, unless a dimension the row does give contradicts it."""
+    from compiler.catalog import load_catalog
+
+    mixtral = load_catalog().models["mixtral-8x22b"].shape
+    bare = dict(model="Mixtral-8x22B", num_layers="", hidden_size="", num_attention_heads="", vocab_size="",
+                ffn_hidden_size="", num_kv_heads="", num_gpus="64", tp="2", pp="4", ep="8", global_batch_size="256")
+    assert R.parse_row(row(**bare)).problem.shape == mixtral
+    assert R.parse_row(row(**{**bare, "num_layers": "56", "hidden_size": "6144"})).problem.shape == mixtral
+    with pytest.raises(R.Skip, match="architecture not given"):
+        R.parse_row(row(**{**bare, "num_layers": "40"}))  # the row says otherwise: not this preset
+    with pytest.raises(R.Skip, match="architecture not given"):
+        R.parse_row(row(**{**bare, "model": "Some 8x22B"}))  # no preset of that name
+
+
+def test_muon_runs_and_rows_that_doubt_their_own_reading_are_skipped():
+    with pytest.raises(R.Skip, match=r"optimizer not modelled \(Muon\)"):
+        R.parse_row(row(notes="Muon optimizer used."))
+    with pytest.raises(R.Skip, match="the row's own notes doubt its reading"):
+        R.parse_row(row(notes="DOUBT: stored page prints GBS 1, MBS 64; read here as GBS=64, MBS=1."))
+    assert R.parse_row(row(notes="Adam, no doubts")).row_id == "1"
