@@ -69,9 +69,9 @@ def attention_kind_assumption(setup: Setup) -> tuple[str, ...]:
                     "counted in the model FLOPs with the window's keys")
     if shape.attention_sinks:
         what.append("the learnable sink per head is costed as plain attention")
-    return ("Attention: " + "; ".join(what) + ". No kernel benchmark of windowed or sink attention backs this, and "
-            "Megatron-Bridge's published gpt-oss-120b runs measure well below such predictions (README, known limits; "
-            "benchmarks/accuracy.py --unsourced): expect a slower run.",)
+    return ("Attention: " + "; ".join(what) + ". No kernel benchmark of windowed or sink attention backs this; "
+            "Megatron-Bridge's published gpt-oss-120b runs, kept out of the fit, measure well below such predictions, "
+            "and the 80% band comes from their errors (README, known limits; benchmarks/accuracy.py --unsourced).",)
 
 
 def host_memory_assumption(setup: Setup, memory: MemoryBreakdown) -> tuple[str, ...]:
