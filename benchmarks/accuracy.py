@@ -35,7 +35,7 @@ and ends with the LOSO figure:
 (``predicted_low``, ``predicted_high``: tokens/s per GPU about the LOSO prediction).
 ``--profile FILE`` costs every row with a cluster profile's constants (`dtc calibrate`), both
 columns alike: a profile has no leave-one-source-out refits. ``--unsourced`` also predicts the rows of
-architectures whose distinctive kernel no benchmark describes (runs.py UNSOURCED_ARCHITECTURES: gpt-oss's
+architectures whose distinctive kernel no benchmark describes (compiler.costmodel.bands.unsourced_attention: gpt-oss's
 sink attention), which the fit and the default figures leave out.
 """
 from __future__ import annotations
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                              "reading them from compiler/data/efficiency.yaml")
     parser.add_argument("--unsourced", action="store_true",
                         help="also predict the rows of architectures whose distinctive kernel has no benchmark "
-                             "(compiler/calibration/runs.py UNSOURCED_ARCHITECTURES: gpt-oss); never fitted")
+                             "(compiler.costmodel.bands.unsourced_attention: gpt-oss); never fitted")
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="cost with this cluster profile's constants (written by dtc calibrate)")
     args = parser.parse_args(argv)

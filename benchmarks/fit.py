@@ -18,7 +18,7 @@ compiler.costmodel.efficiency.FIT_PARAMETERS on every modellable run
   widening of an uncalibrated band at which 80% of the runs whose leave-one-source-out band is
   uncalibrated fall inside it (compiler/costmodel/bands.py calibrate_widening); and the same residuals of
   the runs of architectures kept out of the fit (``unsourced_rows``: compiler/calibration/runs.py
-  UNSOURCED_ARCHITECTURES), which give the bands of plans of such models and nothing else.
+  UNSOURCED_ATTENTION), which give the bands of plans of such models and nothing else.
 
 ``--check`` writes nothing and exits 1 if either file differs from what it would write.
 The output is deterministic: the same inputs give the same bytes. It takes minutes (every run
@@ -94,7 +94,7 @@ def build(progress=None) -> tuple[str, str]:
         return out, ins, loso
 
     rows, ins, loso = residual_rows(runs)
-    # the runs of architectures kept out of the fit (runs.py UNSOURCED_ARCHITECTURES): their residuals give the
+    # the runs of architectures kept out of the fit (runs.py UNSOURCED_ATTENTION): their residuals give the
     # bands of plans of such models (compiler/costmodel/bands.py table_for), never the fit or the other bands
     ids = {r.row_id for r in runs}
     unsourced = residual_rows([r for r in load_runs(CSV, unsourced=True)[0] if r.row_id not in ids])[0]

@@ -46,7 +46,7 @@ from typing import Any, Iterable
 from compiler.catalog import Catalog, GpuSpec, load_catalog, normalize_name
 from compiler.calibration.bridge_recipes import recipe_for
 from compiler.calibration.frameworks import published_profile
-from compiler.costmodel.bands import layout_features
+from compiler.costmodel.bands import layout_features, unsourced_attention
 from compiler.costmodel.evaluation import check_layout
 from compiler.layout import Layout, Offload, Recompute
 from compiler.model import MlpKind, ModelShape, MoEShape, count_params
@@ -69,13 +69,10 @@ UNMODELLED_ARCHITECTURES = {
     "nemotron 3": "architecture not modelled (hybrid Mamba-Transformer)",
     "nemotron 3.5": "architecture not modelled (hybrid Mamba-Transformer)",
 }
-# Architectures ModelShape expresses but whose distinctive kernel no single-op benchmark describes: costed with the
-# nearest measured kernel, so their rows are kept out of the fit and the figures (benchmarks/accuracy.py --unsourced
-# shows them). gpt-oss: TE/cuDNN attention with a learnable sink per head over alternating 128-token windows, costed
-# as FlashAttention (windowed layers at the rate of causal attention over twice the window).
-UNSOURCED_ARCHITECTURES = {
-    "gpt-oss": "attention kernel without a benchmark (gpt-oss: learnable sinks, sliding windows; --unsourced)",
-}
+# The rows of a model whose attention no kernel benchmark describes (compiler.costmodel.bands.unsourced_attention:
+# gpt-oss's learnable sinks over alternating 128-token windows, costed as FlashAttention) are kept out of the fit
+# and the figures, with this reason; benchmarks/accuracy.py --unsourced shows them.
+UNSOURCED_ATTENTION = "attention kernel without a benchmark (gpt-oss: learnable sinks, sliding windows; --unsourced)"
 NON_GATED_MODELS = ("gpt", "bloom", "mpt", "opt-", "falcon", "nemotron")  # two-matrix MLPs (GELU or squared ReLU)
 
 
@@ -515,7 +512,7 @@ def regime_features(run: "PublishedRun") -> dict[str, Any]:
 
 def parse_row(row: dict, catalog: Catalog | None = None, *, unsourced: bool = False) -> PublishedRun:
     """The run of one CSV row (recompute not yet inferred when the row leaves it out: see ``resolve``);
-    ``unsourced``: also a row of an UNSOURCED_ARCHITECTURES model."""
+    ``unsourced``: also a row of a model whose attention no kernel benchmark describes (UNSOURCED_ATTENTION)."""
     catalog = catalog or load_catalog()
     if not _text(row, "workload").startswith("pretrain"):
         raise Skip("not a pretraining run (SFT/LoRA)")
@@ -524,7 +521,7 @@ def parse_row(row: dict, catalog: Catalog | None = None, *, unsourced: bool = Fa
     if "DOUBT:" in (row.get("notes") or ""):
         # the curator could not read the source's figures unambiguously and says which reading was guessed
         raise Skip("the row's own notes doubt its reading")
-    for marker, reason in (UNMODELLED_ARCHITECTURES | ({} if unsourced else UNSOURCED_ARCHITECTURES)).items():
+    for marker, reason in UNMODELLED_ARCHITECTURES.items():
         if marker in _text(row, "model"):
             raise Skip(reason)
     if re.search(r"\bmuon\b", _text(row, "notes", "zero_fsdp")):
@@ -532,6 +529,8 @@ def parse_row(row: dict, catalog: Catalog | None = None, *, unsourced: bool = Fa
         raise Skip("optimizer not modelled (Muon)")
     spec = find_gpu(catalog, row.get("gpu_type", ""))
     shape = shape_of(row, catalog)
+    if not unsourced and unsourced_attention(shape):
+        raise Skip(UNSOURCED_ATTENTION)
     measured, how = measured_tokens_per_s_per_gpu(row, shape)
     if not (measured > 0 and math.isfinite(measured)):
         raise Skip("measured throughput not positive")
@@ -592,7 +591,7 @@ def read_rows(path: str | Path) -> list[dict]:
 def load_runs(path: str | Path, *, catalog: Catalog | None = None, unsourced: bool = False
               ) -> tuple[list[PublishedRun], Counter[str]]:
     """Every modellable run of a CSV (recompute resolved) and the reasons the others were skipped; ``unsourced``:
-    with the rows of UNSOURCED_ARCHITECTURES models too."""
+    with the rows of UNSOURCED_ATTENTION models too."""
     runs: list[PublishedRun] = []
     skipped: Counter[str] = Counter()  # why a row was skipped -> rows
     for row in read_rows(path):

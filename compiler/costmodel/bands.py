@@ -290,7 +290,7 @@ def default_table() -> BandTable:
 
 def unsourced_attention(shape: ModelShape) -> bool:
     """Whether the model's attention is of a kind no kernel benchmark describes (sliding windows, learnable sinks:
-    compiler/calibration/runs.py UNSOURCED_ARCHITECTURES keeps its published runs out of the fit)."""
+    compiler/calibration/runs.py keeps such published runs out of the fit, UNSOURCED_ATTENTION)."""
     return bool(shape.window_size or shape.attention_sinks)
 
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from compiler.costmodel import comm, compute, pp_schedule
-from compiler.costmodel.bands import band_for
+from compiler.costmodel.bands import band_for, unsourced_attention
 from compiler.costmodel.context import QUANTISED_GEMM_DTYPES, Setup
 from compiler.costmodel.efficiency import Efficiency
 from compiler.costmodel.memory import candidate_stages, params_after_sharding, runs_hpz, state_sharding
@@ -60,7 +60,7 @@ def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
 def attention_kind_assumption(setup: Setup) -> tuple[str, ...]:
     """How sliding-window layers and attention sinks are costed, and that no kernel benchmark backs it."""
     shape = setup.shape
-    if not (shape.window_size or shape.attention_sinks):
+    if not unsourced_attention(shape):
         return ()
     what = []
     if shape.window_size:
