@@ -147,30 +147,22 @@ def test_megatrons_own_config_accepts_gpt_oss(tmp_path: Path):
     assert "--window-size" in flags and validate_megatron_flags(flags, 64) == []
 
 
-def test_torch_targets_name_what_they_cannot_build(tmp_path: Path):
+@pytest.mark.parametrize("model_field, target, where, why", [
+    ("window_size: 256", "fsdp", "swa.yaml:6:1: error[framework_unsupported]",
+     "FSDP2: sliding-window attention (use the megatron target)"),
+    ("full_attention_every: 2", "megatron", "swa.yaml:3:31: error", "full_attention_every needs a sliding window"),
+])
+def test_a_spec_says_what_of_the_attention_it_cannot_have(tmp_path: Path, model_field, target, where, why):
     spec = tmp_path / "swa.yaml"
-    spec.write_text("""name: swa
-model: {num_layers: 8, hidden_size: 1024, ffn_hidden_size: 2816, num_attention_heads: 8, vocab_size: 32000,
-        window_size: 256}
-training: {tokens: 1B, sequence_length: 2048, global_batch: 64}
-cluster: {gpu: h100-sxm, num_gpus: 8}
-targets: [fsdp]
+    spec.write_text(f"""name: swa
+model: {{num_layers: 8, hidden_size: 1024, ffn_hidden_size: 2816, num_attention_heads: 8, vocab_size: 32000,
+        {model_field}}}
+training: {{tokens: 1B, sequence_length: 2048, global_batch: 64}}
+cluster: {{gpu: h100-sxm, num_gpus: 8}}
+targets: [{target}]
 """)
     got = run_cli(["validate", str(spec)], exit_code=2)
-    assert "sliding-window attention (use the megatron target)" in got.output
-
-
-def test_full_attention_every_needs_a_window(tmp_path: Path):
-    spec = tmp_path / "bad.yaml"
-    spec.write_text("""name: bad
-model: {num_layers: 8, hidden_size: 1024, ffn_hidden_size: 2816, num_attention_heads: 8, vocab_size: 32000,
-        full_attention_every: 2}
-training: {tokens: 1B, sequence_length: 2048, global_batch: 64}
-cluster: {gpu: h100-sxm, num_gpus: 8}
-targets: [megatron]
-""")
-    got = run_cli(["validate", str(spec)], exit_code=2)
-    assert "full_attention_every needs a sliding window" in got.output and "bad.yaml:3:" in got.output
+    assert where in got.output and why in got.output, got.output
 
 
 def test_calibration_keeps_gpt_oss_out_of_the_fit_and_shows_it_on_request():
