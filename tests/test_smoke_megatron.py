@@ -478,6 +478,10 @@ def test_gpt_oss_attention_and_activation_run(tmp_path):
     for flag in ("--window-size 16,0", "--window-attn-skip-freq 2", "--softmax-type learnable", "--quick-geglu",
                  "--activation-func-clamp-value 7.0", "--position-embedding-type yarn"):
         assert flag in t.command, flag
+    # the clamped quick-GEGLU saves two ffn-wide tensors more than SwiGLU (activations.CLAMPED_QUICK_GEGLU_EXTRA_WIDTHS):
+    # x1.13 without them
+    activations = next(c for c in t.comparisons if c.name == "activations")
+    assert 0.95 <= activations.ratio <= 1.05, activations
 
 
 GPT_SPEC = """

@@ -212,9 +212,23 @@ def dropout_mask_bytes_per_token(hidden: int, act_bytes: int = MASK_BYTES, impl:
     return hidden * (act_bytes if impl is not None and impl.dropout_mask_act_dtype else MASK_BYTES)
 
 
+# gpt-oss's clamped quick-GEGLU saves two ffn-wide tensors more than SwiGLU does in the same implementation. Fused
+# (megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl, which mlp.py and TEGroupedMLP call):
+# both halves are clamped and concatenated before the fused function, so clamp keeps the fc1 output for its
+# backward and the function saves the clamped copy (4 widths where bias_swiglu saves the fc1 output only: 2).
+# Unfused (mlp.py / experts.py glu with every fusion off): the clamped gate and sigmoid(1.702 gate) besides what
+# the SwiGLU glu keeps (the fc1 output, the activation's output and x_linear + offset). Measured by dtc smoke on
+# megatron-core 0.19.2's CPU layers (tests/test_smoke_megatron.py gpt-oss).
+CLAMPED_QUICK_GEGLU_EXTRA_WIDTHS = 2
+
+
 def mlp_activation_bytes_per_token(ffn: int, mlp: str, act_bytes: int, impl: ActivationImpl) -> float:
-    """GELU saves its input (8sbh for ffn=4h); SwiGLU saves gate and up (and silu(gate) in eager code)."""
-    widths = 1 if mlp == "gelu" else impl.swiglu_saved_widths
+    """GELU saves its input (8sbh for ffn=4h); SwiGLU saves gate and up (and silu(gate) in eager code); the
+    clamped quick-GEGLU two ffn-wide tensors more (CLAMPED_QUICK_GEGLU_EXTRA_WIDTHS)."""
+    if mlp == "gelu":
+        widths = 1
+    else:
+        widths = impl.swiglu_saved_widths + (CLAMPED_QUICK_GEGLU_EXTRA_WIDTHS if mlp == "quick_geglu" else 0)
     return widths * ffn * act_bytes
 
 

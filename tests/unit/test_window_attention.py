@@ -81,7 +81,7 @@ def _estimate(preset: str = "gpt-oss-20b", seq: int = 4096, **shape_changes):
 
 def test_windowed_layers_cost_less_attention_time():
     windowed, full = _estimate(seq=32768), _estimate(seq=32768, window_size=0, full_attention_every=0)
-    assert windowed.step_time_s < 0.8 * full.step_time_s
+    assert windowed.step_time_s < 0.85 * full.step_time_s
     assert windowed.model_flops_per_token < full.model_flops_per_token
 
 
@@ -194,7 +194,7 @@ targets: [megatron]
 
 def test_a_gpt_oss_plan_takes_its_band_from_the_gpt_oss_runs():
     """Its runs were kept out of the fit: the calibration set's bands would claim a certainty the gpt-oss runs
-    contradict (they measure a median 0.68x the predicted throughput), so its band comes from them."""
+    contradict (they measure a median 0.71x the predicted throughput), so its band comes from them."""
     from compiler.costmodel.bands import default_table, table_for, unsourced_table
 
     band = _estimate(preset="gpt-oss-120b").band
