@@ -378,8 +378,16 @@ def _check_model_support(spec: Spec, shape: ModelShape, src: SourceMap, diags: l
         return
     keep = [t for t in spec.targets if t not in reasons]
     if all(registry.get(t).launches_others for t in keep):  # no framework left: the first that can build it
-        keep.insert(0, next(t.name for t in registry.targets()
-                            if t.slurm is not None and not model_reasons([t.name], shape)))
+        builds = next((t.name for t in registry.targets() if t.slurm is not None and not model_reasons([t.name], shape)),
+                      None)
+        if builds is None:  # no target of dtc builds it: the model must change
+            every = model_reasons([t.name for t in registry.targets() if t.slurm is not None], shape)
+            diags.append(src.diagnostic(
+                ("model",), "no target can build this model (" + "; ".join(
+                    f"{registry.get(t).display_name}: {why}" for t, why in every.items()) + ")",
+                "change the model as the reasons say", code="framework_unsupported", prefer_key=True))
+            return
+        keep.insert(0, builds)
     explicit = "targets" in spec.model_fields_set
     where = ("targets",) if explicit else ("model",)
     by_reason: dict[str, list[str]] = {}

@@ -151,6 +151,9 @@ def test_megatrons_own_config_accepts_gpt_oss(tmp_path: Path):
     ("window_size: 256", "fsdp", "swa.yaml:6:1: error[framework_unsupported]",
      "FSDP2: sliding-window attention (use the megatron target)"),
     ("full_attention_every: 2", "megatron", "swa.yaml:3:31: error", "full_attention_every needs a sliding window"),
+    # megatron-core fuses the clamped quick-GEGLU in expert layers only (mlp.py raises for a dense layer)
+    ("mlp: quick_geglu", "megatron", "swa.yaml:2:1: error[framework_unsupported]: no target can build this model",
+     "Megatron: the quick_geglu MLP in a dense layer"),
 ])
 def test_a_spec_says_what_of_the_attention_it_cannot_have(tmp_path: Path, model_field, target, where, why):
     spec = tmp_path / "swa.yaml"
@@ -182,7 +185,7 @@ def test_a_windowed_custom_model_is_a_shape_field(tmp_path: Path):
     problem = problem_for("""
 name: swa
 model: {num_layers: 8, hidden_size: 1024, ffn_hidden_size: 2816, num_attention_heads: 8, vocab_size: 32000,
-        window_size: 256, full_attention_every: 4, attention_sinks: true, mlp: quick_geglu}
+        window_size: 256, full_attention_every: 4, attention_sinks: true}
 training: {tokens: 1B, sequence_length: 2048, global_batch: 64}
 cluster: {gpu: h100-sxm, num_gpus: 8}
 targets: [megatron]

@@ -12,6 +12,7 @@ TARGET = Target(
     versions={"megatron-core": "0.19.2"},
     files=("megatron_args.sh",),
     support=support.RULES,
+    model_support="compiler.targets.megatron.support:model_unsupported",
     cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.megatron.render:render_megatron",

@@ -15,6 +15,7 @@ from compiler.targets.base import gt1 as _gt1
 
 if TYPE_CHECKING:
     from compiler.layout import Layout
+    from compiler.model import ModelShape
     from compiler.rules import Knobs
 
 
@@ -50,6 +51,17 @@ def _mg_ep_tp_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if _gt1(k.ep) and _gt1(k.tp) and k.sequence_parallel is False:
         return "sequence_parallel", (f"expert parallel (ep={k.ep}) with tensor parallel (tp={k.tp}) needs sequence "
                                      "parallelism")
+    return None
+
+
+def model_unsupported(shape: "ModelShape", hyper: object = None) -> str | None:
+    """What of a model megatron-core 0.19.2 cannot build as dtc renders it (None: it can): the clamped
+    quick-GEGLU in a dense MLP layer. megatron/core/transformer/mlp.py fuses it only with a per-token scale (the
+    expert path) and raises 'Only support fusion of gelu and swiglu' for a dense layer under the default bias
+    activation fusion; gpt-oss has no dense layer."""
+    if shape.mlp == "quick_geglu" and shape.num_moe_layers < shape.num_layers:
+        return ("the quick_geglu MLP in a dense layer (megatron-core 0.19.2 fuses it in expert layers only; use an "
+                "MoE model with every layer MoE, or mlp: swiglu)")
     return None
 
 
