@@ -378,10 +378,10 @@ def _check_model_support(spec: Spec, shape: ModelShape, src: SourceMap, diags: l
         return
     keep = [t for t in spec.targets if t not in reasons]
     if all(registry.get(t).launches_others for t in keep):  # no framework left: the first that can build it
-        builds = next((t.name for t in registry.targets() if t.slurm is not None and not model_reasons([t.name], shape)),
-                      None)
+        frameworks = [t.name for t in registry.targets() if t.slurm is not None]
+        every = model_reasons(frameworks, shape)
+        builds = next((t for t in frameworks if t not in every), None)
         if builds is None:  # no target of dtc builds it: the model must change
-            every = model_reasons([t.name for t in registry.targets() if t.slurm is not None], shape)
             diags.append(src.diagnostic(
                 ("model",), "no target can build this model (" + "; ".join(
                     f"{registry.get(t).display_name}: {why}" for t, why in every.items()) + ")",

@@ -261,15 +261,13 @@ class BandTable:
                                  regime=describe_regime(key, level), calibrated=True,
                                  thin=len(match) < THIN_RUNS, memory_high=1.0 + MEMORY_MARGIN)
         lo, p80, hi = self._wide
-        if self.label is not None:  # the table's own runs, too few sources for a calibrated band
-            return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=len(self.residuals),
-                             sources=len({r.source for r in self.residuals}),
-                             regime=f"{self.label}, for {describe_regime(key, LEVELS[0])}", calibrated=False,
-                             thin=True,
-                             memory_high=1.0 + MEMORY_MARGIN)
-        return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=0,
-                         sources=0, regime=describe_regime(key, LEVELS[0]), calibrated=False, thin=True,
-                         memory_high=1.0 + MEMORY_MARGIN)
+        regime = describe_regime(key, LEVELS[0])
+        runs = sources = 0
+        if self.label is not None:  # the table's own runs, too few sources for a calibrated band: counted
+            runs, sources, regime = len(self.residuals), len({r.source for r in self.residuals}), \
+                f"{self.label}, for {regime}"
+        return ErrorBand(low=math.exp(lo), p80=math.exp(p80), high=math.exp(hi), runs=runs, sources=sources,
+                         regime=regime, calibrated=False, thin=True, memory_high=1.0 + MEMORY_MARGIN)
 
     def band_of(self, features: Mapping[str, Any]) -> ErrorBand:
         return self.band(regime_of(features))

@@ -42,9 +42,10 @@ NOT_ALLOCATED = ("cuda_context", "nccl_buffers")
 
 def reduced_spec(setup: SmokeSetup, shape: ModelShape, target: str) -> dict[str, Any]:
     """The spec of the reduced model on the smoke world, as data (compiler.problem.problem_from_data)."""
-    keys = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-            "vocab_size", "mlp", "norm", "position", "tied_embeddings", "attention_bias", "linear_bias", "window_size",
-            "full_attention_every", "attention_sinks")
+    from compiler.spec.models import ModelSpec
+
+    # every shape field a spec can give (moe below; a learned position table only with learned positions)
+    keys = [k for k in ModelSpec.model_fields if k not in ("preset", "params", "init", "moe", "max_position_embeddings")]
     model: dict[str, Any] = {key: getattr(shape, key) for key in keys}
     if shape.position == "learned":
         model["max_position_embeddings"] = max(shape.max_position_embeddings, setup.seq_len)

@@ -235,14 +235,18 @@ def _position_type(plan: Plan) -> str:
     return "yarn" if s.mla is None and scaling is not None and scaling.kind == "yarn" else "rope"
 
 
+def window_values(s: ModelShape) -> dict[str, Any]:
+    """--window-size and --window-attn-skip-freq for the sliding-window layers of ``s`` (Megatron's
+    is_layer_window_attention: 1-based layer numbers divisible by the skip frequency attend fully); None: the flag
+    is left out. dtc smoke writes the reduced model's from it too."""
+    windowed = bool(s.window_size)
+    return {"--window-size": f"{s.window_size},0" if windowed else None,
+            "--window-attn-skip-freq": (s.full_attention_every or None) if windowed else None}
+
+
 def _attention_kind(s: ModelShape) -> list[list[str]]:
-    """Sliding-window layers (Megatron's is_layer_window_attention: 1-based layer numbers divisible by the skip
-    frequency attend fully) and attention sinks (a learnable softmax offset per head)."""
-    out = []
-    if s.window_size:
-        out.append(_f("--window-size", f"{s.window_size},0"))
-        if s.full_attention_every:
-            out.append(_f("--window-attn-skip-freq", s.full_attention_every))
+    """Sliding-window layers (window_values) and attention sinks (a learnable softmax offset per head)."""
+    out = [_f(flag, value) for flag, value in window_values(s).items() if value is not None]
     if s.attention_sinks:
         out.append(_f("--softmax-type", "learnable"))
     return out

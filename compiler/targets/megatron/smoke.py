@@ -161,7 +161,7 @@ def join_flags(flags: list[tuple[str, list[str]]]) -> list[str]:
 # ------------------------------------------------------------------------------------------- scaling
 def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
     """flag -> the smoke's value (None: drop the flag) for every flag the scale-down rewrites."""
-    from compiler.targets.megatron.render import moe_layer_pattern
+    from compiler.targets.megatron.render import moe_layer_pattern, window_values
 
     d, s = setup.degrees, setup.shape
     values: dict[str, Any] = {
@@ -180,9 +180,8 @@ def _scaled_values(setup: SmokeSetup, ep: int) -> dict[str, Any]:
         "--lr-warmup-iters": 1, "--lr-decay-iters": setup.steps, "--log-interval": 1,
         # model.init's converted checkpoint is of the full model, which the smoke scales down
         "--pretrained-checkpoint": None,
-        # a window shorter than the smoke's sequence, so the windowed layers really mask (scale.smoke_shape)
-        "--window-size": f"{s.window_size},0" if s.window_size else None,
-        "--window-attn-skip-freq": s.full_attention_every or None,
+        # a window shorter than the smoke's sequence, so the windowed layers really mask (scale.reduce_shape)
+        **window_values(s),
     }
     for flag in SPLIT_FLAGS:
         values[flag] = None
