@@ -4,11 +4,14 @@ Axis names are short in code (tp, pp, cp, ep, dp_replicate, dp_shard) and long i
 the spec (tensor_parallel, ...). Data parallel dp = dp_replicate x dp_shard;
 ZeRO/FSDP shards over dp_shard only (dp_replicate > 1 with sharding is HSDP).
 Expert parallel is carved out of dp x cp (the Megatron convention), so it does
-not enter the world size.
+not enter the world size. The expert layers re-fold the tp x cp x dp ranks of a
+pipeline stage as etp x ep x expert-dp (Megatron-Core's expert rank generator,
+core/parallel_state.py): etp is the expert tensor-parallel degree, tp unless set
+(--expert-tensor-parallel-size).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from compiler.split import PipelineSplit
@@ -40,6 +43,9 @@ class Layout:
     # Megatron's split mechanism (compiler.split); None: the default for the model's layer count
     # (compiler.split.default_split). Plans always record the resolved one.
     split: PipelineSplit | None = None
+    # Megatron's expert tensor-parallel degree; None: tp (Megatron's default). A value equal to tp is stored as
+    # None, so that one layout has one form (plan.json leaves it out)
+    etp: int | None = field(default=None, metadata={"omit_if_none": True})
 
     def __post_init__(self) -> None:
         # internal invariants only: what a user can get wrong (zero 0 with dp_shard > 1, virtual stages without the
@@ -51,6 +57,19 @@ class Layout:
             assert isinstance(value, int) and value >= 1, f"Layout.{axis} must be a positive int, got {value!r}"
         assert self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0-3, got {self.zero_stage}"
         assert self.split is None or isinstance(self.split, PipelineSplit), f"split: {self.split!r}"
+        assert self.etp is None or (isinstance(self.etp, int) and self.etp >= 1), f"Layout.etp: {self.etp!r}"
+        if self.etp == self.tp:
+            object.__setattr__(self, "etp", None)
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree (Megatron --expert-tensor-parallel-size; default tp)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """The expert data-parallel degree: the tp x cp x dp ranks of a stage over etp x ep."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def dp(self) -> int:
@@ -92,6 +111,8 @@ class Layout:
             parts.append(f"c{self.cp}")
         if self.ep > 1:
             parts.append(f"e{self.ep}")
+        if self.etp is not None:
+            parts.append(f"et{self.etp}")
         parts.append(f"d{self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1
                      else f"d{self.dp_replicate}x{self.dp_shard}")
         parts.append(f"z{self.zero_stage}")
@@ -117,6 +138,8 @@ class Layout:
             bits.append(f"cp={self.cp}")
         if self.ep > 1:
             bits.append(f"ep={self.ep}")
+        if self.etp is not None:
+            bits.append(f"etp={self.etp}")
         dp = f"dp={self.dp}" if not self.is_hsdp else f"dp={self.dp} ({self.dp_replicate}x{self.dp_shard} hsdp)"
         bits += [dp, f"zero={self.zero_stage}", f"micro_batch={self.micro_batch}",
                  f"grad_accum={self.grad_accum}", f"recompute={self.recompute}"]
@@ -131,7 +154,12 @@ class Layout:
         return " ".join(bits)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as plain data; a field marked omit_if_none is left out while None (as plan.json does)."""
+        out = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("omit_if_none") and out[f.name] is None:
+                del out[f.name]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Layout":

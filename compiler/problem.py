@@ -7,6 +7,7 @@ spec line that caused them, all at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class Pins:
     schedule: Schedule | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     dp: int | None = None
     dp_shard: int | None = None
     zero_stage: int | None = None
@@ -73,6 +75,16 @@ class Pins:
     offload_optimizer: Offload | None = None
     offload_params: Offload | None = None
     split: PipelineSplit | None = None  # Megatron's split mechanism (compiler.split)
+
+
+def pins_of(l: Any) -> Pins:
+    """The knobs a spec's ``layout`` section pins (a LayoutSpec; absent: None)."""
+    return Pins(tp=l.tensor_parallel, pp=l.pipeline_parallel, vpp=l.virtual_pipeline_stages,
+                schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel,
+                etp=l.expert_tensor_parallel, dp=l.data_parallel, dp_shard=l.data_parallel_shard,
+                zero_stage=l.zero_stage, micro_batch=l.micro_batch_size, recompute=l.recompute,
+                sequence_parallel=l.sequence_parallel, offload_optimizer=l.offload_optimizer,
+                offload_params=l.offload_params, split=l.split())
 
 
 @dataclass(frozen=True)
@@ -166,7 +178,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
     if diags:
         raise SpecError(diags)
     assert shape is not None
-    c, b, l = spec.cluster, spec.budget, spec.layout
+    c, b = spec.cluster, spec.budget
     t = spec.training
     params = count_params(shape)
     lr, min_lr, lr_source = _learning_rates(t, params.total, src)
@@ -197,11 +209,7 @@ def lower(loaded: LoadedSpec, *, catalog: Catalog | None = None) -> Problem:
         deadline_s=b.deadline,
         objective=b.objective,
         confidence=b.confidence,
-        pins=Pins(tp=l.tensor_parallel, pp=l.pipeline_parallel, vpp=l.virtual_pipeline_stages,
-                  schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel,
-                  dp=l.data_parallel, dp_shard=l.data_parallel_shard, zero_stage=l.zero_stage,
-                  micro_batch=l.micro_batch_size, recompute=l.recompute, sequence_parallel=l.sequence_parallel,
-                  offload_optimizer=l.offload_optimizer, offload_params=l.offload_params, split=l.split()),
+        pins=pins_of(spec.layout),
         memory_headroom=spec.search.memory_headroom,
         allow_cross_node_tp=spec.search.allow_cross_node_tp,
         top_k=spec.search.top_k,
@@ -408,11 +416,8 @@ def _check_pins(spec: Spec, shape: ModelShape, options: list[GpuOption], seqs: i
                                 Knobs, gpu_facts, violations)
 
     l, t, c = spec.layout, spec.training, spec.cluster
-    knobs = Knobs(tp=l.tensor_parallel, pp=l.pipeline_parallel, vpp=l.virtual_pipeline_stages,
-                  schedule=l.pipeline_schedule, cp=l.context_parallel, ep=l.expert_parallel, dp=l.data_parallel,
-                  dp_shard=l.data_parallel_shard, zero_stage=l.zero_stage, micro_batch=l.micro_batch_size,
-                  recompute=l.recompute, sequence_parallel=l.sequence_parallel, offload_optimizer=l.offload_optimizer,
-                  offload_params=l.offload_params, split=l.split())
+    pins = pins_of(l)
+    knobs = Knobs(**{f.name: getattr(pins, f.name) for f in dataclasses.fields(Pins)})
     min_gpus, max_gpus = c.num_gpus or c.min_gpus or 1, c.num_gpus or c.max_gpus or DEFAULT_MAX_GPUS
     gpus = {o.name: gpu_facts(o, t.precision, GpuCounts(min_gpus, max_gpus, o.gpus_per_node, c.num_gpus))
             for o in options}

@@ -75,7 +75,8 @@ CODES: Mapping[str, str] = {
     MICROBATCHES_NOT_DIVISIBLE: "interleaved 1F1B needs the micro-batch count to be a multiple of pp",
     CP_NOT_DIVISOR: "2 x cp must divide the sequence length (causal load balancing)",
     CP_UNSUPPORTED: "context parallelism cannot run the model's attention (learnable softmax sinks)",
-    EP_INVALID: "ep needs an MoE model and must divide the experts and dp x cp (it is carved out of them)",
+    EP_INVALID: "ep needs an MoE model and must divide the experts; ep x etp must divide tp x dp x cp (the expert "
+                "layers re-fold a stage's ranks; with etp = tp: ep divides dp x cp); etp must divide the expert width",
     SP_INVALID: "sequence parallel needs tp > 1 and tp x cp dividing the sequence length",
     DP_SHARD_INVALID: "dp_shard must divide dp, and ZeRO stage 0 does not shard",
     OFFLOAD_INVALID: "optimizer offload needs ZeRO >= 1 (NVMe: ZeRO-3); parameter offload needs ZeRO-3",
@@ -92,7 +93,8 @@ CODES: Mapping[str, str] = {
 # the spec's name of each knob (where a violated pin is reported)
 SPEC_KEYS: Mapping[str, str] = {
     "tp": "tensor_parallel", "pp": "pipeline_parallel", "vpp": "virtual_pipeline_stages",
-    "schedule": "pipeline_schedule", "cp": "context_parallel", "ep": "expert_parallel", "dp": "data_parallel",
+    "schedule": "pipeline_schedule", "cp": "context_parallel", "ep": "expert_parallel",
+    "etp": "expert_tensor_parallel", "dp": "data_parallel",
     "dp_shard": "data_parallel_shard", "zero_stage": "zero_stage", "micro_batch": "micro_batch_size",
     "recompute": "recompute", "sequence_parallel": "sequence_parallel", "offload_optimizer": "offload_optimizer",
     "offload_params": "offload_params", "split": "pipeline_split",
@@ -170,6 +172,7 @@ class Knobs:
     schedule: str | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None  # the expert tensor-parallel degree (a Layout's expert_tp); None: not chosen yet
     dp: int | None = None
     dp_shard: int | None = None
     zero_stage: int | None = None
@@ -184,8 +187,9 @@ class Knobs:
     @classmethod
     def of(cls, layout: "Layout") -> "Knobs":
         return cls(gpu=layout.gpu, gpus_per_node=layout.gpus_per_node, tp=layout.tp, pp=layout.pp, vpp=layout.vpp,
-                   schedule=layout.schedule, cp=layout.cp, ep=layout.ep, dp=layout.dp, dp_shard=layout.dp_shard,
-                   zero_stage=layout.zero_stage, micro_batch=layout.micro_batch, grad_accum=layout.grad_accum,
+                   schedule=layout.schedule, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp, dp=layout.dp,
+                   dp_shard=layout.dp_shard, zero_stage=layout.zero_stage, micro_batch=layout.micro_batch,
+                   grad_accum=layout.grad_accum,
                    recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
                    offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
                    split=layout.split)
@@ -362,19 +366,46 @@ def _cp_attention(f: Facts, k: Knobs) -> "Rejection | None":
 
 
 def _ep(f: Facts, k: Knobs) -> "Rejection | None":
-    if k.ep is None or k.ep == 1:
-        return None
     moe = f.shape.moe
+    if k.etp is not None and k.tp is not None and k.etp != k.tp:
+        if moe is None:
+            return reject(EP_INVALID, "etp", f"expert_tensor_parallel needs an MoE model, got etp={k.etp}",
+                          "remove expert_tensor_parallel, or add model.moe", etp=k.etp)
+        if moe.expert_ffn_hidden_size % k.etp:
+            return reject(EP_INVALID, "etp", f"expert_tensor_parallel must divide the expert ffn_hidden_size "
+                          f"({moe.expert_ffn_hidden_size}), got etp={k.etp}",
+                          f"use one of {some(divisors(moe.expert_ffn_hidden_size))}", etp=k.etp)
+    if k.ep is None or k.ep == 1:
+        return _expert_grid(k, 1)
     if moe is None:
         return reject(EP_INVALID, "ep", f"expert_parallel needs an MoE model, got ep={k.ep}",
                       "remove expert_parallel, or add model.moe", ep=k.ep)
     if moe.num_experts % k.ep:
         return reject(EP_INVALID, "ep", f"expert_parallel must divide num_experts ({moe.num_experts}), got ep={k.ep}",
                       f"use one of {some(divisors(moe.num_experts))}", ep=k.ep, num_experts=moe.num_experts)
-    if k.dp is not None and k.cp is not None and (k.dp * k.cp) % k.ep:
-        return reject(EP_INVALID, "ep", f"expert_parallel must divide data_parallel x context_parallel "
-                      f"({k.dp * k.cp}), got ep={k.ep}", "expert parallelism is carved out of dp x cp", ep=k.ep)
-    return None
+    return _expert_grid(k, k.ep)
+
+
+def _expert_grid(k: Knobs, ep: int) -> "Rejection | None":
+    """Megatron-Core folds a stage's tp x cp x dp ranks into etp x ep x expert-dp for the expert layers
+    (core/parallel_state.py: world_size % (etp x ep x pp) == 0); with etp = tp that is ep dividing dp x cp. While
+    etp is not chosen, only what no etp could fold is a violation."""
+    if k.dp is None or k.cp is None:
+        return None
+    if k.tp is not None and k.etp is not None and k.etp != k.tp:
+        ranks = k.tp * k.dp * k.cp
+        if ranks % (ep * k.etp) == 0:
+            return None
+        return reject(EP_INVALID, "ep" if ep > 1 else "etp", f"expert_parallel x expert_tensor_parallel must divide "
+                      f"tensor_parallel x data_parallel x context_parallel ({ranks}), got {ep} x {k.etp} = "
+                      f"{ep * k.etp}", "the expert layers re-fold a pipeline stage's tp x dp x cp ranks as etp x ep x "
+                      "expert data parallel", ep=ep, etp=k.etp)
+    if (k.dp * k.cp) % ep == 0:
+        return None
+    if k.etp is None and (k.tp is None or (k.tp * k.dp * k.cp) % ep == 0):  # an expert tp below tp folds it
+        return None
+    return reject(EP_INVALID, "ep", f"expert_parallel must divide data_parallel x context_parallel "
+                  f"({k.dp * k.cp}), got ep={ep}", "expert parallelism is carved out of dp x cp", ep=ep)
 
 
 def _sp(f: Facts, k: Knobs) -> "Rejection | None":
@@ -441,7 +472,7 @@ def _batch(f: Facts, k: Knobs) -> "Rejection | None":
 def _frameworks(f: Facts, k: Knobs) -> "Rejection | None":
     from compiler.targets.support import describe_unsupported, unsupported_reasons
 
-    reasons, field_name = unsupported_reasons(f.targets, f.precision, k)
+    reasons, field_name = unsupported_reasons(f.targets, f.precision, k, f.shape)
     if not reasons:
         return None
     return reject(FRAMEWORK_UNSUPPORTED, field_name, describe_unsupported(reasons),
@@ -459,12 +490,12 @@ RULES: tuple[Rule, ...] = (
     Rule(MICROBATCHES_NOT_DIVISIBLE, ("schedule", "pp", "grad_accum"), _microbatches),
     Rule(CP_NOT_DIVISOR, ("cp",), _cp),
     Rule(CP_UNSUPPORTED, ("cp",), _cp_attention),
-    Rule(EP_INVALID, ("ep", "dp", "cp"), _ep),
+    Rule(EP_INVALID, ("ep", "etp", "tp", "dp", "cp"), _ep),
     Rule(SP_INVALID, ("sequence_parallel", "tp", "cp"), _sp),
     Rule(DP_SHARD_INVALID, ("dp_shard", "zero_stage", "dp"), _dp_shard),
     Rule(OFFLOAD_INVALID, ("offload_params", "offload_optimizer", "zero_stage"), _offload),
     Rule(BATCH_NOT_DIVISIBLE, ("micro_batch", "grad_accum", "dp"), _batch),
-    Rule(FRAMEWORK_UNSUPPORTED, ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage",
+    Rule(FRAMEWORK_UNSUPPORTED, ("tp", "pp", "vpp", "schedule", "cp", "ep", "etp", "dp", "dp_shard", "zero_stage",
                                  "sequence_parallel", "offload_optimizer", "offload_params"), _frameworks),
 )
 

@@ -22,7 +22,7 @@ EXPECTED_OPTIONS = {
     "validate": ["--json"],
     "compile": ["--check", "--force", "--json", "--out", "--target"],
     "plan": ["--json", "--top"],
-    "estimate": ["--cp", "--dp", "--dp-shard", "--ep", "--gpu", "--json", "--micro-batch", "--offload-optimizer",
+    "estimate": ["--cp", "--dp", "--dp-shard", "--ep", "--etp", "--gpu", "--json", "--micro-batch", "--offload-optimizer",
                  "--offload-params", "--plan", "--pp", "--recompute", "--schedule", "--sequence-parallel", "--tp", "--vpp",
                  "--zero"],  # --plan: re-cost a compiled plan.json (issue #14)
     "smoke": ["--allow-edited", "--json", "--preempt-at", "--slurm", "--steps", "--target", "--timeout"],

@@ -42,6 +42,8 @@ class BridgeRecipe:
     cuda_graph_impl: str
     cuda_graph_scope: str
     moe_a2a_overlap: bool
+    etp: int | None = None  # model.expert_tensor_parallel_size (None: not set, Megatron's default tp)
+    moe_flex_dispatcher_backend: str = ""  # deepep / hybridep (node-aware dispatch); "": not set
 
     @property
     def full_iteration_cuda_graph(self) -> bool:
@@ -49,6 +51,15 @@ class BridgeRecipe:
         training/train.py before it): cuda_graph_impl full_iteration, or local with full_iteration in the scope."""
         return self.cuda_graph_impl == "full_iteration" or (
             self.cuda_graph_impl == "local" and "full_iteration" in self.cuda_graph_scope.split())
+
+    @property
+    def node_aware_dispatch(self) -> bool:
+        """Whether the MoE tokens go through a node-aware dispatcher (a token crosses the network once per
+        destination node): the flex dispatcher with DeepEP or HybridEP. A config that sets no flex backend runs
+        Megatron's NCCL all-to-all: the Qwen3-235B-A22B H100 and B200 recipes set moe_token_dispatcher_type
+        "alltoall" beside an unset backend (Megatron-Bridge scripts/performance/configs/qwen/qwen3_llm_pretrain.py,
+        v0.3.0-v0.5.1), as do the library recipes they start from (recipes/qwen/qwen3_moe.py)."""
+        return self.moe_flex_dispatcher_backend in ("deepep", "hybridep")
 
     def describe(self) -> str:
         return f"Megatron-Bridge {self.megatron_bridge} scripts/performance {self.config}"
@@ -127,4 +138,6 @@ def recipe_for(*, software_version: str, model: str, gpu_type: str, precision: s
 def _recipe(row: dict[str, str]) -> BridgeRecipe:
     return BridgeRecipe(container=row["container"], megatron_bridge=row["megatron_bridge"], config=row["config"],
                         cuda_graph_impl=row["cuda_graph_impl"], cuda_graph_scope=row["cuda_graph_scope"],
-                        moe_a2a_overlap=row["moe_a2a_overlap"] == "true")
+                        moe_a2a_overlap=row["moe_a2a_overlap"] == "true",
+                        etp=int(row["etp"]) if row["etp"].strip() else None,
+                        moe_flex_dispatcher_backend=row["moe_flex_dispatcher_backend"].strip())

@@ -20,9 +20,10 @@ from compiler.targets.megatron.cost import SOURCE as MEGATRON_CORE_SOURCE
 
 # NeMo's and Megatron-Bridge's recipes run Megatron-Core with Transformer Engine userbuffers overlapping the
 # tensor-parallel collectives of both passes (tp_comm_overlap in their performance recipes); their MoE runs are
-# costed with a node-aware (DeepEP-style) dispatch as the fit has them (not verified recipe by recipe; dtc's own Megatron target
-# renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical); their loss is stated per
-# profile below for every precision, not dtc's renderer's fp16/fp32 exception
+# costed with a node-aware (DeepEP-style) dispatch unless the row's recipe says which dispatcher ran
+# (compiler.calibration.runs.with_bridge_recipe: BridgeRecipe.node_aware_dispatch); dtc's own Megatron target
+# renders --moe-token-dispatcher-type alltoall, which sends every token copy: not hierarchical; their loss is stated
+# per profile below for every precision, not dtc's renderer's fp16/fp32 exception
 _BRIDGE = replace(MEGATRON, tp_overlap="full", hierarchical_all_to_all=True, cross_entropy_by_precision=(),
                   dropout=None)  # dtc's renderer sets dropout 0; the published runs' GPT-3 configs are not checked
 

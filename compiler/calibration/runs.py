@@ -168,11 +168,14 @@ def framework_of(row: dict) -> CostProfile:
 
 
 def with_bridge_recipe(framework: CostProfile, row: dict, layout: Layout, precision: str, fp8_recipe: str
-                       ) -> CostProfile:
+                       ) -> tuple[CostProfile, Layout]:
     """A Megatron-Bridge row's profile with the launch settings of its recipe (compiler.calibration.bridge_recipes):
-    full-iteration CUDA graphs, and the EP all-to-all overlapped with another micro-batch (as DualPipe)."""
+    full-iteration CUDA graphs, the EP all-to-all overlapped with another micro-batch (as DualPipe) and its
+    dispatcher (node-aware or plain NCCL all-to-all, BridgeRecipe.node_aware_dispatch); and its
+    layout with the recipe's expert tensor-parallel degree where the row does not give one (the published tables
+    leave it out; the DeepSeek-V3 and Qwen3 recipes set 1)."""
     if framework.name != "megatron_bridge":
-        return framework
+        return framework, layout
     if precision == "nvfp4" and framework.tp_overlap == "full":
         framework = replace(framework, name=framework.name + "+nvfp4", tp_overlap="backward", source=framework.source + (
             "; NVFP4 runs without Transformer Engine userbuffers: the NVFP4 performance recipes set tp_comm_overlap "
@@ -183,13 +186,16 @@ def with_bridge_recipe(framework: CostProfile, row: dict, layout: Layout, precis
                         num_gpus=layout.world_size, tp=layout.tp, pp=layout.pp, vp=layout.vpp, cp=layout.cp,
                         ep=layout.ep, micro_batch=layout.micro_batch, global_batch=layout.global_batch)
     if recipe is None:
-        return framework
+        return framework, layout
+    if recipe.etp is not None and _int(row, "etp") is None:
+        layout = replace(layout, etp=recipe.etp)
     name = framework.name + ("+full_cuda_graph" if recipe.full_iteration_cuda_graph else "") \
         + ("+a2a_overlap" if recipe.moe_a2a_overlap and layout.ep > 1 else "")
     return replace(framework, name=name,
                    cuda_graphs="full_iteration" if recipe.full_iteration_cuda_graph else framework.cuda_graphs,
                    ep_overlap=framework.ep_overlap or (recipe.moe_a2a_overlap and layout.ep > 1),
-                   source=framework.source + f"; launch settings from {recipe.describe()}")
+                   hierarchical_all_to_all=recipe.node_aware_dispatch if layout.ep > 1 else framework.hierarchical_all_to_all,
+                   source=framework.source + f"; launch settings from {recipe.describe()}"), layout
 
 
 # --- model shape --------------------------------------------------------------------------------------
@@ -360,7 +366,8 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
     if not n or tp is None or pp is None:
         raise Skip("layout not given")
     cp, ep, vp = _int(row, "cp") or 1, _int(row, "ep") or 1, _int(row, "vp") or 1
-    if min(n, tp, pp, cp, ep, vp) < 1:
+    etp = _int(row, "etp")
+    if min(n, tp, pp, cp, ep, vp, etp or 1) < 1:
         raise Skip("layout degree below 1")
     dp = n // (tp * pp * cp)
     if tp * pp * cp * dp != n:
@@ -380,13 +387,11 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
     sp = tp > 1 and (sp_text == "yes" or (sp_text == "" and sp_default))
     if vp > 1 and ga % pp:
         raise Skip("interleaved schedule with micro-batches not a multiple of pp")
-    if ep > 1 and (dp * cp) % ep:
-        raise Skip("ep does not divide dp x cp")
     text = _text(row, "notes", "zero_fsdp")
     offload_opt: Offload = "cpu" if re.search(r"optimi[sz]er (?:cpu )?offload(?! false)|cpu offload(?:ing)? (?:of )?optim", text) \
         else "none"
     gpn = _int(row, "gpus_per_node") or gpu.default_gpus_per_node
-    return Layout(gpu=gpu.name, gpus_per_node=min(gpn, n), tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp // shard,
+    return Layout(gpu=gpu.name, gpus_per_node=min(gpn, n), tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp_replicate=dp // shard,
                   dp_shard=shard, zero_stage=zero, micro_batch=mbs, grad_accum=ga, vpp=vp,
                   schedule="interleaved_1f1b" if vp > 1 else "1f1b", recompute=recompute,
                   sequence_parallel=sp, offload_optimizer=offload_opt)
@@ -548,7 +553,7 @@ def parse_row(row: dict, catalog: Catalog | None = None, *, unsourced: bool = Fa
     option = gpu_option(spec, min(gpn, n), power_limit_of(row, spec))
     given = recompute_of(row)
     layout = layout_of(row, spec, framework, given or "none")
-    framework = with_bridge_recipe(framework, row, layout, precision, recipe)
+    framework, layout = with_bridge_recipe(framework, row, layout, precision, recipe)
     problem = make_problem(shape, option, seq_len=seq, global_batch=layout.global_batch, tokens=10**12,
                            precision=precision, num_gpus=n, fp8_recipe=recipe)
     broken = check_layout(problem, layout, option)  # the rules the cost model needs (compiler.rules)

@@ -132,6 +132,8 @@ def estimate_to_json(layout: Layout, e: Estimate, per_target: tuple[TargetEstima
 @click.option("--vpp", type=click.IntRange(min=1), help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--cp", type=click.IntRange(min=1), help="Context-parallel degree.")
 @click.option("--ep", type=click.IntRange(min=1), help="Expert-parallel degree (carved out of dp x cp).")
+@click.option("--etp", type=click.IntRange(min=1),
+              help="Expert tensor-parallel degree (Megatron; default tp; ep x etp divides tp x dp x cp).")
 @click.option("--dp", type=click.IntRange(min=1), help="Data-parallel degree (default: num_gpus / (tp x pp x cp)).")
 @click.option("--dp-shard", "dp_shard", type=click.IntRange(min=1), help="ZeRO/FSDP shard group (< dp: HSDP).")
 @click.option("--zero", "zero_stage", type=click.IntRange(0, 3), help="ZeRO stage 0-3.")

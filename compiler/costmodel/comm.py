@@ -1,9 +1,11 @@
 """Collective communication: which link a group crosses, how long each collective takes.
 
 Rank order (Megatron-Core's default "tp-cp-ep-dp-pp"): tp varies fastest, then cp, then
-dp (dp_shard inside dp_replicate), then pp; expert parallelism is carved out of cp x dp,
-so an ep group is ep consecutive ranks of stride tp. A group of ``size`` ranks spaced
-``stride`` apart stays on NVLink when stride x size <= the NVLink domain (the node, or
+dp (dp_shard inside dp_replicate), then pp. The expert layers re-fold a stage's tp x cp x dp
+ranks as etp x ep x expert-dp in that order (Megatron-Core's expert rank generator, order
+"tp-ep-dp-pp"): an ep group is ep consecutive ranks of stride etp (tp with the default
+etp = tp, when ep is carved out of cp x dp), the expert data-parallel group the rest. A group
+of ``size`` ranks spaced ``stride`` apart stays on NVLink when stride x size <= the NVLink domain (the node, or
 the 72-GPU rack of NVL72 systems); otherwise it crosses the network.
 
 Time formulas (ring algorithms, Thakur et al. 2005; the nccl-tests "bus bandwidth"
@@ -96,7 +98,19 @@ def cp_link(setup: Setup) -> GroupLink:
 
 def ep_link(setup: Setup) -> GroupLink:
     lay = setup.layout
-    return group_link(setup, lay.tp, lay.ep)
+    return group_link(setup, lay.expert_tp, lay.ep)
+
+
+def expert_tp_link(setup: Setup) -> GroupLink:
+    return group_link(setup, 1, setup.layout.expert_tp)
+
+
+def expert_dp_group(setup: Setup, ranks: int) -> tuple[int, GroupLink]:
+    """The expert data-parallel group over ``ranks`` of a stage's tp-major ranks (tp x cp x the dp ranks a
+    collective spans): its size, ranks / (etp x ep) at least 1, and its link (stride etp x ep)."""
+    lay = setup.layout
+    n = max(1, ranks // (lay.ep * lay.expert_tp))
+    return n, group_link(setup, lay.expert_tp * lay.ep, n)
 
 
 def dp_cp_link(setup: Setup) -> GroupLink:
@@ -140,6 +154,38 @@ def _tp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
         return 0.0, 0.0
     t = 2 * all_reduce_time_s(activation_message_bytes(setup), tp, tp_link(setup))
     return t, t
+
+
+def tp_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
+    """(forward, backward) tensor-parallel collectives of an MoE layer. With the default etp = tp, those of a dense
+    layer (tp_comm_time_per_layer_s: the expert path's all-gather and reduce-scatter over tp are counted as one
+    hidden-state message, as a dense MLP's, the shared experts' with them). With etp != tp the attention's pair stays
+    over tp; the routed experts gather and scatter only over the etp group (megatron-core token_dispatcher.py: the
+    all-to-all dispatcher's AllGatherV / ReduceScatterV over the expert tensor-parallel group; none with etp = 1: the
+    experts take each rank's sequence-parallel shard whole), the etp/tp share of the message; shared experts keep
+    theirs over tp (moe/shared_experts.py gathers and reduce-scatters the sequence-parallel input)."""
+    return setup.memo("tp_comm_time_per_moe_layer_s", lambda: _tp_comm_time_per_moe_layer_s(setup))
+
+
+def _tp_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
+    lay = setup.layout
+    if lay.etp is None:
+        return tp_comm_time_per_layer_s(setup)
+    msg = activation_message_bytes(setup)
+    over_tp, over_etp = moe_layer_tp_messages(setup)
+    t = over_tp * all_reduce_time_s(msg, lay.tp, tp_link(setup)) \
+        + all_reduce_time_s(msg * over_etp, lay.expert_tp, expert_tp_link(setup))
+    return t, t
+
+
+def moe_layer_tp_messages(setup: Setup) -> tuple[float, float]:
+    """Hidden-state messages an MoE layer all-reduces (or gathers and scatters) each way: (over tp, over the etp
+    group); see tp_comm_time_per_moe_layer_s."""
+    lay, m = setup.layout, setup.shape.moe
+    if lay.etp is None:
+        return 2.0, 0.0
+    shared = 1.0 if m is not None and m.num_shared_experts else 0.0
+    return 1.0 + shared, (lay.expert_tp / lay.tp if lay.expert_tp > 1 else 0.0)
 
 
 def cp_kv_chunk_bytes(setup: Setup) -> float:
@@ -282,7 +328,7 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
       gathers from the primary partition over all of them (once per step, costed beside ZeRO-1/2's parameter
       gather), every other gather from the secondary copy inside the dp_shard group (the per-micro-batch
       forward gathers count that first micro-batch's too: one intra-group gather per step more than run).
-    Experts use their own group: dp x cp / ep ranks at stride tp x ep.
+    Experts use their own group: tp x dp x cp / (etp x ep) ranks at stride etp x ep (expert_dp_group).
     ZeRO-3 gathers and reduces one unit (a decoder layer, or the embedding) at a time: ``units``
     collectives per pass, each paying the ring's latency (NCCL all-gather / reduce-scatter are rings); a
     framework that gathers per weight matrix (its cost profile's zero3_gathers_per_layer) pays that many per
@@ -291,15 +337,13 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
     lay, r, m = setup.layout, setup.recipe, setup.num_microbatches
     units *= setup.framework.zero3_gathers_per_layer
     out: list[Collective | None] = []
-    parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp)]
+    parts = [("dense", sp.dense, lay.dp_shard * lay.cp if lay.zero_stage else lay.dp * lay.cp,
+              shard_link(setup) if lay.zero_stage else dp_cp_link(setup))]
     if sp.expert:
-        parts.append(("expert", sp.expert, max(1, (lay.dp_shard if lay.zero_stage else lay.dp) * lay.cp // lay.ep)))
+        shard = lay.dp_shard if lay.zero_stage else lay.dp
+        parts.append(("expert", sp.expert, *expert_dp_group(setup, lay.tp * shard * lay.cp)))
     hpz = runs_hpz(setup, lay)
-    for part, params, n in parts:
-        if part == "dense":
-            link = shard_link(setup) if lay.zero_stage else dp_cp_link(setup)
-        else:
-            link = group_link(setup, lay.tp * lay.ep, n)
+    for part, params, n, link in parts:
         # --fp4-param-gather all-gathers the NVFP4 weights ("perform the param all-gather in fp4"): one copy, the
         # transpose is made after the gather (the kept weights hold both)
         gathered = GEMM_INPUT_BYTES[r.gemm_dtype] if r.quantised_weights else r.weight_bytes
@@ -310,9 +354,9 @@ def dp_collectives(setup: Setup, sp: StageParams, units: int = 1) -> list[Collec
             continue
         if z == 1:
             out.append(_collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n, link, 1, "step_grad"))
-        elif hpz:  # over every dp x cp rank (the expert part: / ep), not the hpZ group
-            n_all = lay.dp * lay.cp if part == "dense" else max(1, lay.dp * lay.cp // lay.ep)
-            link_all = dp_cp_link(setup) if part == "dense" else group_link(setup, lay.tp * lay.ep, n_all)
+        elif hpz:  # over every dp x cp rank (the expert part: its expert data-parallel group), not the hpZ group
+            n_all, link_all = ((lay.dp * lay.cp, dp_cp_link(setup)) if part == "dense"
+                               else expert_dp_group(setup, lay.tp * lay.dp * lay.cp))
             c = _collective(f"{part}_grad_reduce_scatter", "dp", "reduce_scatter", grads, n_all, link_all, m,
                             "backward")
             out.append(_per_unit(c, units, link_all))

@@ -236,8 +236,11 @@ def attention_gemms(setup: Setup, tokens: float) -> list[Gemm]:
             Gemm("attention_out", tokens, h, w.out_width / tp, 1, dt)]
 
 
-def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str, grouped: bool = False) -> list[Gemm]:
-    shape, tp, dt = setup.shape, setup.layout.tp, setup.recipe.gemm_dtype
+def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str, grouped: bool = False,
+              tp: int | None = None) -> list[Gemm]:
+    """``tp``: the ranks that split ``ffn`` (default the layout's tp; the routed experts': etp)."""
+    shape, dt = setup.shape, setup.recipe.gemm_dtype
+    tp = setup.layout.tp if tp is None else tp
     up = 2 if shape.gated_mlp else 1
     h = shape.hidden_size
     return [Gemm(f"{name}_fc1", tokens, up * ffn / tp, h, count, dt, grouped),
@@ -246,10 +249,14 @@ def mlp_gemms(setup: Setup, tokens: float, ffn: float, count: float, name: str, 
 
 def tokens_per_local_expert(setup: Setup) -> float:
     """Routed token copies each local expert receives per micro-batch, routing balanced (the
-    published MoE benchmarks force-balance; Megatron-Core --moe-router-force-load-balancing)."""
+    published MoE benchmarks force-balance; Megatron-Core --moe-router-force-load-balancing). An expert
+    tensor-parallel group gathers its etp ranks' sequence-parallel shards: etp / tp of a micro-batch's tokens
+    (all of them with the default etp = tp)."""
     m, lay = setup.shape.moe, setup.layout
     assert m is not None
-    return setup.tokens_per_microbatch * m.top_k * lay.ep / m.num_experts
+    if lay.etp is None:
+        return setup.tokens_per_microbatch * m.top_k * lay.ep / m.num_experts
+    return setup.tokens_per_microbatch * lay.etp / lay.tp * m.top_k * lay.ep / m.num_experts
 
 
 def layer_gemms(setup: Setup, moe_layer: bool) -> list[Gemm]:
@@ -264,7 +271,7 @@ def layer_gemms(setup: Setup, moe_layer: bool) -> list[Gemm]:
     local_experts = m.num_experts / lay.ep
     gemms.append(Gemm("router", t, m.num_experts, shape.hidden_size, 1, "bf16"))
     gemms += mlp_gemms(setup, tokens_per_local_expert(setup), m.expert_ffn_hidden_size, local_experts, "expert",
-                       grouped=True)
+                       grouped=True, tp=lay.expert_tp)
     if m.num_shared_experts:
         gemms += mlp_gemms(setup, t, m.shared_ffn * m.num_shared_experts, 1, "shared_expert")
     return gemms
@@ -575,7 +582,7 @@ def stage_compute(setup: Setup, sl: StageLayers) -> StageCompute:
     if launch_b > bwd:
         add("launch_bound", 0.0, launch_b - bwd)
         bwd = launch_b
-    local = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+    local = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, etp=lay.etp, pp=lay.pp,
                          vocab_tp=setup.vocab_shards).total
     acc = grad_accumulation_time_s(setup, local)
     add("grad_accumulation", 0.0, acc)

@@ -5,8 +5,9 @@ gradients, fp32 master weights and optimizer states, each divided by the ZeRO/FS
 shard group when the stage shards it (1: master + optimizer, 2: + gradients, 3: +
 weights). The shard group of dense parameters is dp_shard x cp (Megatron shards the
 distributed optimizer over the data-parallel x context-parallel group; FSDP2 in
-torchtitan shards over dp_shard x cp as well); routed experts, already split by ep,
-are sharded over dp_shard x cp / ep (Megatron's expert data-parallel group). DeepSpeed's hybrid
+torchtitan shards over dp_shard x cp as well); routed experts, already split by ep and etp,
+are sharded over dp_shard x cp x tp / (ep x etp) (Megatron's expert data-parallel group; dp_shard x cp / ep
+with etp = tp). DeepSpeed's hybrid
 sharding (ZeRO++ hpZ) keeps every state partitioned over all dp x cp ranks and adds a secondary
 16-bit weight copy partitioned over dp_shard (state_sharding, secondary_weight_bytes).
 
@@ -35,8 +36,9 @@ def dense_shard_degree(layout: Layout) -> int:
 
 
 def expert_shard_degree(layout: Layout) -> float:
-    """Routed experts are sharded over the expert data-parallel group: dp_shard x cp / ep."""
-    return max(1.0, dense_shard_degree(layout) / layout.ep)
+    """Routed experts are sharded over the expert data-parallel group: dp_shard x cp x tp / (ep x etp), which is
+    dp_shard x cp / ep with Megatron's default etp = tp (core/parallel_state.py expert rank generator)."""
+    return max(1.0, dense_shard_degree(layout) * layout.tp / (layout.ep * layout.expert_tp))
 
 
 def params_after_sharding(sp: StageParams, layout: Layout, sharded: bool) -> float:
@@ -49,11 +51,13 @@ class ShardingView:
     """The sharding fields of a layout, what the model-state functions read, without building a Layout (the
     solver's memory bounds ask for every sharding choice of a group; ZeRO++ hpZ's states use another one)."""
 
-    __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params")
+    __slots__ = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "zero_stage", "offload_optimizer", "offload_params",
+                 "expert_tp")
 
     def __init__(self, tp: int, cp: int, ep: int, dp_shard: int, dp_replicate: int, zero_stage: int,
-                 offload_optimizer: str, offload_params: str):
+                 offload_optimizer: str, offload_params: str, expert_tp: int | None = None):
         self.tp, self.cp, self.ep = tp, cp, ep
+        self.expert_tp = tp if expert_tp is None else expert_tp
         self.dp_shard, self.dp_replicate = dp_shard, dp_replicate
         self.zero_stage = zero_stage
         self.offload_optimizer, self.offload_params = offload_optimizer, offload_params
@@ -72,7 +76,7 @@ def state_sharding(setup: Setup, sharding: Layout) -> Layout:
     if runs_hpz(setup, sharding):
         s = sharding
         return ShardingView(s.tp, s.cp, s.ep, s.dp_shard * s.dp_replicate, 1, s.zero_stage,  # type: ignore[return-value]
-                            s.offload_optimizer, s.offload_params)
+                            s.offload_optimizer, s.offload_params, s.expert_tp)
     return sharding
 
 
@@ -402,6 +406,8 @@ def num_process_groups(layout: Layout) -> int:
         groups += 1  # the dp x cp gradient group
     if layout.ep > 1:
         groups += 1  # the expert data-parallel group
+    if layout.etp is not None and layout.etp > 1:
+        groups += 1  # the expert tensor-parallel group (etp = tp shares the tp group)
     return groups
 
 
@@ -414,7 +420,7 @@ def _gb(x: float) -> str:
 
 def stage_memory_items(setup: Setup, sl: StageLayers) -> list[LineItem]:
     lay, r, eff = setup.layout, setup.recipe, setup.eff
-    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+    sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, etp=lay.etp, pp=lay.pp,
                       vocab_tp=setup.vocab_shards)
     states = state_sharding(setup, lay)
     nd, ne = dense_shard_degree(states), expert_shard_degree(states)
@@ -562,7 +568,7 @@ def memory_breakdown(setup: Setup) -> MemoryBreakdown:
         # every GPU of a node taken as the stage that offloads the most (the stages differ by their embedding
         # and output layers): an upper bound of any node's sum
         for sl in candidate_stages(setup):
-            sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+            sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, etp=lay.etp, pp=lay.pp,
                               vocab_tp=setup.vocab_shards)
             for device, n in offloaded_bytes_per_gpu(setup, sl, sp, lay).items():
                 host[device] = max(host[device], n)

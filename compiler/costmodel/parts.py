@@ -11,7 +11,7 @@ comm, compute, step, stages, context) may change behind it as long as these keep
     stages_of(problem, pp, vpp)                   Megatron's layers per pipeline stage (the pinned split)
     distinct_stages(stages)                       the stages whose maximum is the maximum over all
     unit_stage(kind)                              one dense / MoE layer, or the first / last stage's extras
-    stage_params_of(problem, stage, tp, ep, pp)   parameters one GPU of a stage holds before sharding
+    stage_params_of(problem, stage, tp, ep, pp, etp)  parameters one GPU of a stage holds before sharding
     stage_forward_backward_s(setup, stage, params) a stage's time per micro-batch, without ZeRO-2/3 traffic
     pipeline_send_s(setup)                        one activation send between pipeline stages
     zero_traffic(setup, params, units)            the ZeRO/FSDP collectives of a stage: per micro-batch and per step
@@ -114,8 +114,9 @@ def unit_stage(kind: str) -> StageLayers:
     return StageLayers(0, int(kind == "dense"), int(kind == "moe"), 1, kind == "first", kind == "last")
 
 
-def stage_params_of(problem: Problem, stage: StageLayers, *, tp: int, ep: int, pp: int) -> StageParams:
-    return stage_params(problem.shape, problem.params, stage, tp=tp, ep=ep, pp=pp)
+def stage_params_of(problem: Problem, stage: StageLayers, *, tp: int, ep: int, pp: int,
+                    etp: int | None = None) -> StageParams:
+    return stage_params(problem.shape, problem.params, stage, tp=tp, ep=ep, pp=pp, etp=etp)
 
 
 def stage_forward_backward_s(setup: Setup, stage: StageLayers, params: StageParams) -> tuple[float, float]:

@@ -7,7 +7,7 @@ explicit --pipeline-model-parallel-layout), the same split the renderers emit.
 
 Per GPU, tensor parallelism divides the attention, MLP and shared-expert matrices by tp
 (norms and the router are replicated); expert parallelism divides the routed experts by
-ep and, as in Megatron-Core (expert tensor parallel = tp), the expert matrices by tp too.
+ep and the expert matrices by the expert tensor-parallel degree etp (Megatron-Core's default: tp).
 The embedding sits on the first stage and the output layer on the last (both split over
 the vocabulary by tp); tied embeddings keep a copy on each end when pp > 1.
 """
@@ -60,7 +60,7 @@ class StageParams:
     """Parameters one GPU of a stage holds before ZeRO sharding."""
 
     dense: float  # replicated over ep: attention, dense/shared MLP, router, norms, embedding/output
-    expert: float  # routed experts (divided by ep and tp)
+    expert: float  # routed experts (divided by ep and etp)
     layer_dense: float  # dense params of the largest decoder layer on the GPU (an FSDP unit)
     embedding: float  # embedding/output parameters on this GPU
 
@@ -79,8 +79,8 @@ def moe_layer_dense_params_per_gpu(pc: ParamCount, tp: int) -> float:
     return (pc.attention_per_layer + pc.shared_expert_per_layer) / tp + pc.moe_router_per_layer + pc.norms_per_layer
 
 
-def moe_layer_expert_params_per_gpu(pc: ParamCount, tp: int, ep: int) -> float:
-    return pc.num_experts * pc.expert_params_per_expert / (ep * tp)
+def moe_layer_expert_params_per_gpu(pc: ParamCount, etp: int, ep: int) -> float:
+    return pc.num_experts * pc.expert_params_per_expert / (ep * etp)
 
 
 def embedding_params_per_gpu(shape: ModelShape, pc: ParamCount, tp: int, *, first: bool, last: bool, pp: int) -> float:
@@ -99,15 +99,17 @@ def embedding_params_per_gpu(shape: ModelShape, pc: ParamCount, tp: int, *, firs
 
 
 def stage_params(shape: ModelShape, pc: ParamCount, sl: StageLayers, *, tp: int, ep: int, pp: int,
-                 vocab_tp: int | None = None) -> StageParams:
-    """``vocab_tp``: how many ranks split the vocabulary (Setup.vocab_shards; default tp)."""
+                 vocab_tp: int | None = None, etp: int | None = None) -> StageParams:
+    """``vocab_tp``: how many ranks split the vocabulary (Setup.vocab_shards; default tp); ``etp``: the expert
+    tensor-parallel degree (Layout.etp; default tp)."""
+    etp = tp if etp is None else etp
     dense_layer = dense_layer_params_per_gpu(pc, tp)
     moe_dense = moe_layer_dense_params_per_gpu(pc, tp)
     emb = embedding_params_per_gpu(shape, pc, tp if vocab_tp is None else vocab_tp, first=sl.first, last=sl.last,
                                    pp=pp)
     extra = pc.extra / pp  # parts outside the decoder stack (e.g. MTP), spread evenly: an approximation
     dense = sl.dense * dense_layer + sl.moe * moe_dense + emb + extra
-    expert = sl.moe * moe_layer_expert_params_per_gpu(pc, tp, ep)
+    expert = sl.moe * moe_layer_expert_params_per_gpu(pc, etp, ep)
     largest = max(dense_layer if sl.dense else 0.0,
-                  (moe_dense + moe_layer_expert_params_per_gpu(pc, tp, ep)) if sl.moe else 0.0)
+                  (moe_dense + moe_layer_expert_params_per_gpu(pc, etp, ep)) if sl.moe else 0.0)
     return StageParams(dense=dense, expert=expert, layer_dense=largest, embedding=emb)

@@ -48,6 +48,23 @@ ASSUMPTIONS = (
 )
 
 
+def base_assumptions(setup: Setup) -> tuple[str, ...]:
+    """ASSUMPTIONS, said of the layout's expert tensor parallel degree where it is not tp."""
+    lay = setup.layout
+    if lay.etp is None:
+        return ASSUMPTIONS
+    said = {"experts over dp_shard x cp / ep;": "experts over dp_shard x cp x tp / (ep x etp);",
+            "expert tensor parallel = tp.": f"expert tensor parallel = {lay.etp} (tp = {lay.tp}): the experts take "
+                                            "whole sequence-parallel shards, and an MoE layer gathers and scatters "
+                                            "over tp only for its attention (and shared experts)."}
+    out = []
+    for line in ASSUMPTIONS:
+        for old, new in said.items():
+            line = line.replace(old, new)
+        out.append(line)
+    return tuple(out)
+
+
 def hybrid_shard_assumption(setup: Setup) -> tuple[str, ...]:
     """How the costed framework runs a hybrid-sharded (HSDP) layout, where it is not FSDP2's replicated shard groups."""
     if not runs_hpz(setup, setup.layout):
@@ -146,6 +163,7 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
     eff = setup.eff
     c = compute.stage_compute(setup, sl)
     tp_f, tp_b = comm.tp_comm_time_per_layer_s(setup)
+    tp_moe_f, tp_moe_b = comm.tp_comm_time_per_moe_layer_s(setup) if sl.moe else (0.0, 0.0)
     cp_f, cp_b = comm.cp_comm_time_per_layer_s(setup)
     ep_f, ep_b = comm.ep_comm_time_per_moe_layer_s(setup)
     attn_f, attn_b = compute.attention_core_time_s(setup)
@@ -164,7 +182,8 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
         ep_pair = (ep_x * ep_f, ep_x * ep_b)
     return StageTime(
         stage=sl.stage, compute=c,
-        tp_s=(tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers),
+        tp_s=((tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers) if setup.layout.etp is None else
+              (tp_xf * (tp_f * sl.dense + tp_moe_f * sl.moe), tp_xb * (tp_b * sl.dense + tp_moe_b * sl.moe))),
         cp_s=(cp_exp[0] * sl.layers, cp_exp[1] * sl.layers),
         ep_s=(ep_pair[0] * sl.moe, ep_pair[1] * sl.moe),
         dp_s=dp,
@@ -265,7 +284,7 @@ def step_time(setup: Setup) -> StepResult:
     lay, m, eff = setup.layout, setup.num_microbatches, setup.eff
     best: tuple[StageTime, StageParams, list[comm.Collective]] | None = None
     for sl in candidate_stages(setup):
-        sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, pp=lay.pp,
+        sp = stage_params(setup.shape, setup.params, sl, tp=lay.tp, ep=lay.ep, etp=lay.etp, pp=lay.pp,
                           vocab_tp=setup.vocab_shards)
         coll = comm.dp_collectives(setup, sp, units=sl.layers + int(sl.first or sl.last))
         st = stage_time(setup, sl, sp, coll)
@@ -378,9 +397,13 @@ def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p:
     out = []
     if lay.tp > 1:
         f, b = comm.tp_comm_time_per_layer_s(setup)
+        nbytes, seconds = 4 * msg * l.layers * m, (f + b) * l.layers * m
+        if lay.etp is not None:  # MoE layers gather and scatter less over tp (tp_comm_time_per_moe_layer_s)
+            mf, mb = comm.tp_comm_time_per_moe_layer_s(setup)
+            nbytes = 2 * (2 * l.dense + sum(comm.moe_layer_tp_messages(setup)) * l.moe) * msg * m
+            seconds = ((f + b) * l.dense + (mf + mb) * l.moe) * m
         out.append(CommVolume("tp_all_reduce" if not lay.sequence_parallel else "tp_all_gather_reduce_scatter",
-                              "tp", lay.tp, comm.tp_link(setup).link, 4 * msg * l.layers * m,
-                              (f + b) * l.layers * m, m * sum(st.tp_s)))
+                              "tp", lay.tp, comm.tp_link(setup).link, nbytes, seconds, m * sum(st.tp_s)))
     if lay.cp > 1:
         f, b = comm.cp_comm_time_per_layer_s(setup)
         ring_bytes = 3 * (lay.cp - 1) * comm.cp_kv_chunk_bytes(setup)  # forward K,V; backward K,V and dK,dV
@@ -430,7 +453,7 @@ def make_estimate(setup: Setup, memory: MemoryBreakdown, step: StepResult, *, wi
         mfu=model_per_token * tokens_per_step / (t * n * peak), hfu=hw_per_token * tokens_per_step / (t * n * peak),
         pipeline_bubble_fraction=step.bubble_fraction, num_steps=num_steps, time_to_train_s=time_to_train,
         gpu_hours=gpu_hours, cost_usd=gpu_hours * setup.gpu.price_per_gpu_hour_usd, num_gpus=n,
-        assumptions=ASSUMPTIONS + hybrid_shard_assumption(setup) + attention_kind_assumption(setup)
+        assumptions=base_assumptions(setup) + hybrid_shard_assumption(setup) + attention_kind_assumption(setup)
         + host_memory_assumption(setup, memory)
         + (precision_assumption(setup),
            f"Costed for {setup.framework.display_name} (activations: {setup.impl.name}, attention kernel: "

@@ -208,8 +208,8 @@ def _name(side: Side) -> str | None:
 
 # --------------------------------------------------------------------------- the semantic summary
 
-_LAYOUT_FIELDS = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("cp", "cp"), ("ep", "ep"), ("dp", "dp"),
-                  ("dp_replicate", "dp_replicate"), ("dp_shard", "dp_shard"), ("zero_stage", "zero"),
+_LAYOUT_FIELDS = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("cp", "cp"), ("ep", "ep"), ("expert_tp", "etp"),
+                  ("dp", "dp"), ("dp_replicate", "dp_replicate"), ("dp_shard", "dp_shard"), ("zero_stage", "zero"),
                   ("micro_batch", "micro_batch"), ("grad_accum", "grad_accum"), ("recompute", "recompute"),
                   ("sequence_parallel", "sp"), ("schedule", "schedule"),
                   ("offload_optimizer", "offload_optimizer"), ("offload_params", "offload_params"))
@@ -225,6 +225,8 @@ def _layout_changes(old: Plan | None, new: Plan | None) -> tuple[KeyChange, ...]
         if attr in ("dp_replicate", "dp_shard") and not hsdp:
             continue
         if attr == "schedule" and a.pp == 1 and b.pp == 1:
+            continue
+        if attr == "expert_tp" and a.etp is None and b.etp is None:  # follows tp (shown there)
             continue
         va, vb = getattr(a, attr), getattr(b, attr)
         if va != vb:

@@ -130,27 +130,28 @@ class Bounds:
                rc: str = "none", sp: bool = False, sh: Sharding | None = None) -> Layout:
         sh = sh or Sharding(0, 1)
         return Layout(gpu=shape.gpu, gpus_per_node=shape.gpus_per_node, tp=shape.tp, pp=pp, cp=shape.cp, ep=shape.ep,
-                      dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard, zero_stage=sh.zero_stage,
+                      etp=shape.etp, dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard, zero_stage=sh.zero_stage,
                       micro_batch=mb, grad_accum=ga, vpp=vpp, schedule=sched, recompute=rc,  # type: ignore[arg-type]
                       sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]
                       offload_params=sh.offload_params)  # type: ignore[arg-type]
 
     def _stage_params(self, shape: Shape, pp: int, vpp: int, sl: StageLayers):
-        key = (shape.tp, shape.ep, pp > 1, pp, sl.dense, sl.moe, sl.first, sl.last)
+        key = (shape.tp, shape.experts, pp > 1, pp, sl.dense, sl.moe, sl.first, sl.last)
         got = self._sparams.get(key)
         if got is None:
-            got = self._sparams[key] = cm.stage_params_of(self.problem, sl, tp=shape.tp, ep=shape.ep, pp=pp)
+            got = self._sparams[key] = cm.stage_params_of(self.problem, sl, tp=shape.tp, ep=shape.ep, pp=pp,
+                                                                            etp=shape.etp)
         return got
 
     def _unit_fb(self, shape: Shape, mb: int, sp: bool, rc: str, kind: str) -> tuple[float, float]:
         """(forward, backward) of one piece of a stage: one dense layer, one MoE layer, or the extras of
         the first / last stage (embedding, final norm and logits). A stage's time without ZeRO-2/3
         traffic is linear in these (compiler/costmodel/compute.stage_compute, step.stage_time)."""
-        key = (shape.option, shape.tp, shape.cp, shape.ep, mb, sp, rc, kind)
+        key = (shape.option, shape.tp, shape.cp, shape.experts, mb, sp, rc, kind)
         got = self._stage_fb.get(key)
         if got is None:
             probe = self._probe(Shape(shape.option, shape.gpu, shape.gpus_per_node, shape.tp, 1, shape.cp, shape.ep,
-                                      shape.ep), mb=mb, rc=rc, sp=sp)
+                                      shape.ep, shape.etp), mb=mb, rc=rc, sp=sp)
             setup = self.setup(shape.option, probe)
             sl = cm.unit_stage(kind)
             got = self._stage_fb[key] = cm.stage_forward_backward_s(setup, sl,
@@ -158,7 +159,7 @@ class Bounds:
         return got
 
     def stage_fb(self, shape: Shape, sl: StageLayers, mb: int, sp: bool, rc: str) -> tuple[float, float]:
-        key = (shape.option, shape.tp, shape.cp, shape.ep, mb, sp, rc, sl.dense, sl.moe, sl.first, sl.last)
+        key = (shape.option, shape.tp, shape.cp, shape.experts, mb, sp, rc, sl.dense, sl.moe, sl.first, sl.last)
         got = self._stage_sum.get(key)
         if got is None:
             f = b = 0.0
@@ -190,7 +191,7 @@ class Bounds:
         model's forward + backward per token at micro-batch ``mb_cap`` (per token it only falls as the
         micro-batch grows), x tp, with the straggler wait of the shape's world size."""
         sp = self._sp_min(shape, sps)
-        key = (shape.option, shape.tp, shape.cp, shape.ep, sp, mb_cap)
+        key = (shape.option, shape.tp, shape.cp, shape.experts, sp, mb_cap)
         got = self._per_token.get(key)
         if got is None:
             whole = self.stages(1, 1)[0]
@@ -232,7 +233,7 @@ class Bounds:
                        sps: Iterable[bool] = (False, True)) -> tuple[tuple[float, float, StageLayers], ...]:
         """(forward, backward, stage) of each candidate stage, without ZeRO-2/3 traffic, sp at its best."""
         sp = self._sp_min(shape, sps)
-        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)  # not dp: shared
+        key = (shape.option, shape.tp, shape.cp, shape.experts, shape.pp, vpp, mb, recompute, sp)  # not dp: shared
         got = self._group_fb.get(key)
         if got is None:
             out = []
@@ -294,7 +295,7 @@ class Bounds:
                        sps: Iterable[bool] = (False, True)) -> float:
         """The largest forward + backward of group_stage_fb's stages (what the group step bound reads of them)."""
         sp = self._sp_min(shape, sps)
-        key = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, vpp, mb, recompute, sp)
+        key = (shape.option, shape.tp, shape.cp, shape.experts, shape.pp, vpp, mb, recompute, sp)
         got = self._worst_fb.get(key)
         if got is None:
             got = self._worst_fb[key] = max(f + b for f, b, _ in self.group_stage_fb(shape, vpp, mb, recompute, sps))
@@ -321,7 +322,7 @@ class Bounds:
     def _dp_pieces(self, shape: Shape, vpp: int, sl: StageLayers, sh: Sharding, make_layout) -> tuple[float, ...]:
         """Per stage: (forward, backward) ZeRO-2/3 seconds per micro-batch; (total, tail) of the step's
         gradient reduction and of the parameter gather; optimizer step + offload that cannot overlap."""
-        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last, sh)
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.experts, shape.dp, sl.dense, sl.moe, sl.first, sl.last, sh)
         got = self._dp.get(key)
         if got is None:
             layout = make_layout()
@@ -378,11 +379,11 @@ class Bounds:
         # under ZeRO++ hpZ, which partitions them over all dp ranks (memory.py model_state_bytes_per_gpu,
         # state_sharding; test_model_states_cache_matches_the_cost_model), so the other dps share them
         hybrid = shape.dp if sh.zero_stage >= 3 and shape.dp > sh.dp_shard else 0
-        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, hybrid, sl.dense, sl.moe, sl.first, sl.last, sh)
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.experts, hybrid, sl.dense, sl.moe, sl.first, sl.last, sh)
         got = self._states.get(key)
         if got is None:
             view = cm.ShardingView(shape.tp, shape.cp, shape.ep, sh.dp_shard, shape.dp // sh.dp_shard, sh.zero_stage,
-                                   sh.offload_optimizer, sh.offload_params)
+                                   sh.offload_optimizer, sh.offload_params, shape.etp)
             spp = self._stage_params(shape, shape.pp, vpp, sl)
             # of the setup the states read the recipe (which the ZeRO stage can change, make_setup) and the target's
             # bookkeeping, not its layout: one setup per (GPU, ZeRO >= 1) serves every sharding (the same test)
@@ -394,7 +395,7 @@ class Bounds:
         return got
 
     def _min_states(self, shape: Shape, vpp: int, sl: StageLayers, options: tuple) -> float:
-        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.ep, shape.dp, sl.dense, sl.moe, sl.first, sl.last,
+        key = (shape.option, shape.tp, shape.pp, shape.cp, shape.experts, shape.dp, sl.dense, sl.moe, sl.first, sl.last,
                id(options))
         got = self._states.get(key)
         if got is None:
@@ -529,7 +530,7 @@ class Bounds:
 
     def _shape_fixed(self, shape: Shape) -> float:
         """_fixed of any layout of the shape (CUDA context + NCCL buffers per process group: the degrees only)."""
-        key = (shape.tp, shape.pp, shape.cp, shape.ep, shape.dp)
+        key = (shape.tp, shape.pp, shape.cp, shape.experts, shape.dp)
         got = self._fixed_bytes.get(key)
         if got is None:
             got = self._fixed_bytes[key] = self._fixed(self._probe(shape, pp=shape.pp))

@@ -31,6 +31,8 @@ compiler.rules about the values it offers (the same rules the spec's pins, the c
 """
 from __future__ import annotations
 
+import functools
+
 import itertools
 import operator
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ class _ShapeFields(NamedTuple):
     dp: int
     ep: int
     world: int  # tp x pp x cp x dp
+    etp: int | None  # the expert tensor-parallel degree (Layout.etp): None is tp
 
 
 class Shape(_ShapeFields):
@@ -67,11 +70,17 @@ class Shape(_ShapeFields):
     __slots__ = ()
 
     def __new__(cls, option: int, gpu: str, gpus_per_node: int, tp: int, pp: int, cp: int, dp: int,
-                ep: int) -> "Shape":
-        return tuple.__new__(cls, (option, gpu, gpus_per_node, tp, pp, cp, dp, ep, tp * pp * cp * dp))
+                ep: int, etp: int | None = None) -> "Shape":
+        return tuple.__new__(cls, (option, gpu, gpus_per_node, tp, pp, cp, dp, ep, tp * pp * cp * dp,
+                                   None if etp == tp else etp))
 
     def __getnewargs__(self) -> tuple:  # (pickle: __new__ derives the world)
-        return tuple(self)[:8]
+        return tuple(self)[:8] + (self.etp,)
+
+    @property
+    def experts(self) -> tuple[int, int | None]:
+        """(ep, etp): how the expert layers are laid out, as the search's caches key it."""
+        return self.ep, self.etp
 
     def _replace(self, **changes: object) -> "Shape":
         raise TypeError("a Shape's world is derived: build a new Shape")
@@ -131,7 +140,7 @@ class Space:
         self._sp: dict[tuple[int, int], tuple[bool, ...]] = {}
         self._recompute: tuple[str, ...] | None = None  # recompute_choices
         self._dp_legal: dict[int, bool] = {}  # _dp_ok
-        self._ep: dict[tuple[int, int], tuple[int, ...]] = {}  # (dp, cp) -> ep_values
+        self._ep: dict[tuple[int, int, int], tuple[tuple[int, int | None], ...]] = {}  # (tp, dp, cp) -> expert_values
         self.facts = problem.facts
 
     def legal(self, **knobs) -> bool:
@@ -162,13 +171,37 @@ class Space:
         values = [c for c in divisors(self.problem.seq_len) if self.legal(cp=c)]
         return self._pin(values, self.pins.cp)
 
-    def ep_values(self, dp: int, cp: int) -> tuple[int, ...]:
-        got = self._ep.get((dp, cp))
+    def expert_values(self, tp: int, dp: int, cp: int) -> tuple[tuple[int, int | None], ...]:
+        """The (ep, etp) choices of a shape; etp None is tp (Megatron's default). With tp > 1 an MoE model's experts
+        may also run whole on each rank (etp = 1, Megatron-Bridge's recipes for DeepSeek-V3 and Qwen3) where every
+        target can run it, for ep > 1 (a pin asks for any other)."""
+        got = self._ep.get((tp, dp, cp))
         if got is None:
             moe = self.problem.shape.moe
-            values = [e for e in (divisors(moe.num_experts) if moe else (1,)) if self.legal(ep=e, dp=dp, cp=cp)]
-            got = self._ep[(dp, cp)] = self._pin(values, self.pins.ep)
+            out = []
+            for etp in self.etp_values(tp):
+                values = [e for e in (divisors(moe.num_experts) if moe else (1,))
+                          if (etp is None or e > 1 or self.pins.etp is not None)
+                          and self.legal(ep=e, etp=tp if etp is None else etp, tp=tp, dp=dp, cp=cp)]
+                out += [(e, etp) for e in self._pin(values, self.pins.ep)]
+            got = self._ep[(tp, dp, cp)] = tuple(out)
         return got
+
+    def etp_values(self, tp: int) -> tuple[int | None, ...]:
+        """None (etp = tp), and 1 where the search may choose it (expert_values)."""
+        if self.pins.etp is not None:
+            return (None if self.pins.etp == tp else self.pins.etp,)
+        if self.problem.shape.moe is None or tp == 1 or not self._etp_runs:
+            return (None,)
+        return (None, 1)
+
+    @functools.cached_property
+    def _etp_runs(self) -> bool:
+        """Every target of the problem runs an expert tensor-parallel degree other than tp."""
+        from compiler.targets.support import unsupported_reasons
+
+        return not unsupported_reasons(self.problem.targets, self.problem.precision,
+                                       rules.Knobs.partial(tp=2, etp=1), self.problem.shape)[0]
 
     def dp_values(self, counts: GpuCounts, base: int) -> tuple[list[int], int]:
         """(dp values whose world base x dp is allowed and meets the batch rule, number failing the batch)."""
@@ -450,9 +483,9 @@ class Space:
                         if failed:
                             self._note_batch(space, failed, base)
                         for dp in dps:
-                            for ep in self.ep_values(dp, cp):
+                            for ep, etp in self.expert_values(tp, dp, cp):
                                 space.shapes.append(Shape(index, option.name, option.gpus_per_node,
-                                                       tp, pp, cp, dp, ep))
+                                                       tp, pp, cp, dp, ep, etp))
         return space
 
     def _note_batch(self, space: ShapeSpace, failed: int, base: int) -> None:
@@ -472,7 +505,7 @@ class Space:
     def layout(self, shape: Shape, sched: str, vpp: int, sh: Sharding, mb: int, ga: int, recompute: str,
                sp: bool) -> Layout:
         return Layout(gpu=shape.gpu, gpus_per_node=shape.gpus_per_node, tp=shape.tp, pp=shape.pp, cp=shape.cp,
-                      ep=shape.ep, dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
+                      ep=shape.ep, etp=shape.etp, dp_replicate=shape.dp // sh.dp_shard, dp_shard=sh.dp_shard,
                       zero_stage=sh.zero_stage, micro_batch=mb, grad_accum=ga, vpp=vpp,
                       schedule=sched, recompute=recompute,  # type: ignore[arg-type]
                       sequence_parallel=sp, offload_optimizer=sh.offload_optimizer,  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from compiler.solver import feasibility as F
 from compiler.solver.objective import (CHEAPEST_TIE, in_tie_band, objective_key, ranked_cost_usd, ranked_time_s,
                                        round_key)
 
-_DIFF_FIELDS = ("gpu", "tp", "pp", "vpp", "cp", "ep", "dp", "dp_shard", "zero_stage", "micro_batch", "grad_accum",
+_DIFF_FIELDS = ("gpu", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "dp_shard", "zero_stage", "micro_batch", "grad_accum",
                 "recompute", "sequence_parallel", "schedule", "offload_optimizer", "offload_params")
 _SHORT = {"zero_stage": "zero", "micro_batch": "mbs", "grad_accum": "ga", "sequence_parallel": "sp",
           "offload_optimizer": "offload_opt", "offload_params": "offload_params", "dp_shard": "dp_shard"}
@@ -25,10 +25,14 @@ def layout_diff(alt: Layout, best: Layout, limit: int = 2) -> str:
     for name in _DIFF_FIELDS:
         a = getattr(alt, name)
         b = getattr(best, name)
+        if name == "etp" and alt.expert_tp == best.expert_tp:  # (tp=2 etp=1 against tp=1: the experts alike)
+            continue
         if a != b:
             label = _SHORT.get(name, name)
             if isinstance(a, bool):
                 a, b = ("on" if a else "off"), ("on" if b else "off")
+            if name == "etp":  # None: the expert layers split like the rest (etp = tp)
+                a, b = ("tp" if a is None else a), ("tp" if b is None else b)
             out.append(f"{label}={a} vs {b}")
     if len(out) > limit:
         out = out[:limit] + ["..."]

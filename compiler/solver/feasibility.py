@@ -49,16 +49,16 @@ def check_canonical(problem: Problem, layout: Layout) -> Rejection | None:
     return None
 
 
-_PIN_FIELDS = ("tp", "pp", "vpp", "schedule", "cp", "ep", "dp", "dp_shard", "zero_stage", "micro_batch", "recompute",
+_PIN_FIELDS = ("tp", "pp", "vpp", "schedule", "cp", "ep", "etp", "dp", "dp_shard", "zero_stage", "micro_batch", "recompute",
                "sequence_parallel", "offload_optimizer", "offload_params", "split")
 
 
 def check_pins(problem: Problem, layout: Layout) -> Rejection | None:
     for pin in _PIN_FIELDS:
         want = getattr(problem.pins, pin)
-        if want is not None and getattr(layout, pin) != want:
-            return Rejection(PIN_MISMATCH, f"layout.{pin} is pinned to {want}, got {getattr(layout, pin)}",
-                             {"pin": pin})
+        got = layout.expert_tp if pin == "etp" else getattr(layout, pin)
+        if want is not None and got != want:
+            return Rejection(PIN_MISMATCH, f"layout.{pin} is pinned to {want}, got {got}", {"pin": pin})
     return None
 
 

@@ -329,7 +329,8 @@ class _Search:
         """What options() depends on: support (compiler.targets.support.support_key_of reads the degrees only as
         > 1, and dp for its sharding choices); in the search for a well-calibrated alternative also the band's
         GPU and scale."""
-        key: tuple = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sched, vpp > 1, sps)
+        key: tuple = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.etp is not None, shape.dp, sched, vpp > 1,
+                      sps)
         return key + (shape.option, scale_bucket(shape.world)) if self.calibrated else key
 
     def choice_thin(self, shape: Shape, sched: str, vpp: int, sp: bool, sh: Sharding) -> bool:
@@ -365,7 +366,7 @@ class _Search:
             # by class weights (how many sp choices run each class), kept per the dp's classes: the counts of a dp
             # differ, its classes rarely (tens of thousands of dp on a large cluster, a few class sets)
             cids, counts = self.space.class_counts(shape.dp)
-            wkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sps, cids)
+            wkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.etp is not None, sched, vpp > 1, sps, cids)
             weights = self._class_weights.get(wkey)
             if weights is None:
                 weights = self._class_weights[wkey] = tuple(
@@ -397,7 +398,7 @@ class _Search:
     def _class_verdicts(self, shape: Shape, sched: str, vpp: int, sp: bool) -> dict[int, bool]:
         """Whether every target runs each sharding class asked so far (by Space.choice_classes' number), for the
         degrees as support_key_of reads them (> 1), the schedule and sequence parallelism (_ask_class fills it)."""
-        vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, sched, vpp > 1, sp)
+        vkey = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.etp is not None, sched, vpp > 1, sp)
         verdicts = self._class_support.get(vkey)
         if verdicts is None:
             verdicts = self._class_support[vkey] = {}
@@ -540,7 +541,7 @@ class _Search:
         _initial_queue: a shape whose every choice is thin has no options when explored.)"""
         space = self.space
         sps = space.sp_choices(shape.tp, shape.cp)
-        key: tuple = (shape.tp > 1, shape.cp > 1, shape.ep > 1, shape.pp, shape.dp, sps)
+        key: tuple = (shape.tp > 1, shape.cp > 1, shape.ep > 1, shape.etp is not None, shape.pp, shape.dp, sps)
         if self.calibrated:
             key += (shape.option, scale_bucket(shape.world))
         got = self._counts.get(key)
@@ -552,7 +553,7 @@ class _Search:
             rc_n = len(space.recompute_choices())
             n_batches = len(space.batch_choices(shape.dp))
             # num_options of each pipeline class, kept per what it reads (_options_key: pp only as > 1)
-            opts_key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.dp, sps) + key[6:]
+            opts_key = (shape.tp > 1, shape.pp > 1, shape.cp > 1, shape.ep > 1, shape.etp is not None, shape.dp, sps) + key[7:]
             opts = self._class_options.get(opts_key)
             if opts is None:
                 opts = self._class_options[opts_key] = {}
@@ -704,7 +705,7 @@ class _Search:
         ok = tuple(pipe for pipe, vpp in self._pipeline_class_order(shape.pp) if self.num_options(shape, pipe[0], vpp))
         vpps = self._vpp_pipes(shape.pp, ok)
         mb = coarse_micro_batch(mb_cap)
-        bkey = (shape.option, shape.tp, shape.cp, shape.ep, shape.pp, sps, mb, ok)  # (not dp: shared)
+        bkey = (shape.option, shape.tp, shape.cp, shape.experts, shape.pp, sps, mb, ok)  # (not dp: shared)
         busy = self._vpp_busy.get(bkey)
         if busy is None:
             busy = self._vpp_busy[bkey] = tuple(bounds.stage_per_token_busy_lb(shape, vpp, sps, mb, "none")
@@ -1013,7 +1014,7 @@ class _Search:
         skey = support_key_of(tp=shape.tp, pp=shape.pp, cp=shape.cp, ep=shape.ep, sequence_parallel=sp,
                               zero_stage=sh.zero_stage, vpp=vpp, schedule=sched, dp_replicate=shape.dp // sh.dp_shard,
                               dp_shard=sh.dp_shard, offload_optimizer=sh.offload_optimizer,
-                              offload_params=sh.offload_params)
+                              offload_params=sh.offload_params, etp=shape.etp)
         supported = self._support.get(skey)
         if supported is None:
             supported = self.supported(self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp), skey)
@@ -1022,7 +1023,8 @@ class _Search:
     def supported(self, layout: Layout, key: tuple) -> bool:
         ok = self._support.get(key)
         if ok is None:
-            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout))[0]
+            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout),
+                                         self.problem.shape)[0]
             self._support[key] = ok
         return ok
 
@@ -1309,7 +1311,7 @@ def target_costs(problem: Problem, plan: Plan, *, min_gain: float = 0.005) -> tu
         e = relaxed.best_first()[0]
         key = objective_key(problem, e.estimate)
         gain = 1 - key / base if base > 0 else 0.0
-        hit = target_reason(target, Knobs.of(e.layout), problem.precision)
+        hit = target_reason(target, Knobs.of(e.layout), problem.precision, problem.shape)
         if gain > min_gain and hit is not None:
             out.append(TargetCost(target, e.layout, e.estimate, hit[1], gain))
     return tuple(out)

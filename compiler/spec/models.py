@@ -464,6 +464,10 @@ class LayoutSpec(_Strict):
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] | None = Field(None, description="Pipeline schedule.")
     context_parallel: PosInt | None = Field(None, description="Context-parallel degree (cp): the sequence split across GPUs.")
     expert_parallel: PosInt | None = Field(None, description="Expert-parallel degree (ep), MoE only; carved out of data parallel.")
+    expert_tensor_parallel: PosInt | None = Field(
+        None, description="Expert tensor-parallel degree (etp), MoE only: how the expert layers split each expert "
+                          "(Megatron --expert-tensor-parallel-size; default tensor_parallel). Below tensor_parallel, "
+                          "the experts see whole sequence-parallel shards and ep x etp divides tp x dp x cp.")
     data_parallel: PosInt | None = Field(None, description="Data-parallel degree (dp = dp_replicate x dp_shard).")
     data_parallel_shard: PosInt | None = Field(
         None, description="ZeRO/FSDP sharding group size; less than data_parallel means hybrid sharding (HSDP).")

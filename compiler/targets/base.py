@@ -34,6 +34,12 @@ def gt1(value: int | None) -> TypeGuard[int]:
     return value is not None and value > 1
 
 
+def expert_tp_differs(knobs: Any) -> bool:
+    """An expert tensor-parallel degree known and other than the known tp (Megatron's --expert-tensor-parallel-size;
+    the torch targets split experts as every other matrix, by tp)."""
+    return knobs.etp is not None and knobs.tp is not None and knobs.etp != knobs.tp
+
+
 def load(ref: str) -> Any:
     """The object a 'package.module:name' string names."""
     module, _, name = ref.partition(":")
@@ -86,6 +92,9 @@ class Target:
     support: tuple[SupportRule, ...] = ()  # what it can run (compiler.rules: framework_unsupported)
     # 'module:function(shape, hyperparameters | None) -> reason | None': a model it cannot build (None: any)
     model_support: str | None = None
+    # 'module:function(shape, knobs) -> (field, reason) | None': a layout it cannot run for this model (knobs as the
+    # support rules take them); None: the support rules say it all
+    layout_model_support: str | None = None
     notes: Callable[["Layout"], tuple[str, ...]] | None = None  # how it runs a layout (PLAN.md)
     renderer: str | None = None  # 'module:function(plan) -> {path: text}'
     templates: str | None = None  # its Jinja templates, a folder of the target's package, named "<name>/..."
@@ -97,9 +106,14 @@ class Target:
     # how it runs a layout, as the cost model needs it (compiler/targets/cost.py); None: not a framework (slurm)
     cost: "CostProfile | None" = None
 
-    def reason(self, knobs: "Knobs", precision: str) -> tuple[str, str] | None:
-        """(field, why) this target cannot run ``knobs`` (all failing rules joined), or None (so far)."""
+    def reason(self, knobs: "Knobs", precision: str, shape: Any = None) -> tuple[str, str] | None:
+        """(field, why) this target cannot run ``knobs`` (all failing rules joined; with ``shape``, the model's
+        layout_model_support too), or None (so far)."""
         hits = [r for r in (rule(knobs, precision) for rule in self.support) if r]
+        if shape is not None and self.layout_model_support:
+            hit = load(self.layout_model_support)(shape, knobs)
+            if hit:
+                hits.append(hit)
         if not hits:
             return None
         return hits[0][0], "; ".join(reason for _, reason in hits)

@@ -19,17 +19,20 @@ if TYPE_CHECKING:
     from compiler.rules import Knobs
 
 
-def target_reason(target: str, knobs: "Knobs", precision: str) -> tuple[str, str] | None:
-    """(field, why) ``target`` cannot run ``knobs`` (all failing rules joined), or None if it can (so far)."""
-    return registry.get(target).reason(knobs, precision)
+def target_reason(target: str, knobs: "Knobs", precision: str, shape: Any = None) -> tuple[str, str] | None:
+    """(field, why) ``target`` cannot run ``knobs`` (all failing rules joined; for the model ``shape`` when given),
+    or None if it can (so far)."""
+    return registry.get(target).reason(knobs, precision, shape)
 
 
-def unsupported_reasons(targets: Iterable[str], precision: str, knobs: "Knobs") -> tuple[dict[str, str], str]:
-    """({target: reason} for every target that cannot run ``knobs``, the field of the first)."""
+def unsupported_reasons(targets: Iterable[str], precision: str, knobs: "Knobs", shape: Any = None
+                        ) -> tuple[dict[str, str], str]:
+    """({target: reason} for every target that cannot run ``knobs`` (for the model ``shape`` when given), the
+    field of the first)."""
     out: dict[str, str] = {}
     first = ""
     for target in targets:
-        hit = target_reason(target, knobs, precision)
+        hit = target_reason(target, knobs, precision, shape)
         if hit:
             first = first or hit[0]
             out[target] = hit[1]
@@ -56,18 +59,21 @@ def describe_unsupported(reasons: Mapping[str, str]) -> str:
 
 def support_key_of(*, tp: int, pp: int, cp: int, ep: int, sequence_parallel: bool, zero_stage: int, vpp: int,
                    schedule: str, dp_replicate: int, dp_shard: int, offload_optimizer: str,
-                   offload_params: str) -> tuple:
+                   offload_params: str, etp: int | None = None) -> tuple:
     """Everything the targets' support rules read, coarsened to what they compare: two layouts with the
-    same key are supported by the same targets (the solver caches on it; a test holds it)."""
+    same key are supported by the same targets (the solver caches on it; a test holds it). ``etp``: the expert
+    tensor-parallel degree (None: tp)."""
     return (tp > 1, pp > 1, cp > 1, ep > 1, sequence_parallel, zero_stage, vpp > 1, schedule, dp_replicate > 1,
-            dp_shard > 1, offload_optimizer, offload_params)
+            dp_shard > 1, offload_optimizer, offload_params, etp is not None and etp != tp,
+            (tp if etp is None else etp) > 1)
 
 
 def support_key(layout: "Layout") -> tuple:
     return support_key_of(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                           sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, vpp=layout.vpp,
                           schedule=layout.schedule, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard,
-                          offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params)
+                          offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
+                          etp=layout.etp)
 
 
 def framework_notes(problem: Any, layout: "Layout") -> tuple[str, ...]:

@@ -78,7 +78,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 48
+  --save-interval 47
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker

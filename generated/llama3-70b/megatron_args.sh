@@ -74,7 +74,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 126
+  --save-interval 125
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

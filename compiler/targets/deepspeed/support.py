@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from compiler.targets.base import TE_PRECISIONS, gt1 as _gt1
+from compiler.targets.base import TE_PRECISIONS, expert_tp_differs, gt1 as _gt1
 
 if TYPE_CHECKING:
     from compiler.layout import Layout
@@ -26,6 +26,9 @@ def _ds_cp(k: "Knobs", precision: str) -> tuple[str, str] | None:
 def _ds_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if _gt1(k.ep):
         return "ep", f"expert parallel (ep={k.ep}) is not rendered for DeepSpeed (no DeepSpeed-MoE support in dtc)"
+    if expert_tp_differs(k):
+        return "etp", f"an expert tensor parallel degree (etp={k.etp}) other than tp ({k.tp}) is Megatron's; AutoTP " \
+                      "splits the experts by tp"
     return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from compiler.targets.base import expert_tp_differs
 from compiler.targets.base import gt1 as _gt1
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ def _fsdp_zero1(k: "Knobs", precision: str) -> tuple[str, str] | None:
 def _fsdp_ep(k: "Knobs", precision: str) -> tuple[str, str] | None:
     if _gt1(k.ep):
         return "ep", f"expert parallel (ep={k.ep}) is not rendered for FSDP2"
+    if expert_tp_differs(k):
+        return "etp", f"an expert tensor parallel degree (etp={k.etp}) other than tp ({k.tp}) is Megatron's; FSDP2's " \
+                      "tensor parallel plan splits the experts by tp"
     return None
 
 

@@ -13,6 +13,7 @@ TARGET = Target(
     files=("megatron_args.sh",),
     support=support.RULES,
     model_support="compiler.targets.megatron.support:model_unsupported",
+    layout_model_support="compiler.targets.megatron.support:layout_model_unsupported",
     cost=cost.COST,
     notes=support.notes,
     renderer="compiler.targets.megatron.render:render_megatron",

@@ -152,6 +152,8 @@ def _parallelism(plan: Plan) -> list[list[str]]:
         out.append(_f("--context-parallel-size", lay.cp))
     if lay.ep > 1:
         out.append(_f("--expert-model-parallel-size", lay.ep))
+    if lay.etp is not None:  # Megatron's default is tp (training/arguments.py)
+        out.append(_f("--expert-tensor-parallel-size", lay.etp))
     if lay.sequence_parallel:
         out.append(["--sequence-parallel"])
     out += _data_parallel(lay)
@@ -587,6 +589,8 @@ def check_artifacts(c: Any, files: dict[str, str]) -> None:
     c.expect("megatron_args.sh", "--pipeline-model-parallel-size", as_int("--pipeline-model-parallel-size", 1), lay.pp)
     c.expect("megatron_args.sh", "--context-parallel-size", as_int("--context-parallel-size", 1), lay.cp)
     c.expect("megatron_args.sh", "--expert-model-parallel-size", as_int("--expert-model-parallel-size", 1), lay.ep)
+    c.expect("megatron_args.sh", "--expert-tensor-parallel-size",
+             as_int("--expert-tensor-parallel-size", lay.tp), lay.expert_tp)
     c.expect("megatron_args.sh", "--micro-batch-size", as_int("--micro-batch-size", 0), lay.micro_batch)
     c.expect("megatron_args.sh", "--global-batch-size", as_int("--global-batch-size", 0),
              c.plan.training.global_batch)

@@ -54,6 +54,18 @@ def _mg_ep_tp_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
     return None
 
 
+def layout_model_unsupported(shape: "ModelShape", k: "Knobs") -> tuple[str, str] | None:
+    """What megatron-core 0.19.2 cannot run of this model under these knobs: experts with biases split by an expert
+    tensor-parallel degree above 1 (core/transformer/transformer_config.py: "Bias in Moe is only supported when
+    ETP==1"; gpt-oss has them, Megatron-Bridge's GPTOSSProvider add_bias_linear)."""
+    if shape.moe is None or not shape.linear_bias:
+        return None
+    if not _gt1(k.etp):  # (a Layout's knobs always name it; while unknown the search may still choose 1)
+        return None
+    return "etp", (f"megatron-core runs experts with biases only at expert tensor parallel 1 ('Bias in Moe is only "
+                   f"supported when ETP==1'), got etp={k.etp}")
+
+
 def model_unsupported(shape: "ModelShape", hyper: object = None) -> str | None:
     """What of a model megatron-core 0.19.2 cannot build as dtc renders it (None: it can): the clamped
     quick-GEGLU in a dense MLP layer. megatron/core/transformer/mlp.py fuses it only with a per-token scale (the

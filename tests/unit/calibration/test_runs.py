@@ -107,9 +107,9 @@ def test_bridge_nvfp4_runs_without_userbuffers():
     assert bridge.tp_overlap == "full"
     lay = R.layout_of(row(tp="4", pp="1", dp="2", num_gpus="8", micro_batch_size="1", global_batch_size="8"),
                       R.load_catalog().gpus["gb300"], bridge, "none")
-    nv = R.with_bridge_recipe(bridge, row(), lay, "nvfp4", "")
+    nv, _ = R.with_bridge_recipe(bridge, row(), lay, "nvfp4", "")
     assert nv.tp_overlap == "backward" and "tp_comm_overlap False" in nv.source
-    assert R.with_bridge_recipe(bridge, row(), lay, "fp8", "mxfp8").tp_overlap == "full"
+    assert R.with_bridge_recipe(bridge, row(), lay, "fp8", "mxfp8")[0].tp_overlap == "full"
 
 
 @pytest.mark.parametrize("fields,framework", [

@@ -113,12 +113,33 @@ def test_tolerance_admits_more_data_parallel_degrees() -> None:
 
 
 def test_moe_expert_parallel_is_carved_out_of_dp_x_cp() -> None:
+    """With etp = tp (None) ep divides dp x cp; with etp = 1 (Megatron only, ep > 1) ep divides tp x dp x cp."""
     p = problem(model="{preset: mixtral-8x7b}", cluster="{gpu: h100-sxm, num_gpus: 32}", batch=64)
     shapes = Space(p).shapes().shapes
     assert any(s.ep == 8 for s in shapes)
+    assert any(s.etp == 1 and (s.dp * s.cp) % s.ep for s in shapes)  # only the expert fold makes these legal
     for s in shapes:
-        assert (s.dp * s.cp) % s.ep == 0 and 8 % s.ep == 0 and s.world == 32
+        assert 8 % s.ep == 0 and s.world == 32
+        if s.etp is None:
+            assert (s.dp * s.cp) % s.ep == 0
+        else:
+            assert s.etp == 1 < s.tp and s.ep > 1 and (s.tp * s.dp * s.cp) % s.ep == 0
 
+
+def test_expert_tensor_parallel_is_searched_only_where_every_target_runs_it() -> None:
+    """The torch targets split experts by tp (their support rules refuse another etp): a problem that also names
+    one (no spec does today: they build no MoE model) searches etp = tp only."""
+    import dataclasses
+
+    from compiler.rules import Knobs
+    from compiler.targets.support import unsupported_reasons
+
+    p = problem(model="{preset: mixtral-8x7b}", cluster="{gpu: h100-sxm, num_gpus: 32}", batch=64)
+    reasons = unsupported_reasons(("megatron", "fsdp", "deepspeed"), "bf16", Knobs(tp=2, etp=1, ep=1))[0]
+    assert set(reasons) == {"fsdp", "deepspeed"} and all("etp=1" in r for r in reasons.values())
+    both = dataclasses.replace(p, targets=("megatron", "fsdp"))
+    assert all(s.etp is None for s in Space(both).shapes().shapes)
+    assert any(s.etp == 1 for s in Space(p).shapes().shapes)
 
 
 def test_rules_reading_skips_only_rules_that_cannot_fire() -> None:

@@ -1,0 +1,196 @@
+"""Expert tensor parallelism (Megatron --expert-tensor-parallel-size): the expert layers re-fold a pipeline stage's
+tp x cp x dp ranks as etp x ep x expert-dp. From the layout and its rules through the cost model and the Megatron
+arguments to the published runs whose recipes set it."""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, run_cli
+from plan_fixtures import BASE_SPEC, layout_for, plan_for, problem_for
+
+from compiler import rules
+from compiler.catalog import load_catalog
+from compiler.costmodel import comm, compute, memory
+from compiler.costmodel.evaluation import evaluate
+from compiler.costmodel.parts import setup_for
+from compiler.costmodel.stages import stage_params
+from compiler.estimate import Estimate
+from compiler.layout import Layout
+from compiler.rules import Knobs
+from compiler.targets.megatron.render import render_megatron
+from compiler.targets.megatron.support import layout_model_unsupported
+
+def spec_text(preset: str, gpus: int, gbs: int) -> str:
+    return BASE_SPEC.format(name="moe", preset=preset, seq=4096, gbs=gbs, gpu="h100-sxm", num_gpus=gpus) \
+        + "targets: [megatron, slurm]\n"
+
+
+def mixtral(gpus: int = 32, gbs: int = 256):
+    return problem_for(spec_text("mixtral-8x7b", gpus, gbs))
+
+
+def test_an_etp_equal_to_tp_is_the_default_and_plan_json_leaves_it_out():
+    p = mixtral()
+    same = layout_for(p, tp=2, ep=8, etp=2, dp_shard=16, zero_stage=1, sequence_parallel=True)
+    assert same.etp is None and same.expert_tp == 2 and same == dataclasses.replace(same, etp=None)
+    assert "etp" not in same.to_dict() and "etp" not in plan_for(p, same, real_estimate=False).to_dict()["layout"]
+    folded = same.with_(etp=1)
+    assert folded.expert_tp == 1 and folded.to_dict()["etp"] == 1 and Layout.from_dict(folded.to_dict()) == folded
+    assert "_e8_et1_" in folded.tag and "ep=8 etp=1" in folded.describe()
+    assert folded.expert_dp == 2 * 16 // 8  # tp x dp x cp over etp x ep
+
+
+@pytest.mark.parametrize("knobs, code, field, words", [
+    # Megatron's default (etp = tp): ep carved out of dp x cp
+    (dict(tp=2, ep=8, etp=2, dp=4, cp=1), rules.EP_INVALID, "ep", "must divide data_parallel x context_parallel (4)"),
+    (dict(tp=2, ep=8, etp=1, dp=4, cp=1), None, None, ""),  # 8 divides tp x dp x cp = 8
+    (dict(tp=2, ep=8, etp=1, dp=2, cp=1), rules.EP_INVALID, "ep", "x expert_tensor_parallel must divide"),
+    (dict(tp=2, ep=8, dp=4, cp=1), None, None, ""),  # etp not chosen yet: some etp folds it
+    (dict(tp=1, ep=8, dp=4, cp=1), rules.EP_INVALID, "ep", "must divide data_parallel x context_parallel"),
+    (dict(tp=4, ep=2, etp=3, dp=4, cp=1), rules.EP_INVALID, "etp", "divide the expert ffn_hidden_size (14336)"),
+])
+def test_the_expert_fold_rule(knobs, code, field, words):
+    found = rules.violations(mixtral().facts, Knobs(**knobs), codes=(rules.EP_INVALID,))
+    if code is None:
+        assert found == []
+    else:
+        assert [r.code for r in found] == [code] and found[0].details["field"] == field and words in found[0].message
+
+
+def test_etp_needs_an_moe_model():
+    dense = problem_for()
+    found = rules.violations(dense.facts, Knobs(tp=2, etp=1, dp=4, cp=1), codes=(rules.EP_INVALID,))
+    assert found and found[0].details["field"] == "etp" and "needs an MoE model" in found[0].message
+
+
+def test_a_spec_pin_is_judged_at_its_line(tmp_path: Path):
+    spec = tmp_path / "moe.yaml"
+    spec.write_text(spec_text("mixtral-8x7b", 32, 256)
+                    + "layout:\n  tensor_parallel: 4\n  expert_tensor_parallel: 3\n")
+    result = run_cli(["validate", str(spec)], exit_code=2)
+    assert "moe.yaml:15:27: error[ep_invalid]" in result.stderr and "(14336)" in result.stderr
+
+
+def test_the_torch_targets_refuse_another_etp():
+    from compiler.targets.support import unsupported_reasons
+
+    reasons = unsupported_reasons(("megatron", "fsdp", "deepspeed"), "bf16", Knobs(tp=4, etp=1))[0]
+    assert sorted(reasons) == ["deepspeed", "fsdp"]
+    assert unsupported_reasons(("fsdp",), "bf16", Knobs(tp=4, etp=4))[0] == {}
+
+
+def test_the_cost_model_splits_the_experts_by_etp():
+    p = mixtral()
+    base = layout_for(p, tp=2, ep=4, dp_shard=16, zero_stage=1, sequence_parallel=True)
+    folded = base.with_(etp=1)
+    a, b = setup_for(p, base, p.gpu_options[0]), setup_for(p, folded, p.gpu_options[0])
+    sl = a.stages[0]
+    sa = stage_params(p.shape, p.params, sl, tp=2, ep=4, pp=1)
+    sb = stage_params(p.shape, p.params, sl, tp=2, ep=4, pp=1, etp=1)
+    # the routed experts whole on each rank: twice the expert parameters, the rest alike
+    assert sb.expert == pytest.approx(2 * sa.expert) and sb.dense == sa.dense
+    # expert data parallel: tp x dp x cp / (ep x etp) = 2 x 16 / 4 (8 with etp = tp)
+    assert memory.expert_shard_degree(base) == 4 and memory.expert_shard_degree(folded) == 8
+    # each rank's experts see half the tokens, whole: the same FLOPs per GPU
+    assert compute.tokens_per_local_expert(b) == pytest.approx(compute.tokens_per_local_expert(a) / 2)
+    flops = [sum(g.forward_flops for g in compute.layer_gemms(s, True) if g.name.startswith("expert")) for s in (a, b)]
+    assert flops[0] == pytest.approx(flops[1])
+    # no tensor-parallel collective on the routed path (Mixtral has no shared expert): the attention's pair only
+    assert comm.tp_comm_time_per_moe_layer_s(b)[0] == pytest.approx(comm.tp_comm_time_per_layer_s(b)[0] / 2)
+    assert comm.tp_comm_time_per_moe_layer_s(a) == comm.tp_comm_time_per_layer_s(a)
+    # the ep group: 4 ranks of stride etp; inside one 8-GPU node either way, then across nodes at ep = 8, etp = 2
+    assert comm.ep_link(b).link == comm.INTRA
+    wide = setup_for(p, base.with_(ep=8), p.gpu_options[0])
+    assert comm.ep_link(wide).link == comm.INTER and comm.ep_link(setup_for(p, folded.with_(ep=8),
+                                                                              p.gpu_options[0])).link == comm.INTRA
+
+
+def test_an_estimate_says_it():
+    p = mixtral()
+    est = evaluate(p, layout_for(p, tp=2, ep=8, etp=1, dp_shard=16, zero_stage=1, sequence_parallel=True))
+    assert isinstance(est, Estimate)
+    assert any("expert tensor parallel = 1 (tp = 2)" in a for a in est.assumptions)
+    assert any("experts over dp_shard x cp x tp / (ep x etp)" in a for a in est.assumptions)
+    tp = next(c for c in est.comm if c.group == "tp")
+    lay = layout_for(p, tp=2, ep=8, etp=1, dp_shard=16, zero_stage=1, sequence_parallel=True)
+    msg, layers, micro = comm.activation_message_bytes(setup_for(p, lay, p.gpu_options[0])), 32, lay.grad_accum
+    assert tp.bytes_per_gpu_per_step == pytest.approx(2 * msg * layers * micro)  # the attention's pair, each way
+    default = next(c for c in evaluate(p, lay.with_(etp=None, ep=4)).comm if c.group == "tp")
+    assert default.bytes_per_gpu_per_step == pytest.approx(4 * msg * layers * micro)
+
+
+def test_megatron_runs_biased_experts_only_at_etp_1():
+    """megatron-core's TransformerConfig: 'Bias in Moe is only supported when ETP==1' (gpt-oss has biases)."""
+    oss = load_catalog().models["gpt-oss-20b"].shape
+    assert layout_model_unsupported(oss, Knobs(tp=2, etp=2))[0] == "etp"
+    assert layout_model_unsupported(oss, Knobs(tp=2, etp=1)) is None
+    assert layout_model_unsupported(oss, Knobs(tp=2)) is None  # etp not chosen: the search may choose 1
+    assert layout_model_unsupported(load_catalog().models["mixtral-8x7b"].shape, Knobs(tp=2, etp=2)) is None
+
+
+def _flags(plan, tmp_path: Path) -> list[str]:
+    args = tmp_path / "megatron_args.sh"
+    args.write_text(render_megatron(plan)["megatron_args.sh"])
+    script = f'source {shlex.quote(str(args))}; printf "%s\\0" "${{MEGATRON_ARGS[@]}}"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True, timeout=30).stdout
+    return [a.decode() for a in out.split(b"\0") if a]
+
+
+@pytest.mark.slow
+def test_megatrons_own_config_accepts_the_fold_and_refuses_what_dtc_refuses(tmp_path: Path):
+    """argparse, validate_args and TransformerConfig on the sourced megatron_args.sh: gpt-oss at tp=2 with ep=8
+    over dp=4 runs only with etp=1 (the fold and the biases); dtc renders that and refuses the default."""
+    sys.path.insert(0, str(REPO / "tools" / "validators"))
+    from megatron_check import validate_megatron_flags
+
+    p = problem_for(spec_text("gpt-oss-20b", 8, 64))
+    folded = layout_for(p, tp=2, ep=8, etp=1, dp_shard=4, zero_stage=1, sequence_parallel=True)
+    assert rules.violations(p.facts, Knobs.of(folded)) == []
+    flags = _flags(plan_for(p, folded), tmp_path)
+    assert flags[flags.index("--expert-tensor-parallel-size") + 1] == "1"
+    assert validate_megatron_flags(flags, 8) == []
+    default = folded.with_(etp=None, ep=4)  # ep 4 divides dp x cp: only the biases stand in the way
+    why = rules.violations(p.facts, Knobs.of(default))
+    assert [r.code for r in why] == [rules.FRAMEWORK_UNSUPPORTED] and "ETP==1" in why[0].message
+    flags = _flags(plan_for(p, folded.with_(ep=4), real_estimate=False), tmp_path)
+    assert validate_megatron_flags(flags, 8) == []
+    i = flags.index("--expert-tensor-parallel-size")
+    del flags[i:i + 2]  # Megatron's default: etp = tp = 2
+    assert any("ETP==1" in e for e in validate_megatron_flags(flags, 8))
+
+
+def test_the_solver_may_fold_and_estimate_re_costs_it(tmp_path: Path):
+    spec = tmp_path / "moe.yaml"
+    spec.write_text(spec_text("mixtral-8x7b", 32, 256)
+                    + "layout:\n  tensor_parallel: 4\n  pipeline_parallel: 2\n  expert_parallel: 8\n"
+                      "  data_parallel: 4\n")
+    out = tmp_path / "out"
+    run_cli(["compile", str(spec), "--out", str(out)])
+    text = (out / "moe" / "plan.json").read_text()
+    from compiler.plan import Plan
+
+    plan = Plan.from_json(text)
+    assert plan.layout.etp == 1  # ep 8 over tp 4 x dp 4 x cp 1 only folds with etp 1
+    assert "--expert-tensor-parallel-size 1" in (out / "moe" / "megatron_args.sh").read_text()
+    again = run_cli(["estimate", "--plan", str(out / "moe" / "plan.json")])
+    assert "plan.json's estimate: reproduced exactly." in again.stdout, again.stdout
+    pinned = run_cli(["estimate", str(spec), "--etp", "4", "--micro-batch", "1", "--zero", "1"], exit_code=2)
+    assert "ep_invalid" in pinned.stderr
+
+
+def test_a_published_recipe_sets_etp_and_the_dispatcher():
+    from compiler.calibration.bridge_recipes import recipe_for
+    from compiler.calibration.runs import parse_row, read_rows
+
+    rows = {r["row_id"]: r for r in read_rows(REPO / "benchmarks" / "data" / "published_runs_dev.csv")}
+    run = parse_row(rows["392"])  # Qwen3-235B-A22B on 256 H100: tp 2, ep 32 over dp 16 (table), etp 1 (recipe)
+    assert run.layout.etp == 1 and run.layout.ep == 32 and run.layout.dp == 16
+    assert not run.framework.hierarchical_all_to_all  # the recipe's NCCL all-to-all (no flex backend)
+    rec = recipe_for(software_version="NeMo 26.02 container", model="DeepSeek-V3", gpu_type="GB200", precision="fp8",
+                     fp8_recipe="mxfp8", num_gpus=256, tp=1, pp=4, vp=4, cp=1, ep=64, micro_batch=1)
+    assert rec is not None and rec.node_aware_dispatch and rec.etp == 1
