@@ -61,6 +61,7 @@ class _ShapeFields(NamedTuple):
     ep: int
     world: int  # tp x pp x cp x dp
     etp: int | None  # the expert tensor-parallel degree (Layout.etp): None is tp
+    experts: tuple[int, int | None]  # (ep, etp): how the expert layers are laid out, as the search's caches key it
 
 
 class Shape(_ShapeFields):
@@ -71,16 +72,11 @@ class Shape(_ShapeFields):
 
     def __new__(cls, option: int, gpu: str, gpus_per_node: int, tp: int, pp: int, cp: int, dp: int,
                 ep: int, etp: int | None = None) -> "Shape":
-        return tuple.__new__(cls, (option, gpu, gpus_per_node, tp, pp, cp, dp, ep, tp * pp * cp * dp,
-                                   None if etp == tp else etp))
+        etp = None if etp == tp else etp
+        return tuple.__new__(cls, (option, gpu, gpus_per_node, tp, pp, cp, dp, ep, tp * pp * cp * dp, etp, (ep, etp)))
 
-    def __getnewargs__(self) -> tuple:  # (pickle: __new__ derives the world)
+    def __getnewargs__(self) -> tuple:  # (pickle: __new__ derives the world and the experts)
         return tuple(self)[:8] + (self.etp,)
-
-    @property
-    def experts(self) -> tuple[int, int | None]:
-        """(ep, etp): how the expert layers are laid out, as the search's caches key it."""
-        return self.ep, self.etp
 
     def _replace(self, **changes: object) -> "Shape":
         raise TypeError("a Shape's world is derived: build a new Shape")
