@@ -307,6 +307,22 @@ def moe_mlp_terms(shape: ModelShape, act_bytes: int, impl: ActivationImpl, gemm_
     return terms
 
 
+# Saved under sequence parallel as the expert tensor-parallel group's gather, not the rank's shard: megatron-core's
+# alltoall dispatcher all-gathers the received token copies over the expert TP group before the experts
+# (core/transformer/moe/token_dispatcher.py: gather_from_sequence_parallel_region(..., group=self.tp_group)), and
+# the grouped fc1 saves that input for its weight gradient. With the default etp = tp that is every token's copies.
+GATHERED_OVER_EXPERT_TP = ("moe_dispatched_tokens",)
+
+
+def with_expert_tp_gather(terms: tuple[Term, ...], expert_tp: int) -> tuple[Term, ...]:
+    """``terms`` with the expert inputs an expert tensor-parallel group of ``expert_tp`` ranks gathers: each rank
+    keeps expert_tp sequence-parallel shards of them (GATHERED_OVER_EXPERT_TP)."""
+    if expert_tp == 1:
+        return terms
+    return tuple(replace(t, bytes_per_token=t.bytes_per_token * expert_tp) if t.name in GATHERED_OVER_EXPERT_TP
+                 else t for t in terms)
+
+
 FP8_GEMM_INPUT_BYTES = 1  # Transformer Engine saves the fp8-cast input of each fp8 GEMM for the weight gradient
 # NVFP4: Transformer Engine keeps only the column-wise (transposed, Hadamard-transformed) FP4 copy of a Linear's input
 # for the wgrad GEMM (transformer_engine/pytorch/module/linear.py: inputmat.update_usage(rowwise_usage=False,

@@ -224,10 +224,15 @@ def layer_terms_cached(shape: ModelShape, moe_layer: bool, seq_kv: int, act_byte
 
 
 def setup_layer_terms(setup: Setup, moe_layer: bool, impl: act.ActivationImpl | None = None) -> tuple[act.Term, ...]:
-    r = setup.recipe
+    """One layer's saved tensors as the layout keeps them: under sequence parallel an MoE layer's expert inputs are
+    the expert tensor-parallel group's gather (activations.with_expert_tp_gather)."""
+    r, lay = setup.recipe, setup.layout
     gemm_bytes = GEMM_INPUT_BYTES.get(r.gemm_dtype, r.activation_bytes)
-    return layer_terms_cached(setup.shape, moe_layer, setup.seq_len // setup.layout.cp, r.activation_bytes,
-                              impl or setup.impl, gemm_bytes, setup.framework.dropout)
+    terms = layer_terms_cached(setup.shape, moe_layer, setup.seq_len // lay.cp, r.activation_bytes,
+                               impl or setup.impl, gemm_bytes, setup.framework.dropout)
+    if moe_layer and lay.sequence_parallel:
+        return act.with_expert_tp_gather(terms, lay.expert_tp)
+    return terms
 
 
 def fused_activation_bytes_per_layer(setup: Setup, *, moe_layer: bool) -> float:

@@ -360,8 +360,8 @@ class Bounds:
         cache miss): it reads the schedule and the micro-batch count only through the stage's in-flight count and
         whether the schedule is GPipe (parts.inflight_microbatches), so it is cached by those."""
         inflight = cm.inflight_microbatches(sched, sl.stage, shape.pp, ga, vpp)
-        key = (shape.option, shape.tp, shape.cp, shape.pp, vpp, sched == "gpipe", inflight, mb, rc, sp,
-               sl.dense, sl.moe, sl.first, sl.last)
+        key = (shape.option, shape.tp, shape.etp, shape.cp, shape.pp, vpp, sched == "gpipe", inflight, mb, rc, sp,
+               sl.dense, sl.moe, sl.first, sl.last)  # (etp: an MoE layer keeps the expert TP group's gather)
         got = self._act.get(key)
         if got is None:
             if setup is None:
@@ -467,8 +467,8 @@ class Bounds:
         return _mem_safe(best + self._shape_fixed(shape))
 
     def _pm_table(self, shape: Shape, sp: bool, sl: StageLayers) -> dict[tuple[int, str], float]:
-        """One micro-batch's activations of ``sl`` by (micro-batch, recompute), for the shape's GPU, tp and cp."""
-        key = (shape.option, shape.tp, shape.cp, sp, sl.dense, sl.moe, sl.first, sl.last)
+        """One micro-batch's activations of ``sl`` by (micro-batch, recompute), for the shape's GPU, tp, etp and cp."""
+        key = (shape.option, shape.tp, shape.etp, shape.cp, sp, sl.dense, sl.moe, sl.first, sl.last)
         got = self._act_mb.get(key)
         if got is None:
             got = self._act_mb[key] = {}

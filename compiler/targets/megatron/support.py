@@ -55,15 +55,23 @@ def _mg_ep_tp_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
 
 
 def layout_model_unsupported(shape: "ModelShape", k: "Knobs") -> tuple[str, str] | None:
-    """What megatron-core 0.19.2 cannot run of this model under these knobs: experts with biases split by an expert
-    tensor-parallel degree above 1 (core/transformer/transformer_config.py: "Bias in Moe is only supported when
-    ETP==1"; gpt-oss has them, Megatron-Bridge's GPTOSSProvider add_bias_linear)."""
-    if shape.moe is None or not shape.linear_bias:
+    """What megatron-core 0.19.2 cannot run of this model under these knobs:
+
+    * an MoE model with tensor parallelism and no sequence parallelism, whatever ep: the MoE layer raises in training
+      (core/transformer/moe/moe_layer.py: "During training, performance may degrade if MoE and tensor parallelism
+      are enabled without also enabling sequence parallelism"; ValueError);
+    * experts with biases split by an expert tensor-parallel degree above 1 (core/transformer/transformer_config.py:
+      "Bias in Moe is only supported when ETP==1"; gpt-oss has them, Megatron-Bridge's GPTOSSProvider
+      add_bias_linear)."""
+    if shape.moe is None:
         return None
-    if not _gt1(k.etp):  # (a Layout's knobs always name it; while unknown the search may still choose 1)
-        return None
-    return "etp", (f"megatron-core runs experts with biases only at expert tensor parallel 1 ('Bias in Moe is only "
-                   f"supported when ETP==1'), got etp={k.etp}")
+    if _gt1(k.tp) and k.sequence_parallel is False:
+        return "sequence_parallel", (f"megatron-core's MoE layer needs sequence parallelism with tensor parallel "
+                                     f"(tp={k.tp}) in training")
+    if shape.linear_bias and _gt1(k.etp):  # (a Layout's knobs always name etp; while unknown the search may choose 1)
+        return "etp", (f"megatron-core runs experts with biases only at expert tensor parallel 1 ('Bias in Moe is "
+                       f"only supported when ETP==1'), got etp={k.etp}")
+    return None
 
 
 def model_unsupported(shape: "ModelShape", hyper: object = None) -> str | None:
