@@ -42,6 +42,10 @@ DEFAULT_STEPS = 4
 #   hsdp  the replicate axis of hybrid sharding
 #   cp    context parallel (CUDA only in torch 2.13)
 AXIS_PRIORITY = ("dp", "pp", "tp", "hsdp", "cp")
+# a plan whose experts fold tp away (an expert tensor-parallel degree other than tp) keeps tp before pp: the fold
+# (each rank's experts whole on its sequence-parallel shard, the expert grid re-folded over tp x dp) is what only
+# such a plan has to show
+FOLD_PRIORITY = ("dp", "tp", "pp", "hsdp", "cp")
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ def map_degrees(lay: Layout, *, device: str, max_ranks: int) -> tuple[SmokeDegre
     kept: dict[str, int] = {}
     changes: list[Change] = []
     notes: list[str] = []
-    for name in AXIS_PRIORITY:
+    for name in (FOLD_PRIORITY if lay.etp is not None else AXIS_PRIORITY):
         if name not in axes:
             continue
         field_name, degree = axes[name]

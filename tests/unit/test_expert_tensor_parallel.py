@@ -218,3 +218,15 @@ def test_a_published_recipe_sets_etp_and_the_dispatcher():
     rec = recipe_for(software_version="NeMo 26.02 container", model="DeepSeek-V3", gpu_type="GB200", precision="fp8",
                      fp8_recipe="mxfp8", num_gpus=256, tp=1, pp=4, vp=4, cp=1, ep=64, micro_batch=1)
     assert rec is not None and rec.node_aware_dispatch and rec.etp == 1
+
+
+def test_the_smoke_world_keeps_tp_for_a_fold():
+    """dtc smoke keeps dp, then pp, then tp at degree 2; a plan whose experts fold tp away keeps tp before pp."""
+    from compiler.smoke.scale import map_degrees
+
+    p = mixtral()
+    folded = layout_for(p, tp=4, pp=2, ep=8, etp=1, dp_shard=4, zero_stage=1, sequence_parallel=True)
+    kept, _, _ = map_degrees(folded, device="cpu", max_ranks=4)
+    assert (kept.tp, kept.pp, kept.dp_shard) == (2, 1, 2)
+    default, _, _ = map_degrees(folded.with_(etp=None), device="cpu", max_ranks=4)
+    assert (default.tp, default.pp, default.dp_shard) == (1, 2, 2)

@@ -263,7 +263,8 @@ def megatron_smoke_args(args: list[str], env: dict[str, str | None], setup: Smok
         _cpu_flags(rewritten, out)
     out.args = join_flags(rewritten)
     zero = 1 if cpu and "--use-megatron-fsdp" in present else setup.layout.zero_stage
-    out.layout = replace(setup.layout, ep=ep, zero_stage=zero)
+    etp = next((int(v[0]) for f, v in reversed(rewritten) if f == "--expert-tensor-parallel-size"), None)
+    out.layout = replace(setup.layout, ep=ep, zero_stage=zero, etp=etp)  # the expert TP degree that runs
     if any(c.what == OPTIMIZER_OFFLOAD for c in out.skipped):
         out.layout = out.layout.with_(offload_optimizer="none")
     out.shape = setup.shape
@@ -316,8 +317,8 @@ def _cpu_parts(flags: list[tuple[str, list[str]]], tp: int, out: MegatronArgs) \
             "skipped on CPU: Megatron's HybridDeviceOptimizer copies gradients and parameters between CUDA streams "
             "(core/optimizer/cpu_offloading/hybrid_optimizer.py _set_sub_optimizer_grads) and the precision-aware "
             "optimizer is Transformer Engine's FusedAdam; on CPU the optimizer states are in host memory anyway"))
-    if "--num-experts" in vals and tp > 1:
-        etp = vals.get("--expert-tensor-parallel-size", [str(tp)])[0]
+    if "--num-experts" in vals:
+        etp = vals.get("--expert-tensor-parallel-size", [str(tp)])[0]  # Megatron's default: tp
         if etp != "1":
             drop.add("--expert-tensor-parallel-size")
             add.append(("--expert-tensor-parallel-size", ["1"]))
@@ -560,13 +561,6 @@ def predict(result: TargetResult, run: MegatronArgs, setup: SmokeSetup) -> None:
         return
     result.comparisons = compare(memory, result.ranks, host_offload=setup.device == "cpu",
                                  gpus_on_a_node=run.layout.gpus_on_a_node)
-    if any(c.what == EXPERT_TP for c in run.skipped):
-        # the cost model splits experts by tp, as Megatron-Core does by default and the plan runs them; the CPU run
-        # keeps them whole (etp=1): tp x the expert weights and gradients per rank, the same optimizer shards
-        result.comparisons = [replace(c, band=None) if c.name == "model_states" else c
-                              for c in result.comparisons]
-        result.notes.append("model states not judged: on CPU the experts run whole (etp=1, skipped part), where the "
-                            f"plan and the cost model split them by tp={run.layout.tp}")
     judge(result)
 
 
