@@ -28,7 +28,7 @@ object to: a batch split over an odd number of ranks, a micro-batch above 16 on 
 data parallelism of 1 on 256 GPUs or more, or offload while the layout fits without it).
 
 Columns: the spec's model, tokens, sequence length and batch as written; the GPUs and the limit it gives;
-then the plan: GPUs, the layout (tp, pp, virtual stages, cp, ep, dp, ZeRO stage, recompute, offload), the
+then the plan: GPUs, the layout (tp, pp, virtual stages, cp, ep, etp, dp, ZeRO stage, recompute, offload), the
 batch as micro-batch x accumulation x dp (sequences), memory per GPU, time to train, cost and MFU.
 
 """
@@ -54,6 +54,7 @@ def _layout(lay) -> str:
     parts = [f"tp{lay.tp}", f"pp{lay.pp}"] + ([f"vpp{lay.vpp}"] if lay.vpp > 1 else [])
     parts += [f"cp{lay.cp}"] if lay.cp > 1 else []
     parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
+    parts += [f"etp{lay.etp}"] if lay.etp is not None else []
     parts.append(f"dp{lay.dp}" + (f" ({lay.dp_replicate}x{lay.dp_shard})" if lay.is_hsdp else ""))
     parts.append(f"zero{lay.zero_stage}")
     if lay.recompute != "none":

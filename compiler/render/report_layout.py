@@ -65,7 +65,14 @@ def layout_whys(plan: Plan) -> list[str]:
     if lay.ep > 1:
         n = shape.moe.num_experts if shape.moe else 0
         out.append(f"**ep={lay.ep}**: the {n} experts are spread over {lay.ep} GPUs ({n // lay.ep} per GPU), "
-                   f"carved out of dp x cp; tokens reach them by all-to-all.")
+                   f"carved out of {'dp x cp' if lay.etp is None else 'tp x dp x cp'}; tokens reach them by "
+                   f"all-to-all.")
+    if lay.etp is not None:
+        how = ("each GPU runs its experts whole on its own sequence-parallel shard of the tokens" if lay.etp == 1
+               else f"each expert is split over {lay.etp} GPUs, which gather their sequence-parallel shards")
+        out.append(f"**etp={lay.etp}**: the expert layers re-fold each stage's tp x dp x cp GPUs as etp {lay.etp} "
+                   f"x ep {lay.ep} x expert-dp {lay.expert_dp} (--expert-tensor-parallel-size); {how}, where "
+                   f"tp={lay.tp} would split every expert.")
     hsdp = f" ({lay.dp_replicate} replicas x {lay.dp_shard}-way sharded, HSDP)" if lay.is_hsdp else ""
     if lay.dp == 1:
         out.append(f"**dp=1**: tp x pp x cp uses all {lay.world_size} GPUs; there is one model replica.")

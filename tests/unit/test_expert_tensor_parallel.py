@@ -201,6 +201,8 @@ def test_the_solver_may_fold_and_estimate_re_costs_it(tmp_path: Path):
     plan = Plan.from_json(text)
     assert plan.layout.etp == 1  # ep 8 over tp 4 x dp 4 x cp 1 only folds with etp 1
     assert "--expert-tensor-parallel-size 1" in (out / "moe" / "megatron_args.sh").read_text()
+    report = (out / "moe" / "PLAN.md").read_text()
+    assert "carved out of tp x dp x cp" in report and "- **etp=1**: the expert layers re-fold" in report
     again = run_cli(["estimate", "--plan", str(out / "moe" / "plan.json")])
     assert "plan.json's estimate: reproduced exactly." in again.stdout, again.stdout
     pinned = run_cli(["estimate", str(spec), "--etp", "4", "--micro-batch", "1", "--zero", "1"], exit_code=2)
