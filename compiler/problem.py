@@ -76,6 +76,15 @@ class Pins:
     offload_params: Offload | None = None
     split: PipelineSplit | None = None  # Megatron's split mechanism (compiler.split)
 
+    @classmethod
+    def of(cls, layout: Any) -> "Pins":
+        """Every knob of ``layout`` (a compiler.layout.Layout) pinned: the search can only find that layout."""
+        return cls(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, schedule=layout.schedule, cp=layout.cp, ep=layout.ep,
+                   etp=layout.expert_tp, dp=layout.dp, dp_shard=layout.dp_shard, zero_stage=layout.zero_stage,
+                   micro_batch=layout.micro_batch, recompute=layout.recompute,
+                   sequence_parallel=layout.sequence_parallel, offload_optimizer=layout.offload_optimizer,
+                   offload_params=layout.offload_params, split=layout.split)
+
 
 def pins_of(l: Any) -> Pins:
     """The knobs a spec's ``layout`` section pins (a LayoutSpec; absent: None)."""

@@ -71,16 +71,6 @@ def pick_candidates(pick: Any, alternatives: Sequence[Any], n: int) -> list[Any]
     return out
 
 
-def _pins_of(layout: Layout):
-    from compiler.problem import Pins
-
-    return Pins(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, schedule=layout.schedule, cp=layout.cp, ep=layout.ep,
-                dp=layout.dp, dp_shard=layout.dp_shard, zero_stage=layout.zero_stage, micro_batch=layout.micro_batch,
-                recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
-                offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
-                split=layout.split)
-
-
 def bench_kind(target: str) -> str | None:
     """How ``target``'s generated SLURM launcher runs a short benchmark, or None if it cannot: "smoke-env" (dtc's
     trainers read steps, synthetic data and no checkpoints from DTC_SMOKE_*, the same rule as `dtc smoke --slurm`,
@@ -208,7 +198,7 @@ def render_sweep(spec_path: str | Path, out_dir: Path, *, top: int, steps: int =
                  local_cpu: bool = False) -> dict[str, Any]:
     """Write the sweep folder; return its manifest (sweep.json)."""
     from compiler.artifacts import write_artifacts
-    from compiler.problem import lower
+    from compiler.problem import Pins, lower
     from compiler.render.all_targets import render
     from compiler.solver import solve
     from compiler.spec.load import load_spec
@@ -226,7 +216,7 @@ def render_sweep(spec_path: str | Path, out_dir: Path, *, top: int, steps: int =
     entries = []
     for i, cand in enumerate(chosen):
         cid = f"{i:02d}"
-        cplan = plan if i == 0 else solve(dataclasses.replace(problem, pins=_pins_of(cand.layout), top_k=0,
+        cplan = plan if i == 0 else solve(dataclasses.replace(problem, pins=Pins.of(cand.layout), top_k=0,
                                                                num_gpus=cand.layout.world_size,
                                                                min_gpus=cand.layout.world_size,
                                                                max_gpus=cand.layout.world_size))

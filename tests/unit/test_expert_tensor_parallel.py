@@ -232,3 +232,17 @@ def test_the_smoke_world_keeps_tp_for_a_fold():
     assert (kept.tp, kept.pp, kept.dp_shard) == (2, 1, 2)
     default, _, _ = map_degrees(folded.with_(etp=None), device="cpu", max_ranks=4)
     assert (default.tp, default.pp, default.dp_shard) == (1, 2, 2)
+
+
+def test_a_layout_pinned_whole_is_found_again():
+    """dtc sweep re-solves each candidate with all its knobs pinned (Pins.of): an expert fold must survive that."""
+    from compiler.problem import Pins
+    from compiler.solver import solve
+
+    p = mixtral()
+    for etp in (1, None):  # ep 4 over dp 8: both the fold and the default are legal
+        layout = layout_for(p, tp=2, pp=2, ep=4, etp=etp, dp_shard=8, zero_stage=1, micro_batch=1,
+                            sequence_parallel=True, schedule="1f1b", recompute="full")
+        assert Pins.of(layout).etp == layout.expert_tp
+        plan = solve(dataclasses.replace(p, pins=Pins.of(layout), top_k=0))
+        assert plan.layout.with_(split=None) == layout
