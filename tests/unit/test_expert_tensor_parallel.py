@@ -246,3 +246,19 @@ def test_a_layout_pinned_whole_is_found_again():
         assert Pins.of(layout).etp == layout.expert_tp
         plan = solve(dataclasses.replace(p, pins=Pins.of(layout), top_k=0))
         assert plan.layout.with_(split=None) == layout
+
+
+def test_reviews_and_explanations_name_a_fold():
+    """dtc diff's layout changes and the search's why-lost text say when the experts fold, and only then."""
+    from compiler.review.plans import _layout_changes
+    from compiler.solver.explain import layout_diff
+
+    p = mixtral()
+    default = layout_for(p, tp=2, ep=4, dp_shard=16, zero_stage=1, sequence_parallel=True)
+    folded = default.with_(etp=1)
+    a, b = plan_for(p, folded, real_estimate=False), plan_for(p, default, real_estimate=False)
+    assert [(k.key, k.old, k.new) for k in _layout_changes(a, b)] == [("etp", "1", "2")]
+    assert layout_diff(folded, default) == "etp=1 vs tp"
+    tp1 = default.with_(tp=1, sequence_parallel=False)  # tp=1: its experts are whole too, nothing to say
+    assert "etp" not in layout_diff(folded, tp1)
+    assert [k.key for k in _layout_changes(b, plan_for(p, default.with_(tp=4), real_estimate=False))] == ["tp"]
