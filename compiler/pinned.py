@@ -45,10 +45,7 @@ def rule_error(rejections: list[Rejection], context: str = "") -> DtcError:
 def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
     """The layout pinned by the spec and ``overrides`` (None: keep the pin), with the obvious defaults;
     SpecError when incomplete, DtcError (with the rules' codes) when a layout rule rejects it."""
-    pins = problem.pins
-    knobs = {k: getattr(pins, k) for k in ("tp", "pp", "vpp", "schedule", "cp", "ep", "etp", "dp", "dp_shard", "zero_stage",
-                                           "micro_batch", "recompute", "sequence_parallel", "offload_optimizer",
-                                           "offload_params", "split")}
+    knobs = problem.pins.knobs()
     knobs.update({k: v for k, v in overrides.items() if v is not None and k != "gpu"})
     missing = [f"{spec_key} ({flag})" for key, spec_key, flag in REQUIRED_KNOBS if knobs[key] is None]
     num_gpus = problem.num_gpus
@@ -72,8 +69,8 @@ def build_layout(problem: Problem, overrides: dict[str, Any]) -> Layout:
     offload_params: Offload = knobs["offload_params"] or "none"
     sp = bool(knobs["sequence_parallel"]) if knobs["sequence_parallel"] is not None else False
     full = rules.Knobs(gpu=option.name, gpus_per_node=option.gpus_per_node, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
-                       cp=cp, ep=ep, etp=knobs["etp"] or tp, dp=dp, dp_shard=dp_shard if dp else None, zero_stage=zero, micro_batch=mb,
-                       grad_accum=grad_accum, recompute=recompute, sequence_parallel=sp,
+                       cp=cp, ep=ep, etp=knobs["etp"] or tp, dp=dp, dp_shard=dp_shard if dp else None, zero_stage=zero,
+                       micro_batch=mb, grad_accum=grad_accum, recompute=recompute, sequence_parallel=sp,
                        offload_optimizer=offload_optimizer, offload_params=offload_params, split=knobs["split"])
     bad = rules.violations(problem.facts, full)
     if not bad and dp is None:

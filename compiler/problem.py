@@ -76,6 +76,10 @@ class Pins:
     offload_params: Offload | None = None
     split: PipelineSplit | None = None  # Megatron's split mechanism (compiler.split)
 
+    def knobs(self) -> dict[str, Any]:
+        """The pins by name, as compiler.rules.Knobs names them (None: not pinned)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     @classmethod
     def of(cls, layout: Any) -> "Pins":
         """Every knob of ``layout`` (a compiler.layout.Layout) pinned: the search can only find that layout."""
@@ -425,8 +429,7 @@ def _check_pins(spec: Spec, shape: ModelShape, options: list[GpuOption], seqs: i
                                 Knobs, gpu_facts, violations)
 
     l, t, c = spec.layout, spec.training, spec.cluster
-    pins = pins_of(l)
-    knobs = Knobs(**{f.name: getattr(pins, f.name) for f in dataclasses.fields(Pins)})
+    knobs = Knobs(**pins_of(l).knobs())
     min_gpus, max_gpus = c.num_gpus or c.min_gpus or 1, c.num_gpus or c.max_gpus or DEFAULT_MAX_GPUS
     gpus = {o.name: gpu_facts(o, t.precision, GpuCounts(min_gpus, max_gpus, o.gpus_per_node, c.num_gpus))
             for o in options}

@@ -45,21 +45,14 @@ def _mg_offload(k: "Knobs", precision: str) -> tuple[str, str] | None:
     return None
 
 
-def _mg_ep_tp_sp(k: "Knobs", precision: str) -> tuple[str, str] | None:
-    # megatron/core/model_parallel_config.py: "When using expert parallelism and tensor
-    # parallelism, sequence parallelism must be used" (checked when the model config is built).
-    if _gt1(k.ep) and _gt1(k.tp) and k.sequence_parallel is False:
-        return "sequence_parallel", (f"expert parallel (ep={k.ep}) with tensor parallel (tp={k.tp}) needs sequence "
-                                     "parallelism")
-    return None
-
-
 def layout_model_unsupported(shape: "ModelShape", k: "Knobs") -> tuple[str, str] | None:
     """What megatron-core 0.19.2 cannot run of this model under these knobs:
 
     * an MoE model with tensor parallelism and no sequence parallelism, whatever ep: the MoE layer raises in training
       (core/transformer/moe/moe_layer.py: "During training, performance may degrade if MoE and tensor parallelism
-      are enabled without also enabling sequence parallelism"; ValueError);
+      are enabled without also enabling sequence parallelism"; ValueError), and with ep > 1 the model config already
+      refuses it (core/model_parallel_config.py: "When using expert parallelism and tensor parallelism, sequence
+      parallelism must be used");
     * experts with biases split by an expert tensor-parallel degree above 1 (core/transformer/transformer_config.py:
       "Bias in Moe is only supported when ETP==1"; gpt-oss has them, Megatron-Bridge's GPTOSSProvider
       add_bias_linear)."""
@@ -98,4 +91,4 @@ def notes(layout: "Layout") -> tuple[str, ...]:
     return tuple(out)
 
 
-RULES = (_mg_fsdp, _mg_gpipe, _mg_offload, _mg_ep_tp_sp)
+RULES = (_mg_fsdp, _mg_gpipe, _mg_offload)
