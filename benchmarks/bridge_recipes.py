@@ -29,9 +29,16 @@ with ``cfg`` (``_enable_hybridep_full_iteration_mxfp8(cfg)``, ...), with their k
 literal arguments bound and ``if``s on them decided; a branch on anything else is not taken, and an
 assignment of anything but a literal leaves the field unknown (blank).
 
-Not covered: NeMo 25.09 (Megatron-Bridge 0.1.0 kept its recipes as YAML perf matrices): its rows keep
-the framework profile's defaults. ``--check`` exits 1 if the committed CSV differs from what would be
-written.
+NeMo 25.09 shipped Megatron-Bridge 0.1.0rc3 (docs/releases/software-versions.md of v0.6.0, "NeMo Framework
+25.09": "Megatron-Bridge | 0.1.0rc3"; the version picker's "0.1.0 · 25.09"). That release kept its recipes as
+YAML perf matrices (scripts/performance/configs/<family>/<model>_llm_pretrain.yaml: ``perf_matrix.<gpu>.
+num_gpus_<N>``, a ``common`` block deep-merged with one block per precision, as utils/helpers.py
+apply_perf_matrix_overrides does), read by ``yaml_tag_configs``; ``cuda_graphs: true`` is Megatron-Core's
+``enable_cuda_graph``, the per-layer ``local`` implementation (helpers.py set_cuda_graph_overrides), never a
+full-iteration graph. Its run_script.py decides a few settings in code, per model and GPU, not in the YAML:
+those are ``RUN_SCRIPT_0_1`` below, copied with their lines.
+
+``--check`` exits 1 if the committed CSV differs from what would be written.
 """
 from __future__ import annotations
 
@@ -57,6 +64,7 @@ OUT = ROOT / "compiler" / "data" / RECIPES_FILE
 
 # NeMo container -> Megatron-Bridge tags, in order of preference (see the module docstring)
 CONTAINERS = {
+    "25.09": ("v0.1.0rc3",),
     "25.11": ("v0.2.0",),
     "26.02": ("v0.3.0",),
     "26.02.01": ("v0.3.1",),
@@ -74,6 +82,27 @@ PRECISIONS = ("BF16", "FP8_CS", "FP8_MX", "FP8_SC", "NVFP4")
 COLUMNS = ("container", "megatron_bridge", "config", "model", "gpu", "precision", "num_gpus", "tp", "pp", "vp", "cp", "ep",
            "etp", "micro_batch", "global_batch", "cuda_graph_impl", "cuda_graph_scope", "moe_a2a_overlap",
            "moe_flex_dispatcher_backend", "recompute_modules", "cpu_offloading_num_layers")
+
+
+YAML_CONFIGS = re.compile(r"^scripts/performance/configs/[^/]+/(?P<model>.+)_llm_pretrain\.yaml$")  # 0.1.0
+YAML_PRECISIONS = {"bf16": "BF16", "fp8_cs": "FP8_CS", "fp8_mx": "FP8_MX", "fp8_ss": "FP8_SC", "fp8_ds": "FP8_DS"}
+
+
+def _deepseek_v3_0_1(gpu: str) -> dict[str, object]:
+    """Megatron-Bridge 0.1.0rc3 scripts/performance/run_script.py main(), DeepSeek-V3: ``enable_deepep =
+    bool(args.gpu.lower() in ["h100"])`` (B200 and GB200 run token drop, "disabling DeepEP"), passed to the recipe,
+    which then sets ``moe_token_dispatcher_type = "flex"`` and ``moe_enable_deepep = True``
+    (src/megatron/bridge/recipes/deepseek/deepseek_v3.py); ``A2A_1F1B = bool(args.gpu.lower() in ["h100"])`` sets
+    ``comm_overlap.overlap_moe_expert_parallel_comm`` True on H100 and False elsewhere; ``recompute_modules``
+    ["mla_up_proj", "mlp"] on H100 and ["mla_up_proj", "mlp", "moe_act"] on GB200."""
+    h100 = gpu == "H100"
+    modules = {"H100": ["mla_up_proj", "mlp"], "GB200": ["mla_up_proj", "mlp", "moe_act"]}.get(gpu)
+    return {"moe_flex_dispatcher_backend": "deepep" if h100 else None, "moe_a2a_overlap": h100,
+            "recompute_modules": modules}
+
+
+# the settings 0.1.0rc3's run_script.py sets in code, by model (model_key) and GPU
+RUN_SCRIPT_0_1 = {"DEEPSEEKV3": _deepseek_v3_0_1}
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -99,6 +128,38 @@ def tag_configs(repo: Path, tag: str) -> dict[str, dict]:
                         and not isinstance(value, type) and not name.startswith("_"):
                     out[name] = asdict(value)
         return out
+
+
+def yaml_tag_configs(repo: Path, tag: str) -> dict[str, dict]:
+    """The perf-matrix entries of a 0.1.0-style tag (module docstring) as the columns' settings, by a name that
+    says where each one is: '<file>:<gpu>:num_gpus_<N>:<precision block>'."""
+    import yaml
+
+    out: dict[str, dict] = {}
+    for path in sorted(_git(repo, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()):
+        m = YAML_CONFIGS.match(path)
+        if not m:
+            continue
+        model = model_key(m["model"])
+        matrix = (yaml.safe_load(_git(repo, "show", f"{tag}:{path}")) or {}).get("perf_matrix") or {}
+        for gpu, sizes in matrix.items():
+            for size, preset in (sizes or {}).items():
+                common = preset.get("common") or {}
+                for block, precision in YAML_PRECISIONS.items():
+                    if block not in preset:
+                        continue
+                    c = {**common, **(preset.get(block) or {})}
+                    extra = RUN_SCRIPT_0_1.get(model, lambda g: {})(gpu.upper())
+                    out[f"{path.rsplit('/', 1)[1]}:{gpu}:{size}:{block}"] = {
+                        "model": model, "gpu": gpu.upper(), "precision": precision,
+                        "num_gpus": int(size.removeprefix("num_gpus_")), "tensor_model_parallel_size": c.get("tp", 1),
+                        "pipeline_model_parallel_size": c.get("pp", 1),
+                        "virtual_pipeline_model_parallel_size": c.get("vp"),
+                        "context_parallel_size": c.get("cp", 1), "expert_model_parallel_size": c.get("ep", 1),
+                        "expert_tensor_parallel_size": c.get("etp"), "micro_batch_size": c.get("mbs"),
+                        "global_batch_size": c.get("gbs"), "cuda_graph_impl": "local" if c.get("cuda_graphs") else None,
+                        "cpu_offloading_num_layers": c.get("cpu_offloading_num_layers"), **extra}
+    return out
 
 
 UNKNOWN = object()  # a field assigned something that is not a literal
@@ -270,18 +331,26 @@ def _cell(x) -> str:
 
 def rows(repo: Path, containers: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, str]]:
     out = []
-    cache: dict[str, tuple[bool, dict[str, dict]]] = {}  # tag -> (recipes as functions, its configs)
+    cache: dict[str, tuple[str, dict[str, dict]]] = {}  # tag -> (how its recipes are kept, its configs)
     for container, tags in (CONTAINERS if containers is None else containers).items():
         for tag in tags:
             if tag not in cache:
-                python = _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip() != ""
-                cache[tag] = (python, py_tag_configs(repo, tag) if python else tag_configs(repo, tag))
-            python, configs = cache[tag]
+                if _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip():
+                    cache[tag] = ("python", py_tag_configs(repo, tag))
+                elif any(YAML_CONFIGS.match(p) for p in _git(repo, "ls-tree", "-r", "--name-only", tag,
+                                                                "scripts/performance/configs").split()):
+                    cache[tag] = ("yaml", yaml_tag_configs(repo, tag))
+                else:
+                    cache[tag] = ("workload", tag_configs(repo, tag))
+            kind, configs = cache[tag]
+            python = kind == "python"
             for name in sorted(configs):
-                if not python and "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
+                if kind == "workload" and "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
                     continue  # SFT / LoRA presets
                 c = configs[name]
-                if python:
+                if kind == "yaml":
+                    gpu, model, precision = c["gpu"], c["model"], c["precision"]
+                elif python:
                     m = PY_RECIPE_NAME.match(name)
                     assert m
                     gpu, model, precision = m["gpu"].upper(), model_key(m["model"]), PY_PRECISIONS[m["precision"]]

@@ -69,7 +69,9 @@ def test_a_recipe_is_taken_only_when_its_layout_is_the_rows():
     found = B.recipe_for(**kw)
     assert found is not None and found.megatron_bridge == "v0.5.0" and found.moe_a2a_overlap
     assert B.recipe_for(**{**kw, "micro_batch": 2}) is None
-    assert B.recipe_for(**{**kw, "software_version": "NeMo 25.09 container"}) is None  # not extracted
+    old = B.recipe_for(**{**kw, "software_version": "NeMo 25.09 container"})  # its own release's recipe
+    assert old is not None and old.megatron_bridge == "v0.1.0rc3" and not old.moe_a2a_overlap
+    assert not old.full_iteration_cuda_graph
     assert B.recipe_for(**{**kw, "software_version": "torchtitan"}) is None
     bf16 = B.recipe_for(**{**kw, "precision": "bf16", "fp8_recipe": ""})
     assert bf16 is not None and not bf16.full_iteration_cuda_graph
@@ -252,3 +254,43 @@ def test_a_moe_layer_forward_waits_for_the_launches_after_its_token_count_sync()
     sb = compute.stage_compute(bound, bound.stages[0])
     assert {name: (f, b) for name, f, b in sb.parts}["launch_bound"] == pytest.approx(waited)
     assert sb.forward_s <= sc.forward_s and sb.backward_s <= sc.backward_s
+
+
+def test_generator_reads_010_yaml_perf_matrices(tmp_path):
+    """A stand-in of Megatron-Bridge 0.1.0rc3: each precision block is merged over its GPU's ``common`` block (as its
+    utils/helpers.py apply_perf_matrix_overrides does), ``cuda_graphs: true`` is the per-layer 'local' graph, and
+    the DeepSeek-V3 settings run_script.py decides in code (DeepEP, the 1F1B all-to-all overlap) come on H100 only."""
+    repo = tmp_path / "mb"
+    (repo / "scripts/performance/configs/deepseek").mkdir(parents=True)
+    (repo / "scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml").write_text(
+        "ConfigContainer:\n  model:\n    moe_router_fusion: true\n"
+        "perf_matrix:\n"
+        "  h100:\n    num_gpus_1024:\n      common: {mbs: 1, gbs: 8192, cuda_graphs: false, tp: 2, pp: 8, vp: 4, "
+        "ep: 64, etp: 1}\n      bf16:\n      fp8_ss:\n"
+        "  b200:\n    num_gpus_256:\n      common: {mbs: 1, gbs: 2048, tp: 2, pp: 16, vp: null, ep: 8, etp: 1}\n"
+        "      bf16: {cuda_graphs: false}\n      fp8_mx: {cuda_graphs: true, mbs: 2}\n")
+    _commit_and_tag(repo, "v0.1.0rc3")
+    table = {r["config"]: r for r in generator.rows(repo, {"25.09": ("v0.1.0rc3",)})}
+    h100 = table["deepseek_v3_llm_pretrain.yaml:h100:num_gpus_1024:fp8_ss"]
+    assert (h100["model"], h100["gpu"], h100["precision"]) == ("DEEPSEEKV3", "H100", "FP8_SC")
+    assert (h100["tp"], h100["pp"], h100["vp"], h100["ep"], h100["etp"], h100["micro_batch"]) == ("2", "8", "4", "64",
+                                                                                                  "1", "1")
+    assert (h100["moe_flex_dispatcher_backend"], h100["moe_a2a_overlap"], h100["cuda_graph_impl"]) == \
+        ("deepep", "true", "")
+    mx = table["deepseek_v3_llm_pretrain.yaml:b200:num_gpus_256:fp8_mx"]
+    assert (mx["micro_batch"], mx["vp"], mx["cuda_graph_impl"], mx["moe_a2a_overlap"]) == ("2", "", "local", "false")
+    assert mx["moe_flex_dispatcher_backend"] == ""
+    assert table["deepseek_v3_llm_pretrain.yaml:b200:num_gpus_256:bf16"]["micro_batch"] == "1"
+    assert not B._recipe(mx).full_iteration_cuda_graph  # a per-layer graph still launches every kernel of the rest
+
+
+def test_the_25_09_deepseek_v3_h100_rows_take_their_recipe():
+    """NeMo 25.09 shipped Megatron-Bridge 0.1.0rc3 (docs/releases/software-versions.md); its DeepSeek-V3 H100 perf
+    matrix runs the published layout with expert tensor parallelism 1, DeepEP and the 1F1B all-to-all overlap. The
+    table leaves etp out; the default (etp = tp = 2) is not what ran."""
+    for row_id in ("576", "577"):
+        assert "25.09" in csv_row(row_id)["software_version"]
+        run = R.parse_row(csv_row(row_id))
+        assert run.layout.etp == 1 and run.layout.tp == 2, row_id
+        assert run.framework.ep_overlap and run.framework.hierarchical_all_to_all, row_id
+        assert "v0.1.0rc3" in run.framework.source
