@@ -157,19 +157,25 @@ def _tp_comm_time_per_layer_s(setup: Setup) -> tuple[float, float]:
 
 
 def tp_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
-    """(forward, backward) tensor-parallel collectives of an MoE layer. With the default etp = tp, those of a dense
-    layer (tp_comm_time_per_layer_s: the expert path's all-gather and reduce-scatter over tp are counted as one
-    hidden-state message, as a dense MLP's, the shared experts' with them). With etp != tp the attention's pair stays
-    over tp; the routed experts gather and scatter only over the etp group (megatron-core token_dispatcher.py: the
-    all-to-all dispatcher's AllGatherV / ReduceScatterV over the expert tensor-parallel group; none with etp = 1: the
-    experts take each rank's sequence-parallel shard whole), the etp/tp share of the message; shared experts keep
-    theirs over tp (moe/shared_experts.py gathers and reduce-scatters the sequence-parallel input)."""
+    """(forward, backward) tensor-parallel collectives of an MoE layer. The attention's pair stays over tp, and the
+    shared experts' (moe/shared_experts.py gathers and reduce-scatters the sequence-parallel input over tp). The
+    routed experts' depend on the framework (CostProfile.moe_tp_gathers_copies): Megatron-Core's dispatcher
+    all-gathers the tokens the all-to-all brought over the expert tensor-parallel group and reduce-scatters them
+    after the experts (token_dispatcher.py dispatch_postprocess: gather_from_sequence_parallel_region over
+    expt_tp), every routed copy of a token, top_k per token, in the etp/tp share of a hidden-state message each
+    (none with etp = 1: the experts take each rank's sequence-parallel shard whole). A framework that runs the
+    expert path as a dense MLP (etp = tp) moves one hidden-state message over tp, as tp_comm_time_per_layer_s."""
     return setup.memo("tp_comm_time_per_moe_layer_s", lambda: _tp_comm_time_per_moe_layer_s(setup))
+
+
+def moe_tp_differs(setup: Setup) -> bool:
+    """Whether an MoE layer's tensor-parallel traffic differs from a dense layer's (tp_comm_time_per_moe_layer_s)."""
+    return setup.shape.moe is not None and (setup.layout.etp is not None or setup.framework.moe_tp_gathers_copies)
 
 
 def _tp_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
     lay = setup.layout
-    if lay.etp is None:
+    if not moe_tp_differs(setup):
         return tp_comm_time_per_layer_s(setup)
     msg = activation_message_bytes(setup)
     over_tp, over_etp = moe_layer_tp_messages(setup)
@@ -182,10 +188,12 @@ def moe_layer_tp_messages(setup: Setup) -> tuple[float, float]:
     """Hidden-state messages an MoE layer all-reduces (or gathers and scatters) each way: (over tp, over the etp
     group); see tp_comm_time_per_moe_layer_s."""
     lay, m = setup.layout, setup.shape.moe
-    if lay.etp is None:
+    if not moe_tp_differs(setup):
         return 2.0, 0.0
-    shared = 1.0 if m is not None and m.num_shared_experts else 0.0
-    return 1.0 + shared, (lay.expert_tp / lay.tp if lay.expert_tp > 1 else 0.0)
+    assert m is not None
+    shared = 1.0 if m.num_shared_experts else 0.0
+    copies = m.top_k if setup.framework.moe_tp_gathers_copies else 1
+    return 1.0 + shared, (copies * lay.expert_tp / lay.tp if lay.expert_tp > 1 else 0.0)
 
 
 def cp_kv_chunk_bytes(setup: Setup) -> float:

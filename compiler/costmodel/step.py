@@ -182,7 +182,7 @@ def stage_time(setup: Setup, sl: StageLayers, sp: StageParams, collectives: list
         ep_pair = (ep_x * ep_f, ep_x * ep_b)
     return StageTime(
         stage=sl.stage, compute=c,
-        tp_s=((tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers) if setup.layout.etp is None else
+        tp_s=((tp_xf * tp_f * sl.layers, tp_xb * tp_b * sl.layers) if not comm.moe_tp_differs(setup) else
               (tp_xf * (tp_f * sl.dense + tp_moe_f * sl.moe), tp_xb * (tp_b * sl.dense + tp_moe_b * sl.moe))),
         cp_s=(cp_exp[0] * sl.layers, cp_exp[1] * sl.layers),
         ep_s=(ep_pair[0] * sl.moe, ep_pair[1] * sl.moe),
@@ -398,7 +398,7 @@ def _comm_volumes(setup: Setup, st: StageTime, coll: list[comm.Collective], p2p:
     if lay.tp > 1:
         f, b = comm.tp_comm_time_per_layer_s(setup)
         nbytes, seconds = 4 * msg * l.layers * m, (f + b) * l.layers * m
-        if lay.etp is not None:  # MoE layers gather and scatter less over tp (tp_comm_time_per_moe_layer_s)
+        if comm.moe_tp_differs(setup):  # MoE layers move other messages (tp_comm_time_per_moe_layer_s)
             mf, mb = comm.tp_comm_time_per_moe_layer_s(setup)
             nbytes = 2 * (2 * l.dense + sum(comm.moe_layer_tp_messages(setup)) * l.moe) * msg * m
             seconds = ((f + b) * l.dense + (mf + mb) * l.moe) * m

@@ -59,6 +59,11 @@ class CostProfile:
     # ... except on these GPU generations: ((generation, recipe), ...)
     fp8_recipe_by_generation: tuple[tuple[str, str], ...] = ()
     ep_overlap: bool = False  # MoE all-to-all hidden behind another micro-batch's compute (DualPipe)
+    # the MoE dispatcher all-gathers each token's top_k routed copies over the expert tensor-parallel group and
+    # reduce-scatters them back (Megatron-Core's alltoall and flex dispatchers, token_dispatcher.py
+    # dispatch_postprocess / combine_preprocess: gather_from_sequence_parallel_region of the tokens the all-to-all
+    # brought, over pg_collection.expt_tp); False: the routed path moves one hidden state over tp, as a dense MLP
+    moe_tp_gathers_copies: bool = False
     # the training iteration is captured as one CUDA graph and replayed (Megatron-Core --cuda-graph-impl
     # full_iteration, megatron/core/full_cuda_graph.py: forward and backward of every micro-batch in one
     # graph): the host submits one graph launch per step instead of each kernel, and MoE layers do not wait

@@ -102,7 +102,13 @@ def test_the_cost_model_splits_the_experts_by_etp():
     assert flops[0] == pytest.approx(flops[1])
     # no tensor-parallel collective on the routed path (Mixtral has no shared expert): the attention's pair only
     assert comm.tp_comm_time_per_moe_layer_s(b)[0] == pytest.approx(comm.tp_comm_time_per_layer_s(b)[0] / 2)
-    assert comm.tp_comm_time_per_moe_layer_s(a) == comm.tp_comm_time_per_layer_s(a)
+    # at the default etp = tp, Megatron-Core all-gathers the routed copies (top_k = 2 per token) over tp: the
+    # attention's message and two more, where a dense layer moves two
+    assert comm.moe_layer_tp_messages(a) == (1.0, 2.0)
+    msg, link = comm.activation_message_bytes(a), comm.tp_link(a)
+    assert comm.tp_comm_time_per_moe_layer_s(a)[0] == pytest.approx(
+        comm.all_reduce_time_s(msg, 2, link) + comm.all_reduce_time_s(2 * msg, 2, link))
+    assert comm.tp_comm_time_per_layer_s(a)[0] == pytest.approx(2 * comm.all_reduce_time_s(msg, 2, link))
     # the ep group: 4 ranks of stride etp; inside one 8-GPU node either way, then across nodes at ep = 8, etp = 2
     assert comm.ep_link(b).link == comm.INTRA
     wide = setup_for(p, base.with_(ep=8), p.gpu_options[0])
@@ -145,7 +151,8 @@ def test_an_estimate_says_it():
     msg, layers, micro = comm.activation_message_bytes(setup_for(p, lay, p.gpu_options[0])), 32, lay.grad_accum
     assert tp.bytes_per_gpu_per_step == pytest.approx(2 * msg * layers * micro)  # the attention's pair, each way
     default = next(c for c in evaluate(p, lay.with_(etp=None, ep=4, recompute="full")).comm if c.group == "tp")
-    assert default.bytes_per_gpu_per_step == pytest.approx(4 * msg * layers * micro)
+    # the default etp = tp: the attention's message and the two routed copies of each token, each way
+    assert default.bytes_per_gpu_per_step == pytest.approx(6 * msg * layers * micro)
 
 
 def test_megatron_runs_biased_experts_only_at_etp_1():
@@ -262,3 +269,20 @@ def test_reviews_and_explanations_name_a_fold():
     tp1 = default.with_(tp=1, sequence_parallel=False)  # tp=1: its experts are whole too, nothing to say
     assert "etp" not in layout_diff(folded, tp1)
     assert [k.key for k in _layout_changes(b, plan_for(p, default.with_(tp=4), real_estimate=False))] == ["tp"]
+
+
+def test_the_routed_copies_cross_the_expert_tp_group_only_where_the_dispatcher_gathers_them():
+    """Megatron-Core's dispatcher gathers what the all-to-all brought, top_k copies of each token, over the expert
+    TP group (token_dispatcher.py dispatch_postprocess); a framework whose expert path is a dense MLP under tp
+    (CostProfile.moe_tp_gathers_copies False) moves one hidden state, as a dense layer. DeepSeek-V3's shared expert
+    keeps its own message over tp either way."""
+    p = mixtral()
+    a = setup_for(p, layout_for(p, tp=2, ep=4, dp_shard=16, zero_stage=1, sequence_parallel=True), p.gpu_options[0])
+    assert a.framework.moe_tp_gathers_copies  # the megatron target's profile
+    dense_mlp = dataclasses.replace(a, framework=dataclasses.replace(a.framework, moe_tp_gathers_copies=False))
+    assert comm.moe_layer_tp_messages(dense_mlp) == (2.0, 0.0) and not comm.moe_tp_differs(dense_mlp)
+    dsv3 = problem_for(spec_text("deepseek-v3", 1024, 2048))
+    d = setup_for(dsv3, layout_for(dsv3, tp=2, pp=16, ep=8, dp_shard=32, zero_stage=1, sequence_parallel=True),
+                  dsv3.gpu_options[0])
+    assert comm.moe_layer_tp_messages(d) == (2.0, 8.0)  # attention + shared expert over tp; 8 routed copies
+    assert comm.moe_layer_tp_messages(setup_for(dsv3, d.layout.with_(etp=1), dsv3.gpu_options[0])) == (2.0, 0.0)

@@ -58,7 +58,7 @@ COST = CostProfile(
     ops_per_dense_layer=OPS_PER_DENSE_LAYER, ops_per_moe_layer=OPS_PER_MOE_LAYER, ops_per_local_expert=OPS_PER_LOCAL_EXPERT,
     recompute_selective="attention_core",
     fp8_recipe="fp8_tensorwise_delayed", fp8_recipe_by_generation=(("blackwell", "mxfp8"),),
-    hierarchical_all_to_all=False, cross_entropy="megatron_native", fp4_param_gather=True,
+    hierarchical_all_to_all=False, moe_tp_gathers_copies=True, cross_entropy="megatron_native", fp4_param_gather=True,
     cross_entropy_by_precision=CROSS_ENTROPY_BY_PRECISION, dropout=False,  # render.py: --attention/hidden-dropout 0.0
     source=SOURCE + ARTIFACT_SOURCE, grad_source=GRAD_SOURCE)
 
