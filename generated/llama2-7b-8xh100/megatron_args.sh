@@ -70,7 +70,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 1771
+  --save-interval 1773
   --exit-signal-handler
   --exit-signal SIGUSR1
 )
