@@ -63,9 +63,11 @@ PUBLISHED_FRAMEWORKS: Mapping[str, CostProfile] = MappingProxyType({
         attention="cudnn", elementwise="fused", grad_dtype="fp32", grad_reduce_dtype="fp32", tp_overlap="none",
         ops_per_dense_layer=16, ops_per_moe_layer=44, ops_per_local_expert=4, recompute_selective="attention_core",
         fp8_recipe="fp8_blockwise", hierarchical_all_to_all=True, ep_overlap=True, optimizer_state_bytes=4,
+        moe_dispatch_fp8=True,
         source="DeepSeek-V3 report (arXiv:2412.19437) sec. 3.2-3.3: DualPipe overlaps each chunk's all-to-all and PP "
         "communication with another chunk's computation ('nearly zero all-to-all communication overhead'), DeepEP "
-        "node-limited dispatch (each token to at most 4 nodes, NVLink forwarding), fine-grained FP8 GEMMs (1x128 / "
+        "node-limited dispatch (each token to at most 4 nodes, NVLink forwarding) of FP8 activations (sec. 3.3.2), "
+        "fine-grained FP8 GEMMs (1x128 / "
         "128x128 scales), FP32 gradient accumulation, AdamW moments in BF16, recomputed RMSNorm and MLA "
         "up-projections, FP8 activation caches; no tensor parallelism; a fused cross entropy (an assumption: the stack is "
         "not public)"),

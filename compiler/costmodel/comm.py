@@ -255,8 +255,8 @@ def moe_all_to_all_time_s(tokens: float, bytes_per_copy: float, top_k: int, setu
 
 
 def ep_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
-    """Forward: dispatch (in the expert GEMM input dtype under fp8 recipes, bf16 under nvfp4: no FP4 dispatch is
-    modelled) + combine (bf16);
+    """Forward: dispatch (bf16 hidden states, or FP8 under an fp8 recipe where the framework quantises before the
+    dispatch, CostProfile.moe_dispatch_fp8; no FP4 dispatch is modelled) + combine (bf16);
     backward: the two transposed all-to-alls of bf16 gradients (Megatron-Core MoE token dispatcher;
     Lepikhin et al. 2020, GShard)."""
     return setup.memo("ep_comm_time_per_moe_layer_s", lambda: _ep_comm_time_per_moe_layer_s(setup))
@@ -268,7 +268,7 @@ def _ep_comm_time_per_moe_layer_s(setup: Setup) -> tuple[float, float]:
         return 0.0, 0.0
     tokens = setup.tokens_per_microbatch / (lay.tp if lay.sequence_parallel else 1)
     h, r = setup.shape.hidden_size, setup.recipe
-    dispatch_bytes = h * (1 if r.gemm_dtype == "fp8" else r.activation_bytes)
+    dispatch_bytes = h * (1 if r.gemm_dtype == "fp8" and setup.framework.moe_dispatch_fp8 else r.activation_bytes)
     combine_bytes = h * r.activation_bytes
     fwd = (moe_all_to_all_time_s(tokens, dispatch_bytes, m.top_k, setup)
            + moe_all_to_all_time_s(tokens, combine_bytes, m.top_k, setup))

@@ -64,6 +64,12 @@ class CostProfile:
     # dispatch_postprocess / combine_preprocess: gather_from_sequence_parallel_region of the tokens the all-to-all
     # brought, over pg_collection.expt_tp); False: the routed path moves one hidden state over tp, as a dense MLP
     moe_tp_gathers_copies: bool = False
+    # the MoE dispatch moves FP8 hidden states under an fp8 recipe (DeepSeek-V3 report sec. 3.3.2: the activations
+    # are quantised to FP8 before the dispatch, for the up-projections' FP8 Fprop). False: the hidden states travel
+    # in bf16 and the expert GEMMs quantise after the dispatch, as Megatron-Core's alltoall, DeepEP and HybridEP
+    # dispatchers do (transformer/moe/token_dispatcher.py dispatches the layer input as it is; fused_a2a.py's
+    # HybridEP: "Currently, we do not support fp8 dispatch")
+    moe_dispatch_fp8: bool = False
     # the training iteration is captured as one CUDA graph and replayed (Megatron-Core --cuda-graph-impl
     # full_iteration, megatron/core/full_cuda_graph.py: forward and backward of every micro-batch in one
     # graph): the host submits one graph launch per step instead of each kernel, and MoE layers do not wait

@@ -148,6 +148,26 @@ def test_megatron_costs_the_token_dispatcher_it_renders(problem_factory, layout_
     assert sum(ep_comm_time_per_moe_layer_s(flat)) > sum(ep_comm_time_per_moe_layer_s(hier))
 
 
+def test_megatron_dispatches_bf16_hidden_states_under_fp8_and_deepseek_v3_fp8(problem_factory, layout_factory):
+    """Megatron-Core's dispatchers move the layer input as it is (bf16; Transformer Engine quantises inside the
+    expert GEMMs after the dispatch; HybridEP 'does not support fp8 dispatch'); DeepSeek-V3's framework quantises
+    before the dispatch (report sec. 3.3.2). Under fp8 the forward dispatch then costs what the bf16 combine does
+    for Megatron, half of it for DeepSeek-V3; the backward's gradients are bf16 either way."""
+    from compiler.costmodel.comm import ep_comm_time_per_moe_layer_s
+
+    assert not registry.get("megatron").cost.moe_dispatch_fp8
+    assert not published_profile("megatron_bridge").moe_dispatch_fp8
+    assert published_profile("deepseek_v3").moe_dispatch_fp8
+    p = problem_factory("mixtral-8x7b", num_gpus=64, gbs=256, precision="fp8")
+    lay = layout_factory(p, dp_shard=64, zero_stage=1, ep=8)  # inside one 8-GPU node
+    bf16 = make_setup(p, lay, p.gpu_options[0], target="megatron")
+    fresh = make_setup(p, lay, p.gpu_options[0], target="megatron")
+    fp8 = dataclasses.replace(fresh, framework=dataclasses.replace(fresh.framework, moe_dispatch_fp8=True))
+    (f16, b16), (f8, b8) = ep_comm_time_per_moe_layer_s(bf16), ep_comm_time_per_moe_layer_s(fp8)
+    assert f16 == pytest.approx(b16) and b8 == pytest.approx(b16)  # bf16 both ways: as the backward
+    assert f8 < f16 and f8 > f16 / 2  # the fp8 dispatch moves half the bytes; the combine is bf16
+
+
 def _all_profiles():
     from compiler.calibration.frameworks import PUBLISHED_FRAMEWORKS
 
