@@ -74,7 +74,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 475
+  --save-interval 474
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

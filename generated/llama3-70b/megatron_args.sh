@@ -74,7 +74,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 125
+  --save-interval 124
   --exit-signal-handler
   --exit-signal SIGUSR1
 )

@@ -79,7 +79,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2106
+  --save-interval 2113
   --ckpt-format torch_dist
   --async-save
   --use-persistent-ckpt-worker

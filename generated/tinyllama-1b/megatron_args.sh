@@ -72,7 +72,7 @@ MEGATRON_ARGS=(
   # checkpointing
   --save "${CHECKPOINT_DIR:-checkpoints}"
   --load "${CHECKPOINT_DIR:-checkpoints}"
-  --save-interval 2876
+  --save-interval 2878
   --exit-signal-handler
   --exit-signal SIGUSR1
 )
