@@ -41,8 +41,9 @@ ASSUMPTIONS = (
     "Megatron-Core + Transformer Engine kernels, or eager PyTorch modules; fp8 GEMM inputs kept in 1 B); "
     "expert tensor parallel = tp.",
     "MoE all-to-all: a token crosses the network once per destination node (DeepEP-style hierarchical "
-    "dispatch) where the target dispatches hierarchically, in the GEMM input dtype, combined in bf16; on the "
-    "critical path unless the target overlaps it.",
+    "dispatch) where the target dispatches hierarchically, dispatched and combined in bf16 (dispatched in FP8 "
+    "where the framework quantises before it); on the critical path unless the target overlaps it; with "
+    "tp > 1 Megatron-Core's dispatcher gathers a token's top_k routed copies over the expert TP group.",
     "Pipeline: the slowest stage's forward/backward times drive a simulation of the schedule; the layers "
     "per stage are Megatron's split (compiler/split.py).",
 )
