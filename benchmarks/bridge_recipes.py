@@ -132,7 +132,7 @@ def tag_configs(repo: Path, tag: str) -> dict[str, dict]:
 
 def yaml_tag_configs(repo: Path, tag: str) -> dict[str, dict]:
     """The perf-matrix entries of a 0.1.0-style tag (module docstring) as the columns' settings, by a name that
-    says where each one is: '<file>:<gpu>:num_gpus_<N>:<precision block>'."""
+    says where each one is: '<file>:<gpu>:num_gpus_<N>:<precision block>'; empty for a tag without YAML recipes."""
     import yaml
 
     out: dict[str, dict] = {}
@@ -143,13 +143,13 @@ def yaml_tag_configs(repo: Path, tag: str) -> dict[str, dict]:
         model = model_key(m["model"])
         matrix = (yaml.safe_load(_git(repo, "show", f"{tag}:{path}")) or {}).get("perf_matrix") or {}
         for gpu, sizes in matrix.items():
+            extra = RUN_SCRIPT_0_1.get(model, lambda g: {})(gpu.upper())
             for size, preset in (sizes or {}).items():
                 common = preset.get("common") or {}
                 for block, precision in YAML_PRECISIONS.items():
                     if block not in preset:
                         continue
                     c = {**common, **(preset.get(block) or {})}
-                    extra = RUN_SCRIPT_0_1.get(model, lambda g: {})(gpu.upper())
                     out[f"{path.rsplit('/', 1)[1]}:{gpu}:{size}:{block}"] = {
                         "model": model, "gpu": gpu.upper(), "precision": precision,
                         "num_gpus": int(size.removeprefix("num_gpus_")), "tensor_model_parallel_size": c.get("tp", 1),
@@ -337,20 +337,18 @@ def rows(repo: Path, containers: dict[str, tuple[str, ...]] | None = None) -> li
             if tag not in cache:
                 if _git(repo, "ls-tree", "--name-only", tag, PY_RECIPES).strip():
                     cache[tag] = ("python", py_tag_configs(repo, tag))
-                elif any(YAML_CONFIGS.match(p) for p in _git(repo, "ls-tree", "-r", "--name-only", tag,
-                                                                "scripts/performance/configs").split()):
-                    cache[tag] = ("yaml", yaml_tag_configs(repo, tag))
+                elif yaml_configs := yaml_tag_configs(repo, tag):
+                    cache[tag] = ("yaml", yaml_configs)
                 else:
                     cache[tag] = ("workload", tag_configs(repo, tag))
             kind, configs = cache[tag]
-            python = kind == "python"
             for name in sorted(configs):
                 if kind == "workload" and "PRETRAIN" not in name and not name.endswith("_BASE_CONFIG"):
                     continue  # SFT / LoRA presets
                 c = configs[name]
                 if kind == "yaml":
                     gpu, model, precision = c["gpu"], c["model"], c["precision"]
-                elif python:
+                elif kind == "python":
                     m = PY_RECIPE_NAME.match(name)
                     assert m
                     gpu, model, precision = m["gpu"].upper(), model_key(m["model"]), PY_PRECISIONS[m["precision"]]
