@@ -20,6 +20,20 @@ from compiler.targets import registry as target_registry
 if TYPE_CHECKING:
     from compiler.split import PipelineSplit
 
+# ---------------------------------------------------------------------------- empty defaults
+
+
+def _no_items() -> list:
+    """An empty list default. A Python function, not `list`: pydantic inspects a default factory's signature,
+    and for a builtin that parses its text signature with tokenize's regex (~8 ms of `dtc validate`'s start)."""
+    return []
+
+
+def _no_entries() -> dict:
+    """An empty dict default (see _no_items)."""
+    return {}
+
+
 # ---------------------------------------------------------------------------- unit types
 
 
@@ -297,7 +311,7 @@ class DataSpec(_Strict):
     """What to train on: prepared datasets with blend weights and the tokenizer that made them, or
     the synthetic task (only when asked for: PLAN.md then says so in its first lines)."""
 
-    datasets: list[DatasetSpec] = Field(default_factory=list, max_length=1024,
+    datasets: list[DatasetSpec] = Field(default_factory=_no_items, max_length=1024,
                                         description="Prepared datasets (`dtc data prepare`), blended by weight.")
     tokenizer: str | None = Field(
         None, pattern=PATH_RE,
@@ -535,10 +549,10 @@ class SlurmSpec(_Strict):
         None, description="Launcher of the primary train.sbatch; default: the first target's own launcher.")
     container_image: str | None = Field(None, pattern=IMAGE_RE, description="Container image for pyxis/enroot (srun --container-image).")
     container_mounts: list[Annotated[str, Field(pattern=PATH_RE)]] = Field(
-        default_factory=list, description="Container mounts, SRC:DST.")
-    modules: list[Annotated[str, Field(pattern=MODULE_RE)]] = Field(default_factory=list, description="Environment modules to load.")
+        default_factory=_no_items, description="Container mounts, SRC:DST.")
+    modules: list[Annotated[str, Field(pattern=MODULE_RE)]] = Field(default_factory=_no_items, description="Environment modules to load.")
     environment: dict[Annotated[str, Field(pattern=ENV_NAME_RE)], Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, description="Extra environment variables exported in the script.")
+        default_factory=_no_entries, description="Extra environment variables exported in the script.")
     rdzv_port: PosInt = Field(29500, le=65535, description="Rendezvous / master port.")
     workdir: str | None = Field(None, pattern=PATH_RE, description="cd here before launching.")
     megatron_dir: str = Field("/opt/Megatron-LM", pattern=PATH_RE, description="Megatron-LM checkout holding pretrain_gpt.py (inside the container, if any); the job's MEGATRON_DIR overrides it.")
