@@ -45,7 +45,7 @@ import heapq
 import math
 import operator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Generator, Iterator
 
 from compiler import units
 from compiler.costmodel.bands import MEMORY_MARGIN, scale_bucket, shape_floor
@@ -151,14 +151,17 @@ class _Entry:
 
 class _Search:
     def __init__(self, problem: Problem, k: int, evaluator: Evaluator, *, like: "_Search | None" = None,
-                 ceiling: float = float("inf"), max_explored: int | None = None):
+                 ceiling: float = float("inf"), max_explored: int | None = None, ruled_out_by: str | None = None):
         """``like``: a search of the same problem but for top_k, whose space and bounds (and their caches) this
         one shares: neither reads top_k. ``ceiling``: an objective key no layout of interest reaches (the search
         prunes every layout whose bound is above it, and finds the best exactly when that one is below it).
-        ``max_explored``: stop after exploring this many shapes (``stopped`` then says so); None: no limit."""
+        ``max_explored``: stop after exploring this many shapes (``stopped`` then says so); None: no limit.
+        ``ruled_out_by``: a target not among the problem's; the search keeps only the layouts it cannot run
+        (target_costs: what that target rules out), counting the rest as framework_unsupported."""
         self.problem = problem
         self.k = k
         self.ceiling = ceiling
+        self.ruled_out_by = ruled_out_by
         self.max_explored = max_explored
         self.num_explored = 0
         self.stopped = False
@@ -170,6 +173,8 @@ class _Search:
         self.bounds: Bounds = like.bounds if like is not None else Bounds(problem)
         # shape -> (groups_lb's value, whether it is the exact minimum or a stop above a threshold): shared too
         self._groups: dict[Shape, tuple[float, bool]] = like._groups if like is not None else {}
+        # shape -> groups_lb's walk, stopped short of the exact minimum (not shared: it reads this search's options)
+        self._group_walks: dict[Shape, Generator[tuple[float, bool], tuple[float, float], None]] = {}
         # shape -> the largest stages_lb value found for it (a lower bound whatever the threshold was; kept by the
         # searches over every option): shared too
         self._stages: dict[Shape, float] = like._stages if like is not None else {}
@@ -412,8 +417,9 @@ class _Search:
         if not supported and F.FRAMEWORK_UNSUPPORTED not in self.tally.examples:
             layout = self.space.layout(shape, sched, vpp, sh, 1, 1, "none", sp)
             r = F.check_framework(self.problem, layout)
-            assert r is not None
-            self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {r.message}"
+            assert r is not None or self.ruled_out_by is not None
+            why = r.message if r is not None else f"{self.ruled_out_by} runs it (the search keeps what it cannot run)"
+            self.tally.examples[F.FRAMEWORK_UNSUPPORTED] = f"{layout.describe()}: {why}"
         return supported
 
     def pipeline_classes(self, pp: int) -> tuple[tuple[tuple[str, bool], int], ...]:
@@ -521,15 +527,22 @@ class _Search:
     def _refine(self, queue: list, entry: tuple, threshold: float) -> bool:
         """Whether the shape of a popped heap ``entry`` is to be explored now: the bounds after the refinements it
         has taken (fastest_lb, stages_lb, then groups_lb) are asked in turn; a shape one of them prunes is counted
-        as pruned, and one whose tighter bound is above the smallest key left goes back into the heap with it."""
+        as pruned, and one whose tighter bound is above the smallest key left goes back into the heap with it.
+        groups_lb walks the shape's groups only until its bound passes that key (a 16K-GPU spec whose budget binds
+        nothing asks it of thousands of shapes before any layout is found, ~25 groups each to the exact minimum):
+        the shape goes back with the bound reached and its walk resumes when it comes back."""
         shape, n, done = entry[3], entry[4], entry[6]
         for step in range(done, 3):
-            tighter = (self.fastest_lb, self.shape_stages_lb, self.groups_lb)[step](shape, threshold)
+            if step < 2:
+                tighter, final = (self.fastest_lb, self.shape_stages_lb)[step](shape, threshold), True
+            else:  # groups_lb stops once its bound passes the next shape's key: asked again when that comes back
+                tighter = self.groups_lb(shape, threshold, stop=queue[0][0] if queue else float("inf"))
+                final = self._groups[shape][1]
             if can_prune(tighter, threshold):
                 self.num_pruned += n
                 return False
             if queue and tighter > queue[0][0]:
-                heapq.heappush(queue, (tighter,) + entry[1:6] + (step + 1,))
+                heapq.heappush(queue, (tighter,) + entry[1:6] + (step + 1 if final else step,))
                 return False
         return True
 
@@ -772,7 +785,7 @@ class _Search:
                                        tuple(sorted({ga for gas in gas_ok.values() for ga in gas})))
         return got
 
-    def groups_lb(self, shape: Shape, threshold: float = float("inf")) -> float:
+    def groups_lb(self, shape: Shape, threshold: float = float("inf"), stop: float = float("inf")) -> float:
         """The smallest objective key (band floor included) a layout of ``shape`` can have by the bounds explore
         prunes with: over its groups (vpp, micro-batch, grad_accum, recompute) whose step bound keeps the budget
         and the deadline and whose memory bound (the smallest memory over its sequence-parallel and sharding
@@ -788,17 +801,27 @@ class _Search:
         have equal step bounds but not equal memory: such a group fits when either schedule's does (GPipe, which
         keeps every micro-batch's activations, is asked last). A group that fits goes back into the heap with its
         layouts' key; the search stops when such a key is the least left (the exact minimum), or once the least
-        key left is above ``threshold`` (the shape is pruned). The value is kept per shape for a later call (a
-        search sharing this one's caches): an exact minimum is final, a stop above a threshold still bounds the
-        minimum from below."""
+        key left is above ``threshold`` (the shape is pruned) or above ``stop`` (the search's next shape key: the
+        shape goes back into the search's heap and is asked again when it comes back). The walk is kept per shape
+        and resumed by the next call, so a shape asked several times pops each group once. The value is kept per
+        shape for a later call (a search sharing this one's caches): an exact minimum is final, a stop above a
+        threshold or ``stop`` still bounds the minimum from below."""
         known = self._groups.get(shape)
-        if known is not None and (known[1] or can_prune(known[0], threshold)):
+        if known is not None and (known[1] or can_prune(known[0], threshold) or known[0] > stop):
             return known[0]
-        got = self._groups_lb(shape, threshold)
-        self._groups[shape] = (got, not can_prune(got, threshold))
+        walk = self._group_walks.get(shape)
+        if walk is None:
+            walk = self._group_walks[shape] = self._groups_walk(shape)
+            next(walk)
+        got, exact = walk.send((threshold, stop))
+        if exact:
+            del self._group_walks[shape]
+        self._groups[shape] = (got, exact)
         return got
 
-    def _groups_lb(self, shape: Shape, threshold: float) -> float:
+    def _groups_walk(self, shape: Shape) -> Generator[tuple[float, bool], tuple[float, float], None]:
+        """groups_lb's walk over the groups of ``shape``: sent (threshold, stop), it yields (the least key left,
+        whether that is the exact minimum), its heap kept for the next send."""
         problem, space, bounds = self.problem, self.space, self.bounds
         pricing = self._pricing[shape.option]
         sps = space.sp_choices(shape.tp, shape.cp)
@@ -834,10 +857,13 @@ class _Search:
                 if names[0] == "interleaved_1f1b" and ga % shape.pp:
                     continue
                 push(vpp, mb, ga, 0)
+        threshold, stop = yield 0.0, False  # (primed: the first send brings the bounds)
         while heap:
-            key, _, vpp, mb, ga, r, exact = heapq.heappop(heap)
-            if can_prune(key, threshold) or exact:
-                return key
+            key, _, vpp, mb, ga, r, exact = heap[0]
+            if exact or can_prune(key, threshold) or key > stop:
+                threshold, stop = yield key, exact
+                continue
+            heapq.heappop(heap)
             if any(bounds.group_memory_lb(shape, sched, vpp, mb, ga, rcs[r], self.options(shape, sched, vpp))
                    * self.memory_factor <= usable for sched in sorted(scheds[vpp], key=lambda x: x == "gpipe")):
                 # the group's own layouts: its key becomes theirs (at least its step bound's)
@@ -848,7 +874,8 @@ class _Search:
             # more recompute: a larger step bound, but other options may fit (their ZeRO traffic can be smaller)
             if r + 1 < len(rcs):
                 push(vpp, mb, ga, r + 1)
-        return float("inf")
+        while True:
+            yield float("inf"), True
 
     def _layouts_key(self, shape: Shape, names: list[str], vpp: int, mb: int, ga: int, rc: str, usable: float
                      ) -> float:
@@ -1023,8 +1050,10 @@ class _Search:
     def supported(self, layout: Layout, key: tuple) -> bool:
         ok = self._support.get(key)
         if ok is None:
-            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, Knobs.of(layout),
-                                         self.problem.shape)[0]
+            knobs = Knobs.of(layout)
+            ok = not unsupported_reasons(self.problem.targets, self.problem.precision, knobs, self.problem.shape)[0]
+            if ok and self.ruled_out_by is not None:
+                ok = bool(unsupported_reasons((self.ruled_out_by,), self.problem.precision, knobs, self.problem.shape)[0])
             self._support[key] = ok
         return ok
 
@@ -1287,9 +1316,10 @@ class TargetCost:
 
 
 def target_costs(problem: Problem, plan: Plan, *, min_gain: float = 0.005) -> tuple[TargetCost, ...]:
-    """For each framework target of ``problem``: the best plan of the same spec without that target's support
-    rules, when it beats ``plan`` on the objective by more than ``min_gain``. A plan must run under every
-    target it is rendered for, so each target can only narrow the layouts; this says what it costs."""
+    """For each framework target of ``problem``: the best of the layouts that target cannot run, costed without
+    it, when it beats ``plan`` on the objective by more than ``min_gain``. A plan must run under every target it
+    is rendered for, so each target can only narrow the layouts; this says what it costs. (The layouts it runs
+    were the plan's search's: the relaxed search leaves them out, which on a large space is most of it.)"""
     from compiler.solver.objective import objective_key
     from compiler.targets import registry
     from compiler.targets.support import target_reason
@@ -1304,7 +1334,8 @@ def target_costs(problem: Problem, plan: Plan, *, min_gain: float = 0.005) -> tu
     ceiling = base * (1 - min_gain) * (1 + CHEAPEST_TIE if problem.objective == "cheapest" else 1)
     for target in frameworks:
         others = tuple(t for t in problem.targets if t != target)
-        relaxed = _Search(replace(problem, targets=others, top_k=0), 0, _search_evaluate, ceiling=ceiling)
+        relaxed = _Search(replace(problem, targets=others, top_k=0), 0, _search_evaluate, ceiling=ceiling,
+                          ruled_out_by=target)
         relaxed.run()
         if not relaxed.top:
             continue

@@ -483,6 +483,37 @@ def test_groups_bound_is_the_least_key_of_the_layouts_that_may_fit(name: str) ->
     assert finite >= 5, finite
 
 
+@pytest.mark.parametrize("name", sorted(GROUPS_SPECS))
+def test_groups_bound_stopped_short_resumes_to_the_same_minimum(name: str) -> None:
+    """groups_lb with a ``stop`` (what the search passes: the next shape's key) returns at once when its least key
+    left passes it, a lower bound above ``stop`` that is not final, and resumes its walk on the next call: raising
+    the stop step by step ends at the exact minimum a single call finds, and a value never falls on the way."""
+    from compiler.solver.search import _Search, _search_evaluate
+
+    problem = lower(load_spec_text(textwrap.dedent(GROUPS_SPECS[name]), f"{name}.yaml"))
+    fresh, stepped = _Search(problem, 0, _search_evaluate), _Search(problem, 0, _search_evaluate)
+    space = fresh.space
+    rng = random.Random(13)
+    shapes = [s for s in space.shapes().shapes if space.inner_count(s)]
+    stopped = 0
+    for shape in rng.sample(shapes, min(25, len(shapes))):
+        want = fresh.groups_lb(shape)
+        stop, seen = 0.0, []
+        while True:
+            got = stepped.groups_lb(shape, stop=stop)
+            final = stepped._groups[shape][1]
+            seen.append(got)
+            if final:
+                break
+            assert got > stop, (shape, got, stop)
+            stopped += 1
+            stop = got * 1.0001
+        assert seen == sorted(seen), (shape, seen)
+        assert seen[-1] == pytest.approx(want, rel=1e-12) or seen[-1] == want == float("inf"), (shape, seen, want)
+        assert shape not in stepped._group_walks  # a finished walk is let go
+    assert stopped >= 5, stopped
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_one_micro_batch_activations_are_proportional_to_it(name: str) -> None:
     """One micro-batch's activations of a stage are its micro-batch x those at micro-batch 1, for every recompute
