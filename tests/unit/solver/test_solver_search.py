@@ -171,6 +171,32 @@ def test_several_targets_cost_each_layout_for_the_binding_one() -> None:
     assert plan.estimate.step_time_s == pytest.approx(both.result.step_time_s, rel=1e-3)  # the plan rounds
 
 
+def test_a_search_ruled_out_by_a_target_keeps_only_what_it_cannot_run() -> None:
+    """target_costs' relaxed search (ruled_out_by): the best layouts the dropped target cannot run, every layout
+    the target runs counted as framework_unsupported; the union with the layouts it runs is the whole space."""
+    from dataclasses import replace
+
+    from compiler.rules import Knobs
+    from compiler.solver.search import _Search, _search_evaluate
+    from compiler.targets.support import target_reason
+
+    p = problem(targets="[megatron, fsdp]")
+    relaxed = replace(p, targets=("fsdp",), top_k=3)
+    ruled = _Search(relaxed, 3, _search_evaluate, ruled_out_by="megatron")
+    ruled.run()
+    assert ruled.top
+    for e in ruled.best_first():
+        assert target_reason("megatron", Knobs.of(e.layout), p.precision, p.shape) is not None, e.layout.describe()
+    free = _Search(relaxed, 3, _search_evaluate)
+    free.run()
+    joint = solve(replace(p, targets=("fsdp", "megatron")), top_k=0).search
+    total = free.num_considered
+    assert ruled.num_considered == joint.num_considered == total
+    # unsupported: what fsdp cannot run, and of the rest what megatron runs too (the joint search's supported)
+    fu = F.FRAMEWORK_UNSUPPORTED
+    assert ruled.tally.counts[fu] == free.tally.counts.get(fu, 0) + total - joint.rejections_by_code[fu]
+
+
 def test_batch_tolerance_realises_a_nearby_batch() -> None:
     p = problem(training="tokens: 100B, sequence_length: 4096, global_batch: 1000, global_batch_tolerance: 0.05",
                 cluster="{gpu: h100-sxm, num_gpus: 64}")
