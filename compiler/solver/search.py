@@ -533,11 +533,12 @@ class _Search:
         the shape goes back with the bound reached and its walk resumes when it comes back."""
         shape, n, done = entry[3], entry[4], entry[6]
         for step in range(done, 3):
-            if step < 2:
-                tighter, final = (self.fastest_lb, self.shape_stages_lb)[step](shape, threshold), True
+            if step == 0:
+                tighter, final = self.fastest_lb(shape, threshold), True
+            elif step == 1:
+                tighter, final = self.shape_stages_lb(shape, threshold), True
             else:  # groups_lb stops once its bound passes the next shape's key: asked again when that comes back
-                tighter = self.groups_lb(shape, threshold, stop=queue[0][0] if queue else float("inf"))
-                final = self._groups[shape][1]
+                tighter, final = self._groups_step(shape, threshold, queue[0][0] if queue else float("inf"))
             if can_prune(tighter, threshold):
                 self.num_pruned += n
                 return False
@@ -806,17 +807,21 @@ class _Search:
         and resumed by the next call, so a shape asked several times pops each group once. The value is kept per
         shape for a later call (a search sharing this one's caches): an exact minimum is final, a stop above a
         threshold or ``stop`` still bounds the minimum from below."""
+        return self._groups_step(shape, threshold, stop)[0]
+
+    def _groups_step(self, shape: Shape, threshold: float, stop: float) -> tuple[float, bool]:
+        """groups_lb's value and whether it is the exact minimum (False: a stop above ``threshold`` or ``stop``)."""
         known = self._groups.get(shape)
         if known is not None and (known[1] or can_prune(known[0], threshold) or known[0] > stop):
-            return known[0]
+            return known
         walk = self._group_walks.get(shape)
         if walk is None:
             walk = self._group_walks[shape] = self._groups_walk(shape)
             next(walk)
-        got, exact = walk.send((threshold, stop))
-        if exact:
+        got = walk.send((threshold, stop))
+        if got[1]:
             del self._group_walks[shape]
-        self._groups[shape] = (got, exact)
+        self._groups[shape] = got
         return got
 
     def _groups_walk(self, shape: Shape) -> Generator[tuple[float, bool], tuple[float, float], None]:
