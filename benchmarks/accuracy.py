@@ -4,7 +4,8 @@
     python benchmarks/accuracy.py [CSV] [--json] [--refit] [--profile FILE] [--unsourced]
 
 CSV: any file with the columns of benchmarks/data/published_runs_dev.csv (default: that file,
-the vendored calibration set). Each row is parsed by compiler/calibration/runs.py into the
+the vendored calibration set), in any order, extra columns ignored; a CSV without a column the
+parser reads is refused with their names (exit 2), not read as blank cells. Each row is parsed by compiler/calibration/runs.py into the
 model, layout, framework and precision of the published run (rows it cannot model are skipped
 and the reasons counted), costed with compiler.costmodel.evaluation.evaluate for the framework that ran
 it, and compared in tokens/s per GPU with what it measured (rows that give only TFLOP/s or MFU
@@ -54,7 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from compiler.calibration.fit import fit_with_loso, predict  # noqa: E402
-from compiler.calibration.runs import PublishedRun, load_runs  # noqa: E402
+from compiler.calibration.runs import NotACalibrationCsv, PublishedRun, load_runs  # noqa: E402
 from compiler.costmodel.bands import RESIDUALS, BandTable  # noqa: E402
 from compiler.costmodel.efficiency import Efficiency, load_efficiency  # noqa: E402
 from compiler.stats import percentile  # noqa: E402
@@ -314,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --profile and --refit exclude each other", file=sys.stderr)
             return 2
         efficiency = profile.efficiency(load_efficiency())
-    report = run(args.csv, refit=args.refit, efficiency=efficiency, unsourced=args.unsourced)
+    try:
+        report = run(args.csv, refit=args.refit, efficiency=efficiency, unsourced=args.unsourced)
+    except NotACalibrationCsv as exc:
+        print(f"error: {exc}\n  hint: give every column of {CALIBRATION_CSV.relative_to(ROOT)} (extra columns and "
+              "their order do not matter; benchmarks/data/CALIBRATION_README.md describes them)", file=sys.stderr)
+        return 2
     if args.profile is not None:
         report.loso_from = f"profile {args.profile}"
     if args.json:

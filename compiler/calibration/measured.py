@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from compiler.calibration.logs import TARGET_OF_FORMAT, LogSteps, parse_log
-from compiler.calibration.runs import CSV_COLUMNS, PublishedRun, Skip, parse_row, read_rows, regime_features, \
-    resolve
+from compiler.calibration.runs import CSV_COLUMNS, NotACalibrationCsv, PublishedRun, Skip, parse_row, \
+    read_checked_rows, regime_features, resolve
 from compiler.errors import Diagnostic, DtcError, Location
 
 LOG_SUFFIXES = (".log", ".out", ".txt")
@@ -134,12 +134,13 @@ def _add_log(out: Measured, log_path: Path, plan_path: Path, *, device: str = "g
 
 
 def _add_csv(out: Measured, path: Path) -> None:
-    rows = read_rows(path)
-    header = list(rows[0]) if rows else []
-    missing = [c for c in ("source_id", "model", "gpu_type", "num_gpus", "tp", "pp", "dp", "global_batch_size",
-                           "precision") if c not in header]
+    try:
+        rows = read_checked_rows(path)
+        missing = []
+    except NotACalibrationCsv as exc:
+        rows, missing = [], exc.missing
     if not rows or missing:
-        what = "no rows" if not rows else "missing columns " + ", ".join(missing)
+        what = "missing columns " + ", ".join(missing) if missing else "no rows"
         raise DtcError(Diagnostic(summary=f"not a calibration CSV: {what}",
                                   location=Location(str(path), 1, 1),
                                   hint=f"use the columns of benchmarks/data/published_runs_dev.csv ({len(CSV_COLUMNS)} "

@@ -51,6 +51,7 @@ from compiler.costmodel.evaluation import check_layout
 from compiler.layout import Layout, Offload, Recompute
 from compiler.model import MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
+from compiler.spec.models import MAX_LAYERS
 from compiler.targets.cost import CostProfile
 
 CSV_COLUMNS = (
@@ -62,6 +63,30 @@ CSV_COLUMNS = (
     "precision", "tflops_per_gpu", "mfu_pct", "hfu_pct", "tokens_per_sec_per_gpu", "tokens_per_sec_total",
     "step_time_s", "train_tokens", "total_train_time", "gpu_hours", "cost_usd", "peak_tflops_used_by_source",
     "flop_convention", "value_kind", "confidence", "derived_fields", "notes")
+
+# Columns that describe a row for a reader and that parse_row never reads: every other column of CSV_COLUMNS must be
+# in a CSV's header (missing_columns; tests/unit/calibration/test_runs.py checks this split against what parse_row
+# reads), or each row would silently be read as if those cells were blank (a CSV without `vp` costs every
+# interleaved run as 1F1B). An optional column beyond CSV_COLUMNS, peak_memory_gib, is read where present.
+DESCRIPTIVE_COLUMNS = frozenset({"source_url", "source_location", "params_b", "active_params_b", "dp", "hfu_pct",
+                                 "train_tokens", "total_train_time", "gpu_hours", "cost_usd", "confidence",
+                                 "derived_fields"})
+READ_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in DESCRIPTIVE_COLUMNS)
+
+
+class NotACalibrationCsv(ValueError):
+    """A CSV whose header lacks columns parse_row reads (``missing``: them, in CSV_COLUMNS order)."""
+
+    def __init__(self, path: str, missing: list[str]):
+        self.path, self.missing = path, missing
+        super().__init__(f"{path}: not a calibration CSV: missing columns {', '.join(missing)}")
+
+
+def missing_columns(header: Iterable[str]) -> list[str]:
+    """The columns parse_row reads that ``header`` lacks (extra columns and column order do not matter)."""
+    have = set(header)
+    return [c for c in READ_COLUMNS if c not in have]
+
 
 # Architectures ModelShape cannot express (matched on the model name, case-insensitive): skipped, counted.
 UNMODELLED_ARCHITECTURES = {
@@ -225,6 +250,8 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
         if preset is not None and all(v is None or v == getattr(preset.shape, k) for k, v in given.items()):
             return preset.shape
         raise Skip("architecture not given")
+    if layers > MAX_LAYERS:  # the spec's cap: the cost model walks the layers one by one (a typo would hang it)
+        raise Skip(f"architecture beyond dtc's limits (num_layers at most {MAX_LAYERS})")
     if preset is not None and (preset.shape.num_layers, preset.shape.hidden_size) == (layers, hidden):
         return preset.shape  # the catalog knows details the CSV lacks (MLA, dense first layers)
     model = _text(row, "model")
@@ -367,7 +394,7 @@ def layout_of(row: dict, gpu: GpuSpec, framework: CostProfile, recompute: Recomp
         raise Skip("layout not given")
     cp, ep, vp = _int(row, "cp") or 1, _int(row, "ep") or 1, _int(row, "vp") or 1
     etp = _int(row, "etp")
-    if min(n, tp, pp, cp, ep, vp, etp or 1) < 1:
+    if min(n, tp, pp, cp, ep, vp, 1 if etp is None else etp) < 1:
         raise Skip("layout degree below 1")
     dp = n // (tp * pp * cp)
     if tp * pp * cp * dp != n:
@@ -593,13 +620,24 @@ def read_rows(path: str | Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def read_checked_rows(path: str | Path) -> list[dict]:
+    """read_rows of a CSV whose header has every column parse_row reads, else NotACalibrationCsv (an empty file
+    too: it has no header)."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # (a byte-order mark is not part of the first name)
+        reader = csv.DictReader(fh)
+        missing = missing_columns(reader.fieldnames or ())
+        if missing:
+            raise NotACalibrationCsv(str(path), missing)
+        return list(reader)
+
+
 def load_runs(path: str | Path, *, catalog: Catalog | None = None, unsourced: bool = False
               ) -> tuple[list[PublishedRun], Counter[str]]:
     """Every modellable run of a CSV (recompute resolved) and the reasons the others were skipped; ``unsourced``:
-    with the rows of UNSOURCED_ATTENTION models too."""
+    with the rows of UNSOURCED_ATTENTION models too. NotACalibrationCsv: the header lacks a column parse_row reads."""
     runs: list[PublishedRun] = []
     skipped: Counter[str] = Counter()  # why a row was skipped -> rows
-    for row in read_rows(path):
+    for row in read_checked_rows(path):
         try:
             runs.append(resolve(parse_row(row, catalog, unsourced=unsourced)))
         except Skip as exc:

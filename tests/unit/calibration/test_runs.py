@@ -224,6 +224,10 @@ def test_accuracy_benchmark_reads_any_csv_with_the_columns(tmp_path):
     ("num_kv_heads", "5", "architecture not consistent"),
     ("gpus_per_node", "-8", "GPU count, GPUs per node or sequence length below 1"),
     ("seq_len", "-4096", "GPU count, GPUs per node or sequence length below 1"),
+    # etp=0 passed the degree check as 'no etp' and tripped Layout's assert: a traceback ended the whole report
+    ("etp", "0", "layout degree below 1"),
+    # a layer count beyond the spec's cap: the cost model walks the layers one by one, so 1e30 never returned
+    ("num_layers", "1e30", "architecture beyond dtc's limits"),
 ])
 def test_a_row_the_model_cannot_read_is_skipped_with_its_reason_not_a_traceback(tmp_path, field, value, reason):
     """The held-out check runs benchmarks/accuracy.py on CSVs dtc never saw: a row with a value no layout or
@@ -244,6 +248,105 @@ def test_a_row_the_model_cannot_read_is_skipped_with_its_reason_not_a_traceback(
     report = accuracy.run(path)
     assert [why for why in report.skipped if why.startswith(reason)] == [next(iter(report.skipped))]
     assert sum(report.skipped.values()) == 1 and len(report.results) == 5
+
+
+class _Reads(dict):
+    """A CSV row that records which columns are read."""
+
+    seen: set[str] = set()
+
+    def __getitem__(self, key):
+        _Reads.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        _Reads.seen.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        _Reads.seen.add(key)
+        return super().__contains__(key)
+
+
+def test_the_columns_a_csv_must_have_are_the_columns_the_parser_reads():
+    """READ_COLUMNS (what a CSV's header must give) is exactly what parse_row and resolve read over the calibration
+    set, besides the optional peak_memory_gib: a column read but not required would be read as blank from a CSV
+    without it, one required but never read would turn away a CSV for nothing."""
+    _Reads.seen = set()
+    for r in R.read_rows(CSV):
+        try:
+            R.resolve(R.parse_row(_Reads(r), unsourced=True))
+        except R.Skip:
+            pass
+    assert _Reads.seen - {"peak_memory_gib"} == set(R.READ_COLUMNS)
+    assert R.DESCRIPTIVE_COLUMNS < set(R.CSV_COLUMNS)
+
+
+def test_a_csv_without_a_column_the_parser_reads_is_refused_by_name(tmp_path, capsys):
+    """A CSV without `vp` was read as if every run were non-interleaved, and one without most columns reported
+    'gpu not in catalog' for each row: the report now refuses it and names the missing columns (exit 2)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accuracy
+
+    rows = R.read_rows(CSV)[:5]
+    cols = [c for c in R.CSV_COLUMNS if c not in ("vp", "notes")]
+    path = tmp_path / "without_vp.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(R.NotACalibrationCsv) as exc:
+        accuracy.run(path)
+    assert exc.value.missing == ["vp", "notes"]
+    assert accuracy.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a calibration CSV: missing columns vp, notes" in err and "hint:" in err
+    (tmp_path / "empty.csv").write_text("")
+    assert accuracy.main([str(tmp_path / "empty.csv")]) == 2
+    # without a descriptive column, in another order, with a byte-order mark: read
+    path.write_text("\ufeff" + ",".join(reversed(R.READ_COLUMNS)) + "\n", encoding="utf-8")
+    assert accuracy.run(path).results == []
+
+
+ODD_CELLS = ("", "n/a", "0", "-1", "1.5", "1e30", "nan", "inf", "abc", "8 (est.)", "1,024", "999999999", "TP8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row_id", ["8", "126"])  # a dense GPT-3-style Megatron run, a Mixtral MoE run
+def test_any_odd_cell_in_any_column_is_read_or_skipped_never_a_traceback_or_a_hang(row_id):
+    """The held-out check runs the harness on CSVs dtc never saw: each odd value in each column of a dense and an MoE
+    row either parses into a run the cost model costs to a positive finite throughput, or is skipped with a reason
+    (this found etp=0's assertion and num_layers=1e30's endless loop). An alarm turns a hang into a failure."""
+    import signal
+
+    from compiler.calibration.fit import predict
+    from compiler.costmodel.efficiency import load_efficiency
+
+    eff = load_efficiency()
+    (base,) = [r for r in R.read_rows(CSV) if r["row_id"] == row_id]
+
+    def hang(*_):
+        raise TimeoutError("no answer within 20 s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    try:
+        for col in R.CSV_COLUMNS:
+            for value in ODD_CELLS:
+                signal.alarm(20)
+                try:
+                    run = R.parse_row({**base, col: value})
+                except R.Skip:
+                    continue
+                finally:
+                    signal.alarm(0)
+                signal.alarm(20)
+                try:
+                    x = predict(R.resolve(run), eff).tokens_per_s_per_gpu
+                finally:
+                    signal.alarm(0)
+                assert 0 < x < float("inf"), (col, value, x)
+    finally:
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_a_row_measuring_no_positive_throughput_is_skipped(tmp_path):
