@@ -18,6 +18,10 @@ MlpKind = Literal["swiglu", "gelu", "quick_geglu"]
 GATED_MLPS = ("swiglu", "quick_geglu")
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned"]
+# The deepest model dtc reasons about: far beyond any published run (deepest: DeepNet, 1,000 layers), and the bound
+# of every per-layer walk (the pipeline splits, the parameter counts) so that a typo in a spec, a plan.json or a
+# published-run CSV is an error, never an endless loop (issue #16). The spec's num_layers field takes it from here.
+MAX_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class ModelShape:
     full_attention_every: int = field(default=0, metadata={"omit_if_default": True})
     # a learnable softmax offset per head (gpt-oss; Megatron --softmax-type learnable)
     attention_sinks: bool = field(default=False, metadata={"omit_if_default": True})
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_layers <= MAX_LAYERS:  # (a plan.json or a CSV row reaches here unvalidated)
+            raise ValueError(f"num_layers must be 1 to {MAX_LAYERS}, got {self.num_layers}")
 
     @property
     def gated_mlp(self) -> bool:

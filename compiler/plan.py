@@ -171,6 +171,43 @@ class BudgetSection:
     confidence: str = "p80"  # the step-time quantile the objective ranked by (budget.confidence)
 
 
+def _spec_limited(plan: "Plan") -> tuple[tuple[str, Any, Any], ...]:
+    """(where in plan.json, value, the spec's type for it) of each value the plan takes from its spec and the cost
+    model divides by or iterates over."""
+    from compiler.spec import models as S
+
+    c, t = plan.cluster, plan.training
+    return (("cluster.intra_node_bandwidth_bytes_per_s", c.intra_node_bandwidth_bytes_per_s, S.PosBandwidth),
+            ("cluster.inter_node_bandwidth_bytes_per_s", c.inter_node_bandwidth_bytes_per_s, S.PosBandwidth),
+            ("cluster.price_per_gpu_hour_usd", c.price_per_gpu_hour_usd, S.Price),
+            ("cluster.memory_headroom", c.memory_headroom, S.MemoryHeadroom),
+            ("cluster.gpus_per_node", c.gpus_per_node, S.PosInt), ("cluster.num_gpus", c.num_gpus, S.PosInt),
+            ("training.tokens", t.tokens, S.TokenCount), ("training.seq_len", t.seq_len, S.PosInt),
+            ("training.global_batch", t.global_batch, S.PosInt), ("targets", list(plan.targets), list[S.TargetName]))
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(kind: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(kind)
+
+
+def _check_spec_limits(plan: "Plan") -> None:
+    """The values a plan takes from its spec within the spec's own limits (its types in compiler.spec.models): a
+    hand-edited plan.json with a zero bandwidth or sequence length, or a target dtc does not have, is refused here
+    (ValueError) rather than divided by in the cost model."""
+    from pydantic import ValidationError
+
+    for where, value, kind in _spec_limited(plan):
+        try:
+            _adapter(kind).validate_python(value, context={PLAN_DATA: True})
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"]
+            raise ValueError(f"plan.json: plan.{where} is not what a spec accepts ({why[:1].lower()}{why[1:]}), "
+                             f"got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class Plan:
     schema_version: int
@@ -208,7 +245,9 @@ class Plan:
         version = data.get("schema_version")
         if version != PLAN_SCHEMA_VERSION:
             raise ValueError(f"plan.json schema_version {version!r} is not {PLAN_SCHEMA_VERSION}; recompile the spec")
-        return _from_data(cls, data, "plan")
+        plan = _from_data(cls, data, "plan")
+        _check_spec_limits(plan)
+        return plan
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":

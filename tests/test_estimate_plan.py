@@ -80,6 +80,30 @@ def test_bad_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     err = run_cli(["estimate", "--plan", str(path)], exit_code=2).stderr
     assert "error[tp_not_divisor]: tensor_parallel must divide num_attention_heads (32), got tp=3" in err
+    # a layer count beyond the spec's cap was costed: the per-layer walks never returned (found by mutating every
+    # field of a plan.json); a model holds 1 to MAX_LAYERS layers wherever it comes from
+    data["layout"]["tp"] = 1
+    for layers in (10**30, 0):
+        data["model"]["shape"]["num_layers"] = layers
+        with pytest.raises(ValueError, match=f"num_layers must be 1 to 1024, got {layers}"):
+            Plan.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize("section, field, value, why", [
+    ("cluster", "inter_node_bandwidth_bytes_per_s", 0, "greater than or equal to 1000000"),
+    ("cluster", "intra_node_bandwidth_bytes_per_s", 0, "greater than or equal to 1000000"),
+    ("cluster", "memory_headroom", 1e308, "less than or equal to 0.5"),
+    ("training", "seq_len", 0, "greater than or equal to 1"),
+    ("targets", 0, "x", "'deepspeed', 'fsdp', 'megatron' or 'slurm'"),
+])
+def test_a_plan_value_outside_the_specs_limits_is_refused_not_divided_by(section, field, value, why) -> None:
+    """Mutating every field of a plan.json found values of the right type that no spec can give (a zero bandwidth
+    or sequence length, a headroom of 1e308, a target dtc does not have): `dtc estimate --plan` ended in an internal
+    error (ZeroDivisionError, OverflowError, KeyError). The plan's spec-given values now take the spec's own types."""
+    data = json.loads((REPO / "generated/llama3-70b/plan.json").read_text())
+    data[section][field] = value
+    with pytest.raises(ValueError, match=f"plan.{section}(.{field})? is not what a spec accepts .*{why}"):
+        Plan.from_dict(data)
 
 
 def test_a_bad_field_deep_in_a_plan_is_named_by_its_path() -> None:

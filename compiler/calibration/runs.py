@@ -49,9 +49,8 @@ from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features, unsourced_attention
 from compiler.costmodel.evaluation import check_layout
 from compiler.layout import Layout, Offload, Recompute
-from compiler.model import MlpKind, ModelShape, MoEShape, count_params
+from compiler.model import MAX_LAYERS, MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
-from compiler.spec.models import MAX_LAYERS
 from compiler.targets.cost import CostProfile
 
 CSV_COLUMNS = (

@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from compiler import units
+from compiler.model import MAX_LAYERS as _MAX_LAYERS
 from compiler.targets import registry as target_registry
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ MAX_TOKENS = 10**16  # 10 quadrillion
 # micro-batch (every micro-batch size up to the cap is a candidate when the batch has a
 # tolerance). Both are far beyond any published run (deepest: DeepNet, 1,000 layers; Megatron
 # and Llama runs use micro-batches of 1-16 sequences).
-MAX_LAYERS = 1024
+MAX_LAYERS = _MAX_LAYERS  # (compiler.model's: every ModelShape holds it)
 MAX_PIPELINE_PARALLEL = 128  # pipeline stages (the deepest published: 64, Narayanan et al. 2021's 1T model)
 MAX_MICRO_BATCH = 256  # sequences per GPU per micro-step
 ParamCount = Annotated[Count, Field(le=MAX_PARAMS)]
@@ -107,6 +108,7 @@ Price = Annotated[Money, Field(ge=0, le=1e6)]  # dollars per GPU-hour
 Budget = Annotated[Money, Field(gt=0, le=1e13)]
 PosDuration = Annotated[Duration, Field(gt=0, le=100 * 365 * 86400)]  # at most a century
 GpuName = Annotated[str, Field(min_length=1, max_length=64)]
+MemoryHeadroom = Annotated[float, Field(ge=0.0, le=0.5)]  # fraction of HBM kept free (search.memory_headroom)
 
 # Names that reach shell scripts and file names are restricted to what SLURM and the shell
 # accept unquoted; everything is also shell-quoted when rendered.
@@ -517,8 +519,8 @@ class LayoutSpec(_Strict):
 class SearchSpec(_Strict):
     """Solver settings."""
 
-    memory_headroom: float = Field(
-        0.05, ge=0.0, le=0.5, description="Fraction of HBM kept free on top of the modelled allowances.")
+    memory_headroom: MemoryHeadroom = Field(
+        0.05, description="Fraction of HBM kept free on top of the modelled allowances.")
     allow_cross_node_tp: bool = Field(False, description="Allow tensor parallel groups to span nodes.")
     top_k: PosInt = Field(5, le=50, description="Alternatives kept in the plan.")
 
