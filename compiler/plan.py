@@ -176,8 +176,11 @@ def _spec_limited(plan: "Plan") -> tuple[tuple[str, Any, Any], ...]:
     model divides by or iterates over."""
     from compiler.spec import models as S
 
-    c, t = plan.cluster, plan.training
-    return (("cluster.intra_node_bandwidth_bytes_per_s", c.intra_node_bandwidth_bytes_per_s, S.PosBandwidth),
+    c, t, m = plan.cluster, plan.training, plan.model.shape
+    dims = tuple((f"model.shape.{f}", getattr(m, f), S.PosInt)
+                 for f in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size"))
+    moe = (("model.shape.moe", dataclasses.asdict(m.moe), S.MoESpec),) if m.moe is not None else ()
+    return dims + moe + (("cluster.intra_node_bandwidth_bytes_per_s", c.intra_node_bandwidth_bytes_per_s, S.PosBandwidth),
             ("cluster.inter_node_bandwidth_bytes_per_s", c.inter_node_bandwidth_bytes_per_s, S.PosBandwidth),
             ("cluster.price_per_gpu_hour_usd", c.price_per_gpu_hour_usd, S.Price),
             ("cluster.memory_headroom", c.memory_headroom, S.MemoryHeadroom),
@@ -203,9 +206,10 @@ def _check_spec_limits(plan: "Plan") -> None:
         try:
             _adapter(kind).validate_python(value, context={PLAN_DATA: True})
         except ValidationError as exc:
-            why = exc.errors()[0]["msg"]
-            raise ValueError(f"plan.json: plan.{where} is not what a spec accepts ({why[:1].lower()}{why[1:]}), "
-                             f"got {value!r}") from None
+            err = exc.errors()[0]
+            why, field = err["msg"], ".".join(str(x) for x in err["loc"] if isinstance(x, str))
+            raise ValueError(f"plan.json: plan.{where}{'.' + field if field else ''} is not what a spec accepts "
+                             f"({why[:1].lower()}{why[1:]}), got {err.get('input', value)!r}") from None
 
 
 @dataclass(frozen=True)

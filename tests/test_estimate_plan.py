@@ -3,6 +3,7 @@ exactly; `dtc estimate SPEC` accepts the layout the solver chose for that spec (
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -95,14 +96,22 @@ def test_bad_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
     ("cluster", "memory_headroom", 1e308, "less than or equal to 0.5"),
     ("training", "seq_len", 0, "greater than or equal to 1"),
     ("targets", 0, "x", "'deepspeed', 'fsdp', 'megatron' or 'slurm'"),
+    ("model.shape", "num_attention_heads", 0, "greater than or equal to 1"),
+    ("model.shape.moe", "layer_freq", 0, "greater than or equal to 1"),
+    ("model.shape.moe", "num_experts", 0, "greater than or equal to 1"),
 ])
 def test_a_plan_value_outside_the_specs_limits_is_refused_not_divided_by(section, field, value, why) -> None:
     """Mutating every field of a plan.json found values of the right type that no spec can give (a zero bandwidth
     or sequence length, a headroom of 1e308, a target dtc does not have): `dtc estimate --plan` ended in an internal
-    error (ZeroDivisionError, OverflowError, KeyError). The plan's spec-given values now take the spec's own types."""
-    data = json.loads((REPO / "generated/llama3-70b/plan.json").read_text())
-    data[section][field] = value
-    with pytest.raises(ValueError, match=f"plan.{section}(.{field})? is not what a spec accepts .*{why}"):
+    error (ZeroDivisionError, OverflowError, KeyError), as did zero heads, experts or MoE layer frequency. The plan's
+    spec-given values now take the spec's own types (the MoE section its MoESpec, top_k <= num_experts too)."""
+    data = json.loads((REPO / f"generated/{'mixtral-8x7b' if 'moe' in section else 'llama3-70b'}/plan.json").read_text())
+    where = data
+    for key in section.split("."):
+        where = where[key]
+    where[field] = value
+    with pytest.raises(ValueError, match=f"plan.{section}(.{field})? is not what a spec accepts .*{why}.*, got "
+                                         f"{re.escape(repr(value))}"):
         Plan.from_dict(data)
 
 
