@@ -180,13 +180,14 @@ def _spec_limited(plan: "Plan") -> tuple[tuple[str, Any, Any], ...]:
     dims = tuple((f"model.shape.{f}", getattr(m, f), S.PosInt)
                  for f in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size"))
     moe = (("model.shape.moe", dataclasses.asdict(m.moe), S.MoESpec),) if m.moe is not None else ()
-    return dims + moe + (("cluster.intra_node_bandwidth_bytes_per_s", c.intra_node_bandwidth_bytes_per_s, S.PosBandwidth),
-            ("cluster.inter_node_bandwidth_bytes_per_s", c.inter_node_bandwidth_bytes_per_s, S.PosBandwidth),
-            ("cluster.price_per_gpu_hour_usd", c.price_per_gpu_hour_usd, S.Price),
-            ("cluster.memory_headroom", c.memory_headroom, S.MemoryHeadroom),
-            ("cluster.gpus_per_node", c.gpus_per_node, S.PosInt), ("cluster.num_gpus", c.num_gpus, S.PosInt),
-            ("training.tokens", t.tokens, S.TokenCount), ("training.seq_len", t.seq_len, S.PosInt),
-            ("training.global_batch", t.global_batch, S.PosInt), ("targets", list(plan.targets), list[S.TargetName]))
+    cluster = (("cluster.intra_node_bandwidth_bytes_per_s", c.intra_node_bandwidth_bytes_per_s, S.PosBandwidth),
+               ("cluster.inter_node_bandwidth_bytes_per_s", c.inter_node_bandwidth_bytes_per_s, S.PosBandwidth),
+               ("cluster.price_per_gpu_hour_usd", c.price_per_gpu_hour_usd, S.Price),
+               ("cluster.memory_headroom", c.memory_headroom, S.MemoryHeadroom),
+               ("cluster.gpus_per_node", c.gpus_per_node, S.PosInt), ("cluster.num_gpus", c.num_gpus, S.PosInt))
+    training = (("training.tokens", t.tokens, S.TokenCount), ("training.seq_len", t.seq_len, S.PosInt),
+                ("training.global_batch", t.global_batch, S.PosInt))
+    return dims + moe + cluster + training + (("targets", list(plan.targets), list[S.TargetName]),)
 
 
 @functools.lru_cache(maxsize=None)
