@@ -279,7 +279,7 @@ FEW_CPU_SECONDS = 5.0  # "a few seconds" of CPU for one valid spec
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="reported: the solver takes 9-14 s of CPU by the machine and its load (12-20 s "
+@pytest.mark.xfail(strict=True, reason="reported: the solver takes 6-14 s of CPU by the machine and its load (12-20 s "
                                        "before the fastest_lb/groups_lb refinements, 38 s before this wave) on "
                                        "specs/budget-70b.yaml with objective: cheapest and max_gpus: 4096 "
                                        "(benchmarks/solver_speed.py; the search runs twice, once for the thin-regime "
