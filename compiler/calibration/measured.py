@@ -134,17 +134,17 @@ def _add_log(out: Measured, log_path: Path, plan_path: Path, *, device: str = "g
 
 
 def _add_csv(out: Measured, path: Path) -> None:
+    def not_calibration(what: str) -> DtcError:
+        return DtcError(Diagnostic(summary=f"not a calibration CSV: {what}", location=Location(str(path), 1, 1),
+                                   hint=f"use the columns of benchmarks/data/published_runs_dev.csv ({len(CSV_COLUMNS)} "
+                                        "columns, see benchmarks/data/CALIBRATION_README.md)"))
+
     try:
         rows = read_checked_rows(path)
-        missing = []
     except NotACalibrationCsv as exc:
-        rows, missing = [], exc.missing
-    if not rows or missing:
-        what = "missing columns " + ", ".join(missing) if missing else "no rows"
-        raise DtcError(Diagnostic(summary=f"not a calibration CSV: {what}",
-                                  location=Location(str(path), 1, 1),
-                                  hint=f"use the columns of benchmarks/data/published_runs_dev.csv ({len(CSV_COLUMNS)} "
-                                       "columns, see benchmarks/data/CALIBRATION_README.md)"))
+        raise not_calibration("missing columns " + ", ".join(exc.missing)) from None
+    if not rows:
+        raise not_calibration("no rows")
     for i, row in enumerate(rows):
         try:
             out.runs.append(resolve(parse_row(row)))

@@ -49,7 +49,7 @@ from compiler.calibration.frameworks import published_profile
 from compiler.costmodel.bands import layout_features, unsourced_attention
 from compiler.costmodel.evaluation import check_layout
 from compiler.layout import Layout, Offload, Recompute
-from compiler.model import MAX_LAYERS, MlpKind, ModelShape, MoEShape, count_params
+from compiler.model import MlpKind, ModelShape, MoEShape, count_params
 from compiler.problem import GpuOption, Hyper, Pins, Problem
 from compiler.targets.cost import CostProfile
 
@@ -249,8 +249,6 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
         if preset is not None and all(v is None or v == getattr(preset.shape, k) for k, v in given.items()):
             return preset.shape
         raise Skip("architecture not given")
-    if layers > MAX_LAYERS:  # the spec's cap: the cost model walks the layers one by one (a typo would hang it)
-        raise Skip(f"architecture beyond dtc's limits (num_layers at most {MAX_LAYERS})")
     if preset is not None and (preset.shape.num_layers, preset.shape.hidden_size) == (layers, hidden):
         return preset.shape  # the catalog knows details the CSV lacks (MLA, dense first layers)
     model = _text(row, "model")
@@ -270,12 +268,15 @@ def shape_of(row: dict, catalog: Catalog) -> ModelShape:
     # MPT attends with ALiBi (a bias inside the attention kernel: no position parameters, no RoPE kernels;
     # llm-foundry mpt configs, attn_config.alibi): written as learned positions with no embedding rows
     alibi = model.startswith("mpt")
-    return ModelShape(
-        num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_kv_heads=kv,
-        vocab_size=vocab, mlp=mlp, norm="layernorm" if gpt_like or "nemotron" in model else "rmsnorm",
-        position="learned" if megatron_gpt or alibi else "rope",
-        max_position_embeddings=_int(row, "seq_len") or 2048 if megatron_gpt else 0,
-        tied_embeddings="mpt" in model, linear_bias=megatron_gpt, moe=moe)
+    try:
+        return ModelShape(
+            num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_kv_heads=kv,
+            vocab_size=vocab, mlp=mlp, norm="layernorm" if gpt_like or "nemotron" in model else "rmsnorm",
+            position="learned" if megatron_gpt or alibi else "rope",
+            max_position_embeddings=_int(row, "seq_len") or 2048 if megatron_gpt else 0,
+            tied_embeddings="mpt" in model, linear_bias=megatron_gpt, moe=moe)
+    except ValueError as exc:  # ModelShape's own limits (MAX_LAYERS: the cost model walks the layers one by one)
+        raise Skip(f"architecture beyond dtc's limits ({exc})") from None
 
 
 # --- GPU and precision ---------------------------------------------------------------------------------
